@@ -1,0 +1,43 @@
+"""The `pdctl` command: one click group; each command module stays thin over plain modules."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pdctl import __version__
+from pdctl.cli import spec_commands
+from pdctl.errors import PdctlError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="pdctl")
+def cli() -> None:
+    """Run SGLang prefill/decode disaggregated serving on bare-metal GPU hosts.
+
+    \b
+    Typical flow:
+      pdctl validate              lint the deployment (inventory + profile) for PD pitfalls
+      pdctl plan                  per-GPU memory budget: will the graphs and KV pool fit?
+      pdctl render                exact launch lines, environments and systemd units
+      ansible-playbook site.yml   converge the hosts
+    """
+
+
+for command in spec_commands.COMMANDS:
+    cli.add_command(command)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except PdctlError as e:
+        click.secho(f"Error: {e}", fg="red", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

@@ -1,0 +1,41 @@
+"""Options shared by several commands, defined once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def deployment_options(f: F) -> F:
+    """-i/--inventory and -p/--profile; the profile defaults to the inventory's pdstack_profile."""
+    f = click.option(
+        "-p",
+        "--profile",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="Deployment profile (default: the inventory's pdstack_profile variable).",
+    )(f)
+    return click.option(
+        "-i",
+        "--inventory",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=lambda: os.environ.get("PDSTACK_INVENTORY", "inventory.ini"),
+        show_default="$PDSTACK_INVENTORY or inventory.ini",
+        help="Ansible inventory naming the hosts ([pd_hosts], [router], [monitoring]).",
+    )(f)
+
+
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table for people, json for scripts.",
+)

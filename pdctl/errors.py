@@ -1,0 +1,16 @@
+"""The one exception type the CLI turns into `Error: …` and a non-zero exit."""
+
+
+class PdctlError(Exception):
+    """A problem the user can act on; the message says what and where."""
+
+    exit_code = 2
+
+
+class SpecError(PdctlError):
+    """Bad deployment input, located by file and key path."""
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file, self.key, self.message = file, key, message
+        where = f"{file}: {key}: " if key else f"{file}: "
+        super().__init__(where + message)

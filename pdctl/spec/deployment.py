@@ -1,0 +1,78 @@
+"""A validated profile resolved against an inventory: every instance on every host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdctl.spec.model import Hardware, Profile, Role, Tuning
+
+UNIT_PREFIX = "pdstack"
+
+
+@dataclass(frozen=True)
+class Instance:
+    host: str
+    address: str
+    pair: str
+    role: Role
+    numa_node: int
+    gpus: tuple[int, ...]
+    port: int
+    bootstrap_port: int | None
+    tp: int
+    tuning: Tuning
+
+    @property
+    def name(self) -> str:
+        return f"{self.pair}-{self.role.value}"
+
+    @property
+    def id(self) -> str:
+        """Unique across hosts: pair names repeat on every host of the same layout."""
+        return f"{self.host}/{self.name}"
+
+    @property
+    def unit(self) -> str:
+        return f"{UNIT_PREFIX}-{self.name}.service"
+
+    @property
+    def pair_target(self) -> str:
+        return f"{UNIT_PREFIX}-{self.pair}.target"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    address: str
+    hardware: Hardware
+    instances: list[Instance]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    profile: Profile
+    profile_path: Path
+    inventory_path: Path
+    hosts: list[HostSpec]
+    router_host: str
+    router_address: str
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [i for h in self.hosts for i in h.instances]
+
+    def pairs(self) -> list[tuple[Instance, Instance]]:
+        """(prefill, decode) per pair, in inventory then layout order."""
+        by_pair: dict[tuple[str, str], dict[Role, Instance]] = {}
+        for inst in self.instances:
+            by_pair.setdefault((inst.host, inst.pair), {})[inst.role] = inst
+        return [(p[Role.PREFILL], p[Role.DECODE]) for p in by_pair.values()]
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.router_address}:{self.profile.router.port}"

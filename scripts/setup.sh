@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian machine (root): system packages, the project venv with the
+# gateway, and the cached environment holding SGLang's real argument parser.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}
+mkdir -p "$CACHE"
+
+APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
+              prometheus prometheus-node-exporter make)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The distribution starts these on install; tests run their own instances.
+  systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+fi
+
+# The project venv: pdctl (editable), dev tools and the pinned gateway.
+stamp=$(cat pyproject.toml requirements/gateway.txt | sha256sum | cut -c1-16)
+if [[ ! -x .venv/bin/pdctl || "$(cat .venv/.stamp 2>/dev/null)" != "$stamp" ]]; then
+  echo "setup: building .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev,controller]' -r requirements/gateway.txt
+  echo "$stamp" > .venv/.stamp
+fi
+
+# SGLang's own parser: the pinned sglang without its GPU dependencies, cached across runs.
+sg_stamp=$(cat requirements/sglang.txt requirements/sglang-parser.txt | sha256sum | cut -c1-16)
+SGENV="$CACHE/sglang-parser-$sg_stamp"
+if [[ ! -e "$SGENV/.complete" ]]; then
+  echo "setup: building the SGLang parser environment in $SGENV (once per machine)"
+  rm -rf "$SGENV"
+  python3 -m venv "$SGENV"
+  "$SGENV/bin/pip" install -q -r requirements/sglang-parser.txt
+  "$SGENV/bin/pip" install -q --no-deps -r requirements/sglang.txt
+  "$SGENV/bin/python" -c "import sglang.srt.server_args"
+  touch "$SGENV/.complete"
+fi
+ln -sfn "$SGENV" "$CACHE/sglang-parser"
+echo "setup: ready"
