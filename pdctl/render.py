@@ -100,7 +100,7 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
 
 
 def router_args(dep: Deployment) -> list[str]:
-    """`smg launch` arguments: every prefill (with its bootstrap port) and decode of the inventory."""
+    """`smg launch` arguments: every prefill (with bootstrap port) and decode of the inventory."""
     r = dep.profile.router
     args = ["launch", "--pd-disaggregation"]
     for prefill, decode in dep.pairs():

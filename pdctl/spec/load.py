@@ -43,7 +43,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror}") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -38,7 +38,9 @@ class Model(Strict):
     native_context_length: int | None = Field(
         default=None, gt=0, description="The model's own maximum context (uncapped default)."
     )
-    weights_gib_per_gpu: float = Field(gt=0, description="Weights resident on each GPU at the TP size.")
+    weights_gib_per_gpu: float = Field(
+        gt=0, description="Weights resident on each GPU at the TP size."
+    )
     kv_bytes_per_token: int = Field(gt=0, description="KV cache bytes per token on one GPU.")
 
 
@@ -130,7 +132,9 @@ class PairSpec(Strict):
     @model_validator(mode="after")
     def _prefill_needs_bootstrap(self) -> PairSpec:
         if self.prefill.bootstrap_port is None:
-            raise ValueError("prefill.bootstrap_port is required (the decode fetches KV routes there)")
+            raise ValueError(
+                "prefill.bootstrap_port is required (the decode fetches KV routes there)"
+            )
         if self.decode.bootstrap_port is not None:
             raise ValueError("decode.bootstrap_port is not used: only a prefill serves bootstrap")
         return self
@@ -169,9 +173,13 @@ class HostOverride(Strict):
 class Planner(Strict):
     """Memory model calibration (see README, "Memory planner")."""
 
-    runtime_overhead_gib: float = Field(default=3.5, ge=0, description="CUDA context, NCCL, allocator.")
+    runtime_overhead_gib: float = Field(
+        default=3.5, ge=0, description="CUDA context, NCCL, allocator."
+    )
     activation_peak_gib: float = Field(default=4.0, ge=0)
-    graph_gib_per_batch: float = Field(default=0.3, ge=0, description="CUDA-graph pool per batch slot.")
+    graph_gib_per_batch: float = Field(
+        default=0.3, ge=0, description="CUDA-graph pool per batch slot."
+    )
 
 
 class Profile(Strict):
