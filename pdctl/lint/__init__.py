@@ -1,0 +1,26 @@
+"""The pitfall linter: every rule knows one way a PD deployment breaks, and how to fix it."""
+
+from __future__ import annotations
+
+# Importing a rule module registers its rules; the order here is the report order.
+from pdctl.lint import layout, pairing, graphs, memory, network, flags, model  # noqa: F401  # isort: skip
+from pdctl.lint.finding import RULES, Finding, Rule, Severity
+from pdctl.spec import Deployment
+
+__all__ = ["RULES", "Finding", "Rule", "Severity", "lint"]
+
+
+def lint(dep: Deployment) -> list[Finding]:
+    """All findings; one problem repeated on several instances or hosts is one finding."""
+    merged: dict[tuple[str, str, str], list[str]] = {}
+    severity = {}
+    for r in RULES:
+        severity[r.id] = r.severity
+        for p in r.check(dep):
+            where = merged.setdefault((r.id, p.message, p.fix), [])
+            if p.where not in where:
+                where.append(p.where)
+    return [
+        Finding(id=id, severity=severity[id], where=", ".join(where), message=msg, fix=fix)
+        for (id, msg, fix), where in merged.items()
+    ]

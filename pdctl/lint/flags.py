@@ -1,0 +1,98 @@
+"""Every launch flag checked against the option list of the pinned sglang's own parser."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from functools import cache
+from importlib import resources
+
+from pdctl.lint.args import flag_values
+from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.lint.keys import tuning_key
+from pdctl.render import launch_args
+from pdctl.spec import Deployment, Instance
+
+GENERATOR = "scripts/sglang-flags.py"
+NOOP_FLAGS = {"--num-continuous-decode-steps": "nothing in current SGLang reads it"}
+
+
+@cache
+def known_flags(version: str) -> frozenset[str] | None:
+    """The option strings of sglang `version`'s launch_server, or None when not shipped."""
+    data = resources.files("pdctl") / "data" / f"sglang-{version}-flags.txt"
+    if not data.is_file():
+        return None
+    lines = data.read_text().splitlines()
+    return frozenset(line for line in lines if line.startswith("--"))
+
+
+def _source(dep: Deployment, inst: Instance, flag: str) -> str:
+    """Where a flag comes from: the user's extra_args, or pdctl's own renderer."""
+    if any(a.partition("=")[0] == flag for a in inst.tuning.extra_args):
+        return tuning_key(dep, inst.role, "extra_args")
+    return f"versions.sglang (pdctl renders {flag} itself)"
+
+
+def _flags(dep: Deployment) -> Iterator[tuple[Instance, str, frozenset[str]]]:
+    known = known_flags(dep.profile.versions.sglang)
+    if known is None:
+        return
+    for inst in dep.instances:
+        for flag in flag_values(launch_args(inst, dep)):
+            if flag not in known:
+                yield inst, flag, known
+
+
+@rule("unknown-flag", Severity.ERROR, "a launch flag the pinned sglang does not accept")
+def unknown_flag(dep: Deployment) -> Iterator[Problem]:
+    version = dep.profile.versions.sglang
+    for inst, flag, known in _flags(dep):
+        if not any(k.startswith(flag) for k in known):
+            close = difflib.get_close_matches(flag, known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            yield Problem(
+                where=inst.id,
+                message=f"sglang {version} does not accept {flag}{hint}: launch_server exits "
+                "with a usage error",
+                fix=f"{_source(dep, inst, flag)}: remove or rename {flag}",
+            )
+
+
+@rule("ambiguous-flag", Severity.ERROR, "a launch flag that is a prefix of several flags")
+def ambiguous_flag(dep: Deployment) -> Iterator[Problem]:
+    version = dep.profile.versions.sglang
+    for inst, flag, known in _flags(dep):
+        candidates = sorted(k for k in known if k.startswith(flag))
+        if len(candidates) > 1:
+            yield Problem(
+                where=inst.id,
+                message=f"{flag} is ambiguous in sglang {version}: it could be "
+                f"{', '.join(candidates)}, and argparse refuses to guess",
+                fix=f"{_source(dep, inst, flag)}: spell out one of {', '.join(candidates)}",
+            )
+
+
+@rule("flags-unchecked", Severity.WARNING, "no flag list for the pinned sglang version")
+def flags_unchecked(dep: Deployment) -> Iterator[Problem]:
+    version = dep.profile.versions.sglang
+    if known_flags(version) is None:
+        yield Problem(
+            where="profile",
+            message=f"pdctl has no flag list for sglang {version}, so launch flags are unchecked",
+            fix=f"versions.sglang: a version with a list, or generate one with "
+            f"`<python with sglang {version}> {GENERATOR} > pdctl/data/sglang-{version}-flags.txt`",
+        )
+
+
+@rule("noop-flag", Severity.WARNING, "a flag SGLang accepts but ignores")
+def noop_flag(dep: Deployment) -> Iterator[Problem]:
+    for inst in dep.instances:
+        for flag in flag_values(list(inst.tuning.extra_args)):
+            if flag in NOOP_FLAGS:
+                yield Problem(
+                    where=inst.id,
+                    message=f"{flag} does nothing: {NOOP_FLAGS[flag]} (the seed tried "
+                    "--num-continuous-decode-steps 4 for nothing)",
+                    fix=f"{tuning_key(dep, inst.role, 'extra_args')}: remove {flag}",
+                )

@@ -1,0 +1,36 @@
+"""Profile key paths for a finding's fix, pointing at the key the user should edit."""
+
+from __future__ import annotations
+
+from pdctl.spec import Deployment, Instance, Role
+
+
+def tuning_key(dep: Deployment, role: Role, field: str) -> str:
+    """The role's key if its section sets it, else common's if set there, else the role's."""
+    engine = dep.profile.engine
+    role_sets = field in getattr(engine, role.value).model_fields_set
+    if not role_sets and field in engine.common.model_fields_set:
+        return f"engine.common.{field}"
+    return f"engine.{role.value}.{field}"
+
+
+def env_key(dep: Deployment, role: Role, name: str) -> str:
+    engine = dep.profile.engine
+    if name not in getattr(engine, role.value).env and name in engine.common.env:
+        return f"engine.common.env.{name}"
+    return f"engine.{role.value}.env.{name}"
+
+
+def instance_key(dep: Deployment, inst: Instance, field: str) -> str:
+    override = dep.profile.hosts.get(inst.host)
+    prefix, layout = "layout", dep.profile.layout
+    if override and override.layout:
+        prefix, layout = f"hosts.{inst.host}.layout", override.layout
+    index = next(i for i, p in enumerate(layout.pairs) if p.name == inst.pair)
+    return f"{prefix}.pairs[{index}].{inst.role.value}.{field}"
+
+
+def hardware_key(dep: Deployment, host: str, field: str) -> str:
+    override = dep.profile.hosts.get(host)
+    prefix = f"hosts.{host}.hardware" if override and override.hardware else "hardware"
+    return f"{prefix}.{field}"

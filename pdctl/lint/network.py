@@ -1,0 +1,51 @@
+"""KV transfer over RDMA: the transport must be told which NICs to use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pdctl.lint.args import flag_values
+from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.lint.keys import env_key, hardware_key, tuning_key
+from pdctl.render import environment, launch_args
+from pdctl.spec import Deployment
+
+
+@rule("nixl-ucx-devices", Severity.ERROR, "NIXL on a host with RDMA NICs but no UCX_NET_DEVICES")
+def nixl_ucx_devices(dep: Deployment) -> Iterator[Problem]:
+    if dep.profile.engine.transfer_backend != "nixl":
+        return
+    for host in dep.hosts:
+        nics = host.hardware.rdma_nics
+        for inst in host.instances:
+            if nics and "UCX_NET_DEVICES" not in environment(inst, dep):
+                yield Problem(
+                    where=inst.id,
+                    message=f"the host has RDMA NICs {nics} but UCX_NET_DEVICES is unset: NIXL "
+                    "ignores --disaggregation-ib-device, UCX may pick a wrong device and "
+                    "transfers hang until the 300 s timeout",
+                    fix=f"{env_key(dep, inst.role, 'UCX_NET_DEVICES')}: "
+                    f"{','.join(f'{n}:1' for n in nics)} (see "
+                    f"{hardware_key(dep, host.name, 'rdma_nics')})",
+                )
+
+
+@rule(
+    "mooncake-ib-device",
+    Severity.WARNING,
+    "mooncake on a host with RDMA NICs but no --disaggregation-ib-device",
+)
+def mooncake_ib_device(dep: Deployment) -> Iterator[Problem]:
+    if dep.profile.engine.transfer_backend != "mooncake":
+        return
+    for host in dep.hosts:
+        nics = host.hardware.rdma_nics
+        for inst in host.instances:
+            if nics and "--disaggregation-ib-device" not in flag_values(launch_args(inst, dep)):
+                yield Problem(
+                    where=inst.id,
+                    message=f"the host has RDMA NICs {nics} but --disaggregation-ib-device is not "
+                    "given: mooncake then chooses a device itself, possibly one across the socket",
+                    fix=f"{tuning_key(dep, inst.role, 'extra_args')}: add "
+                    f"--disaggregation-ib-device {','.join(nics)}",
+                )

@@ -1,0 +1,67 @@
+"""Prefill and decode of a pair must agree on everything the KV handover depends on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pdctl.lint.args import flag_values
+from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.render import environment, launch_args
+from pdctl.spec import Deployment
+
+# Decode checks page size and kv dtype against prefill's registration and raises; a context
+# cap on one side only made decodes wait forever in a public report.
+SHARED_FLAGS = {
+    "--model-path": "model.path",
+    "--served-model-name": "model.served_name",
+    "--page-size": "page_size",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--context-length": "context_length",
+    "--disaggregation-transfer-backend": "engine.transfer_backend",
+}
+TIMEOUT_ENV_PREFIX = "SGLANG_DISAGGREGATION_"
+
+
+@rule(
+    "pair-mismatch",
+    Severity.ERROR,
+    "prefill and decode differ in model, page size, kv dtype, context or backend",
+)
+def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
+    for prefill, decode in dep.pairs():
+        p, d = flag_values(launch_args(prefill, dep)), flag_values(launch_args(decode, dep))
+        for flag, key in SHARED_FLAGS.items():
+            if p.get(flag) != d.get(flag):
+                shown = [" ".join(v[flag]) if flag in v else "(unset)" for v in (p, d)]
+                fix = (
+                    f"engine.common.{key}: set it once there and remove it from engine.prefill / "
+                    "engine.decode (and from extra_args)"
+                    if "." not in key
+                    else f"remove {flag} from engine.prefill / engine.decode extra_args ({key})"
+                )
+                yield Problem(
+                    where=f"{prefill.host}/{prefill.pair}",
+                    message=f"{flag} is {shown[0]} on prefill but {shown[1]} on decode: "
+                    "the KV handover needs both sides equal",
+                    fix=fix,
+                )
+
+
+@rule(
+    "pair-timeout-mismatch",
+    Severity.WARNING,
+    "prefill and decode differ in SGLANG_DISAGGREGATION_* env",
+)
+def pair_timeout_mismatch(dep: Deployment) -> Iterator[Problem]:
+    for prefill, decode in dep.pairs():
+        p, d = environment(prefill, dep), environment(decode, dep)
+        names = sorted(k for k in p.keys() | d.keys() if k.startswith(TIMEOUT_ENV_PREFIX))
+        for name in names:
+            if p.get(name) != d.get(name):
+                yield Problem(
+                    where=f"{prefill.host}/{prefill.pair}",
+                    message=f"{name} is {p.get(name, '(default)')} on prefill but "
+                    f"{d.get(name, '(default)')} on decode: one side gives up on a handover "
+                    "the other still waits for, and a stuck request holds KV until the longer one",
+                    fix=f"engine.common.env.{name}: set it once for both roles",
+                )
