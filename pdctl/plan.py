@@ -30,6 +30,9 @@ class Verdict(StrEnum):
     NO_KV_POOL = "weights-do-not-fit"
 
 
+FAILING = (Verdict.GRAPH_OOM, Verdict.NO_KV_POOL)
+
+
 @dataclass(frozen=True)
 class GpuModel:
     """One instance's GPU: all that the two knobs (fraction, graph batch) don't change."""
@@ -141,4 +144,50 @@ def gpu_model(
         runtime_overhead_gib=p.planner.runtime_overhead_gib,
         activation_peak_gib=p.planner.activation_peak_gib,
         graph_gib_per_batch=p.planner.graph_gib_per_batch,
+    )
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """An instance's budget at its settings (or what-ifs) and the safe limits around them."""
+
+    instance: Instance
+    gpu: GpuModel
+    graph_bs: int
+    budget: Budget | None  # None while mem_fraction_static is unset
+    max_safe_fraction: float | None  # for graph_bs
+    max_safe_graph_bs: int | None  # at the fraction; None if no fraction or no graphs fit
+
+    @property
+    def fails(self) -> bool:
+        return self.budget is not None and self.budget.verdict in FAILING
+
+
+def plan_instance(
+    inst: Instance,
+    dep: Deployment,
+    *,
+    mem_fraction: float | None = None,
+    graph_bs: int | None = None,
+    gpu_memory_mib: int | None = None,
+    weights_gib: float | None = None,
+    kv_bytes_per_token: int | None = None,
+) -> InstancePlan:
+    """Plan one instance; every keyword replaces the profile's value (a what-if)."""
+    gpu = gpu_model(
+        inst,
+        dep,
+        gpu_memory_mib=gpu_memory_mib,
+        weights_gib=weights_gib,
+        kv_bytes_per_token=kv_bytes_per_token,
+    )
+    bs = largest_graph_bs(inst.tuning) if graph_bs is None else graph_bs
+    fraction = inst.tuning.mem_fraction_static if mem_fraction is None else mem_fraction
+    return InstancePlan(
+        instance=inst,
+        gpu=gpu,
+        graph_bs=bs,
+        budget=None if fraction is None else budget(gpu, fraction, bs),
+        max_safe_fraction=max_safe_fraction(gpu, bs),
+        max_safe_graph_bs=None if fraction is None else max_safe_graph_bs(gpu, fraction),
     )

@@ -39,3 +39,12 @@ format_option = click.option(
     show_default=True,
     help="table for people, json for scripts.",
 )
+
+
+instance_option = click.option(
+    "--instance",
+    "only",
+    multiple=True,
+    metavar="NAME",
+    help="Only these instances (host/name or name, e.g. pd0-decode); repeatable.",
+)

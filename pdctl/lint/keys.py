@@ -14,13 +14,6 @@ def tuning_key(dep: Deployment, role: Role, field: str) -> str:
     return f"engine.{role.value}.{field}"
 
 
-def env_key(dep: Deployment, role: Role, name: str) -> str:
-    engine = dep.profile.engine
-    if name not in getattr(engine, role.value).env and name in engine.common.env:
-        return f"engine.common.env.{name}"
-    return f"engine.{role.value}.env.{name}"
-
-
 def instance_key(dep: Deployment, inst: Instance, field: str) -> str:
     override = dep.profile.hosts.get(inst.host)
     prefix, layout = "layout", dep.profile.layout

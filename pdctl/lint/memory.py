@@ -6,25 +6,15 @@ from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import tuning_key
-from pdctl.plan import (
-    Budget,
-    Verdict,
-    budget,
-    gpu_model,
-    largest_graph_bs,
-    max_safe_fraction,
-    max_safe_graph_bs,
-)
-from pdctl.spec import Deployment, Instance
+from pdctl.plan import Budget, InstancePlan, Verdict, plan_instance
+from pdctl.spec import Deployment
 
 
-def _budgets(dep: Deployment, verdict: Verdict) -> Iterator[tuple[Instance, Budget]]:
+def _plans(dep: Deployment, verdict: Verdict) -> Iterator[tuple[InstancePlan, Budget]]:
     for inst in dep.instances:
-        fraction = inst.tuning.mem_fraction_static
-        if fraction is not None:
-            b = budget(gpu_model(inst, dep), fraction, largest_graph_bs(inst.tuning))
-            if b.verdict is verdict:
-                yield inst, b
+        plan = plan_instance(inst, dep)
+        if plan.budget is not None and plan.budget.verdict is verdict:
+            yield plan, plan.budget
 
 
 def _outside(b: Budget) -> str:
@@ -36,48 +26,47 @@ def _outside(b: Budget) -> str:
     )
 
 
-def _fix(dep: Deployment, inst: Instance, b: Budget) -> str:
-    fraction = max_safe_fraction(b.gpu, b.graph_bs)
-    graph_bs = max_safe_graph_bs(b.gpu, b.mem_fraction)
+def _fix(dep: Deployment, plan: InstancePlan) -> str:
+    role = plan.instance.role
     options = []
-    if fraction is not None:
-        options.append(f"{tuning_key(dep, inst.role, 'mem_fraction_static')}: {fraction}")
-    if graph_bs is not None and b.graph_bs:
-        options.append(f"{tuning_key(dep, inst.role, 'cuda_graph_max_bs')}: {graph_bs}")
+    if plan.max_safe_fraction is not None:
+        options.append(f"{tuning_key(dep, role, 'mem_fraction_static')}: {plan.max_safe_fraction}")
+    if plan.max_safe_graph_bs is not None and plan.graph_bs:
+        options.append(f"{tuning_key(dep, role, 'cuda_graph_max_bs')}: {plan.max_safe_graph_bs}")
     return " or ".join(options) or "fewer weights per GPU (a larger tp) or a larger GPU"
 
 
 @rule("memory-weights", Severity.ERROR, "the weights fill the static pool: no room for a KV cache")
 def memory_weights(dep: Deployment) -> Iterator[Problem]:
-    for inst, b in _budgets(dep, Verdict.NO_KV_POOL):
+    for plan, b in _plans(dep, Verdict.NO_KV_POOL):
         yield Problem(
-            where=inst.id,
+            where=plan.instance.id,
             message=f"static pool {b.static_gib:.1f} GiB ({b.mem_fraction:g} of "
             f"{b.gpu.gpu_gib:.1f}) does not exceed the weights {b.gpu.weights_gib:g} GiB: "
             "SGLang refuses to start without a KV pool",
-            fix=_fix(dep, inst, b),
+            fix=_fix(dep, plan),
         )
 
 
 @rule("memory-oom", Severity.ERROR, "graph capture will not fit outside the static pool")
 def memory_oom(dep: Deployment) -> Iterator[Problem]:
-    for inst, b in _budgets(dep, Verdict.GRAPH_OOM):
+    for plan, b in _plans(dep, Verdict.GRAPH_OOM):
         yield Problem(
-            where=inst.id,
+            where=plan.instance.id,
             message=f"{_outside(b)}: CUDA-graph capture runs out of memory at start, as the "
             "seed's 0.85 with graph max batch 32 did",
-            fix=_fix(dep, inst, b),
+            fix=_fix(dep, plan),
         )
 
 
 @rule("memory-tight", Severity.WARNING, "less than the safety margin left outside the static pool")
 def memory_tight(dep: Deployment) -> Iterator[Problem]:
-    for inst, b in _budgets(dep, Verdict.TIGHT):
+    for plan, b in _plans(dep, Verdict.TIGHT):
         yield Problem(
-            where=inst.id,
+            where=plan.instance.id,
             message=f"{_outside(b)}: only {b.headroom_gib:.2f} GiB to spare; a fragmentation "
             "spike or a larger NCCL buffer turns this into an OOM at graph capture",
-            fix=_fix(dep, inst, b),
+            fix=_fix(dep, plan),
         )
 
 
@@ -89,7 +78,7 @@ def memory_tight(dep: Deployment) -> Iterator[Problem]:
 def memory_fraction_unset(dep: Deployment) -> Iterator[Problem]:
     for inst in dep.instances:
         if inst.tuning.mem_fraction_static is None:
-            safe = max_safe_fraction(gpu_model(inst, dep), largest_graph_bs(inst.tuning))
+            safe = plan_instance(inst, dep).max_safe_fraction
             yield Problem(
                 where=inst.id,
                 message="mem_fraction_static is unset: SGLang derives one without knowing the "

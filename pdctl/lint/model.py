@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
-from pdctl.lint.keys import env_key, tuning_key
 from pdctl.render import environment
 from pdctl.spec import Deployment
 
@@ -28,7 +27,7 @@ def dsv4_multi_stream_overlap(dep: Deployment) -> Iterator[Problem]:
                 where=inst.id,
                 message=f"{OVERLAP_ENV} is {value or 'unset (on)'}: multi-stream overlap under "
                 "CUDA graphs corrupted tool-call output at high concurrency on the seed",
-                fix=f'{env_key(dep, inst.role, OVERLAP_ENV)}: "0"',
+                fix=f'engine.common.env.{OVERLAP_ENV}: "0"',
             )
 
 
@@ -45,6 +44,6 @@ def dsv4_context_uncapped(dep: Deployment) -> Iterator[Problem]:
                 message=f"context_length is {context or 'unset'} (the model's full context): the "
                 "sparse-attention indexer scans the whole max context every decode step; capping "
                 "it at 8192 took the seed from 29.7 to 531.7 tok/s at concurrency 64 (17.9x)",
-                fix=f"{tuning_key(dep, inst.role, 'context_length')}: the longest prompt + output "
-                "you serve, e.g. 8192 (in engine.common, equal on both sides)",
+                fix="engine.common.context_length: the longest prompt + output you serve, "
+                "e.g. 8192 (equal on both sides)",
             )

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from pdctl.lint.args import flag_values
 from pdctl.lint.finding import Problem, Severity, rule
-from pdctl.lint.keys import env_key, hardware_key, tuning_key
+from pdctl.lint.keys import hardware_key
 from pdctl.render import environment, launch_args
 from pdctl.spec import Deployment
 
@@ -24,7 +24,7 @@ def nixl_ucx_devices(dep: Deployment) -> Iterator[Problem]:
                     message=f"the host has RDMA NICs {nics} but UCX_NET_DEVICES is unset: NIXL "
                     "ignores --disaggregation-ib-device, UCX may pick a wrong device and "
                     "transfers hang until the 300 s timeout",
-                    fix=f"{env_key(dep, inst.role, 'UCX_NET_DEVICES')}: "
+                    fix="engine.common.env.UCX_NET_DEVICES: "
                     f"{','.join(f'{n}:1' for n in nics)} (see "
                     f"{hardware_key(dep, host.name, 'rdma_nics')})",
                 )
@@ -46,6 +46,6 @@ def mooncake_ib_device(dep: Deployment) -> Iterator[Problem]:
                     where=inst.id,
                     message=f"the host has RDMA NICs {nics} but --disaggregation-ib-device is not "
                     "given: mooncake then chooses a device itself, possibly one across the socket",
-                    fix=f"{tuning_key(dep, inst.role, 'extra_args')}: add "
+                    fix="engine.common.extra_args: add "
                     f"--disaggregation-ib-device {','.join(nics)}",
                 )
