@@ -1,0 +1,300 @@
+"""Command line (SGLang's) and sim knobs (PDSIM_* environment) of the simulated engine.
+
+The parser accepts the `python -m sglang.launch_server` flags our renderer emits, with the
+defaults of sglang 0.5.23 (`sglang/srt/server_args.py`, `arg_groups/`); unknown flags are
+kept and reported once at startup. Values SGLang resolves after parsing (page size, graph
+buckets, max running requests, chunked prefill size, served model name) are resolved in
+`resolve()` with SGLang's rules, using the simulated GPU's memory.
+
+Sim-only knobs (all optional):
+
+| variable                    | default  | meaning                                               |
+|-----------------------------|----------|-------------------------------------------------------|
+| PDSIM_STARTUP_DELAY_S       | 2.0      | weights load + graph capture time (health 503 meanwhile) |
+| PDSIM_STEP_A_MS             | 18.0     | decode step fixed cost `a` (seed production fit)      |
+| PDSIM_STEP_B_MS             | 1.05     | decode step cost per padded request `b`               |
+| PDSIM_EAGER_PENALTY         | 3.0      | step-time factor for batches above the largest graph  |
+| PDSIM_EAGER_OOM             | 0        | 1: an eager batch crashes with "CUDA out of memory"   |
+| PDSIM_PREFILL_MS_PER_TOKEN  | 0.05     | prefill compute per new token                         |
+| PDSIM_PREFILL_BASE_MS       | 5.0      | fixed cost of one prefill batch                       |
+| PDSIM_GPU_MEM_GIB           | 95.6     | simulated GPU memory (RTX PRO 6000: 97887 MiB)        |
+| PDSIM_WEIGHTS_GIB           | 36.5     | weights per GPU                                       |
+| PDSIM_KV_BYTES_PER_TOKEN    | 16281    | KV cache bytes per token per GPU (seed: ~15.9 KB)     |
+| PDSIM_KV_POOL_TOKENS        | derived  | KV pool size; default from the three above and --mem-fraction-static |
+| PDSIM_OUTPUT_TOKENS         | 128      | tokens before the fake model emits EOS when no max is given |
+| PDSIM_SEED                  | --random-seed or 0 | seed of fake text and failure draws         |
+| PDSIM_DEGRADED              | auto     | stale-peer degradation after a lone restart: auto (on for nixl), on, off |
+| PDSIM_DEGRADED_FAIL_RATIO   | 0.5      | share of requests a degraded pair fails               |
+| PDSIM_DEGRADED_MODE         | fail     | fail: transfer error at once; hang: no KV, the waiting timeout fires |
+| PDSIM_TIME_SCALE            | 1.0      | wall seconds per simulated second (0.05 = 20x faster); every duration, |
+|                             |          | SGLang timeout and reported latency is in simulated seconds |
+| PDSIM_SHUTDOWN_TIMEOUT_S    | 30       | SIGTERM: time in-flight requests get before they are aborted |
+
+SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+(300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
+(5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+GIB = 1024**3
+
+# sglang/srt/arg_groups/memory_hook.py: GPU-memory tiers (MiB) -> (chunked prefill size,
+# decode graph max bs for tp < 4, for tp >= 4).
+_GPU_TIERS: tuple[tuple[int, int, int, int], ...] = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+)
+_GPU_TOP_TIER = (16384, 512, 512)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pdctl.sim",
+        description="GPU-free engine with sglang.launch_server's command line (see docs/sim.md)",
+        allow_abbrev=False,
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
+    p.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
+    p.add_argument(
+        "--disaggregation-mode", choices=["null", "prefill", "decode"], default="null"
+    )
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    p.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
+        default="mooncake",
+    )
+    p.add_argument("--disaggregation-ib-device", default=None)
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4",
+                 "fp4_mx_block16"],
+        default="auto",
+    )
+    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
+    p.add_argument("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
+    p.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None)
+    p.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+", default=None)
+    p.add_argument("--chunked-prefill-size", type=int, default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--decode-log-interval", type=int, default=40)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--random-seed", type=int, default=None)
+    return p
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as e:
+        raise SystemExit(f"{name}={raw!r} is not a number") from e
+
+
+def _env_choice(env: Mapping[str, str], name: str, default: str, choices: Sequence[str]) -> str:
+    raw = env.get(name, default) or default
+    if raw not in choices:
+        raise SystemExit(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+@dataclass(frozen=True)
+class Knobs:
+    startup_delay_s: float = 2.0
+    step_a_ms: float = 18.0
+    step_b_ms: float = 1.05
+    eager_penalty: float = 3.0
+    eager_oom: bool = False
+    prefill_ms_per_token: float = 0.05
+    prefill_base_ms: float = 5.0
+    gpu_mem_gib: float = 97887 / 1024
+    weights_gib: float = 36.5
+    kv_bytes_per_token: int = 16281
+    kv_pool_tokens: int | None = None
+    output_tokens: int = 128
+    seed: int = 0
+    degraded: str = "auto"
+    degraded_fail_ratio: float = 0.5
+    degraded_mode: str = "fail"
+    time_scale: float = 1.0
+    shutdown_timeout_s: float = 30.0
+    # SGLang's own PD variables
+    bootstrap_timeout_s: float = 300.0
+    waiting_timeout_s: float = 300.0
+    heartbeat_interval_s: float = 5.0
+    heartbeat_max_failure: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], random_seed: int | None = None) -> Knobs:
+        d = cls()
+        pool = env.get("PDSIM_KV_POOL_TOKENS")
+        scale = _env_float(env, "PDSIM_TIME_SCALE", d.time_scale)
+        ratio = _env_float(env, "PDSIM_DEGRADED_FAIL_RATIO", d.degraded_fail_ratio)
+        if scale <= 0:
+            raise SystemExit("PDSIM_TIME_SCALE must be > 0")
+        if not 0.0 <= ratio <= 1.0:
+            raise SystemExit("PDSIM_DEGRADED_FAIL_RATIO must be within [0, 1]")
+        return cls(
+            startup_delay_s=_env_float(env, "PDSIM_STARTUP_DELAY_S", d.startup_delay_s),
+            step_a_ms=_env_float(env, "PDSIM_STEP_A_MS", d.step_a_ms),
+            step_b_ms=_env_float(env, "PDSIM_STEP_B_MS", d.step_b_ms),
+            eager_penalty=_env_float(env, "PDSIM_EAGER_PENALTY", d.eager_penalty),
+            eager_oom=env.get("PDSIM_EAGER_OOM", "0") in ("1", "true", "yes", "on"),
+            prefill_ms_per_token=_env_float(
+                env, "PDSIM_PREFILL_MS_PER_TOKEN", d.prefill_ms_per_token
+            ),
+            prefill_base_ms=_env_float(env, "PDSIM_PREFILL_BASE_MS", d.prefill_base_ms),
+            gpu_mem_gib=_env_float(env, "PDSIM_GPU_MEM_GIB", d.gpu_mem_gib),
+            weights_gib=_env_float(env, "PDSIM_WEIGHTS_GIB", d.weights_gib),
+            kv_bytes_per_token=int(
+                _env_float(env, "PDSIM_KV_BYTES_PER_TOKEN", d.kv_bytes_per_token)
+            ),
+            kv_pool_tokens=int(pool) if pool else None,
+            output_tokens=int(_env_float(env, "PDSIM_OUTPUT_TOKENS", d.output_tokens)),
+            seed=int(_env_float(env, "PDSIM_SEED", random_seed or 0)),
+            degraded=_env_choice(env, "PDSIM_DEGRADED", d.degraded, ("auto", "on", "off")),
+            degraded_fail_ratio=ratio,
+            degraded_mode=_env_choice(env, "PDSIM_DEGRADED_MODE", d.degraded_mode,
+                                      ("fail", "hang")),
+            time_scale=scale,
+            shutdown_timeout_s=_env_float(env, "PDSIM_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
+            bootstrap_timeout_s=_env_float(
+                env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
+            ),
+            waiting_timeout_s=_env_float(
+                env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", d.waiting_timeout_s
+            ),
+            # conn.py clamps: interval >= 2 s, max failures >= 1.
+            heartbeat_interval_s=max(
+                _env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
+                           d.heartbeat_interval_s),
+                2.0,
+            ),
+            heartbeat_max_failure=max(
+                int(_env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+                               d.heartbeat_max_failure)),
+                1,
+            ),
+        )
+
+
+def default_decode_buckets(max_bs: int) -> list[int]:
+    """sglang/srt/arg_groups/cuda_graph_hook.py generate_decode_cuda_graph_batch_sizes
+    (no speculative decoding, padding enabled)."""
+    bs = (
+        [1, 2, 4, 8, 12]
+        + list(range(16, 257, 8))
+        + list(range(272, 512, 16))
+        + list(range(512, max_bs + 1, 32))
+    )
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return bs
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Parsed flags with SGLang's post-parse resolution applied."""
+
+    args: argparse.Namespace
+    knobs: Knobs
+    unknown: list[str]
+    served_model_name: str
+    engine_type: str
+    page_size: int
+    context_length: int
+    kv_pool_tokens: int
+    max_running_requests: int
+    chunked_prefill_size: int
+    decode_buckets: list[int] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        return str(self.args.disaggregation_mode)
+
+    @property
+    def degraded_enabled(self) -> bool:
+        if self.knobs.degraded == "auto":
+            return bool(self.args.disaggregation_transfer_backend == "nixl")
+        return self.knobs.degraded == "on"
+
+
+def _gpu_tier(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
+    for limit, chunk, bs_small_tp, bs_large_tp in _GPU_TIERS:
+        if gpu_mem_mib < limit:
+            return chunk, bs_small_tp if tp_size < 4 else bs_large_tp
+    return _GPU_TOP_TIER[0], _GPU_TOP_TIER[1] if tp_size < 4 else _GPU_TOP_TIER[2]
+
+
+def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
+    args, unknown = build_parser().parse_known_args(list(argv))
+    knobs = Knobs.from_env(env, args.random_seed)
+    mem_fraction = args.mem_fraction_static if args.mem_fraction_static is not None else 0.85
+    if knobs.kv_pool_tokens is not None:
+        pool = knobs.kv_pool_tokens
+    else:
+        free = knobs.gpu_mem_gib * mem_fraction - knobs.weights_gib
+        pool = max(int(free * GIB / max(knobs.kv_bytes_per_token, 1)), 0)
+    if pool <= 0:
+        raise SystemExit(
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+        )
+    # The fake model's native context; --context-length caps it like SGLang does.
+    context_length = args.context_length or 8192
+    chunk_default, max_bs_default = _gpu_tier(knobs.gpu_mem_gib * 1024, args.tp_size)
+    # pool_configurator.py: clamp(pool / context_len * 512, 2048, 4096)
+    max_running = args.max_running_requests or max(
+        min(int(pool / context_length * 512), 4096), 2048
+    )
+    if args.cuda_graph_bs_decode:
+        buckets = sorted(set(args.cuda_graph_bs_decode))
+    else:
+        max_bs = args.cuda_graph_max_bs_decode
+        if max_bs is None:
+            max_bs = max_bs_default
+            if args.max_running_requests is not None:
+                max_bs = min(max_bs, args.max_running_requests)
+        buckets = default_decode_buckets(max_bs)
+    # base_cuda_graph_runner.get_batch_sizes_to_capture: clamp to the request pool.
+    if max(buckets) > max_running:
+        buckets = sorted({b for b in buckets if b <= max_running} | {max_running})
+    engine_type = {"prefill": "prefill", "decode": "decode"}.get(
+        args.disaggregation_mode, "unified"
+    )
+    return SimConfig(
+        args=args,
+        knobs=knobs,
+        unknown=unknown,
+        served_model_name=args.served_model_name or args.model_path,
+        engine_type=engine_type,
+        page_size=args.page_size or 1,
+        context_length=context_length,
+        kv_pool_tokens=pool,
+        max_running_requests=max_running,
+        chunked_prefill_size=args.chunked_prefill_size or chunk_default,
+        decode_buckets=buckets,
+    )
+

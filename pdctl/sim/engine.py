@@ -1,0 +1,344 @@
+"""The simulated scheduler: one asyncio task that runs prefill batches and decode steps.
+
+Queues mirror SGLang's: `waiting` (needs prefill; unified and prefill servers), on a decode
+server `prealloc` (waiting for KV pool space) and `transfer` (waiting for the prefill's KV),
+and `running` (decoding). A request reserves prompt + output budget in the KV pool when it
+is admitted (a prefill server reserves the prompt only and frees it after the transfer).
+Outputs go to each request's queue as `Token`, `Finish` or `Abort` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from .args import GIB, SimConfig
+from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
+from .metrics import SimMetrics
+from .model import Clock, FakeText, KVPool, StepModel
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "length" | "stop"
+
+
+@dataclass(frozen=True)
+class Abort:
+    message: str
+    status: HTTPStatus
+
+
+Event = Token | Finish | Abort
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    finish_reason: str  # reported when max_new_tokens is reached
+    stream: bool
+    text: FakeText
+    created: float
+    room: int | None = None
+    log_metrics: bool = True
+    # Health checks carry a fake bootstrap host: no peer, no transfer.
+    fake_bootstrap: bool = False
+    out: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    reserved: int = 0
+    done: bool = False
+    admitted: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prefilled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, metrics: SimMetrics | None, log: logging.Logger) -> None:
+        k = cfg.knobs
+        self.cfg = cfg
+        self.metrics = metrics
+        self.log = log
+        self.clock = Clock(k.time_scale)
+        self.steps = StepModel(k.step_a_ms, k.step_b_ms, k.eager_penalty, cfg.decode_buckets)
+        self.pool = KVPool(cfg.kv_pool_tokens)
+        self.waiting: deque[Req] = deque()
+        self.prealloc: deque[Req] = deque()
+        self.transfer: set[Req] = set()
+        self.running: list[Req] = []
+        # Prefill server: requests waiting for their decode (bootstrap) and in KV transfer.
+        self.bootstrap_queue: set[Req] = set()
+        self.inflight: set[Req] = set()
+        self._wake = asyncio.Event()
+        self._prealloc_changed = asyncio.Event()
+        self.forward_ct_decode = 0
+        self._tokens_since_log = 0
+        self._last_decode_log = self.clock.now()
+        self._last_prefill_log = self.clock.now()
+        self.last_gen_throughput = 0.0
+        self.last_cuda_graph = True
+
+    # ----- admission -----------------------------------------------------------------
+    def submit_prefill(self, req: Req) -> None:
+        """Queue a request for prefill (unified and prefill servers)."""
+        self.waiting.append(req)
+        self._wake.set()
+
+    async def preallocate(self, req: Req) -> None:
+        """Decode server: wait for KV pool space for the whole request (prealloc queue)."""
+        self.prealloc.append(req)
+        try:
+            while not self._can_admit(req, req.prompt_tokens + req.max_new_tokens):
+                self._prealloc_changed.clear()
+                await self._prealloc_changed.wait()
+            self.pool.try_reserve(req.prompt_tokens + req.max_new_tokens)
+            req.reserved = req.prompt_tokens + req.max_new_tokens
+            req.admitted = self.clock.now()
+        finally:
+            self.prealloc.remove(req)
+
+    def start_decoding(self, req: Req, first_token: bool = True) -> None:
+        """Decode server: the KV arrived; the prefill's first token goes out now."""
+        self.transfer.discard(req)
+        if first_token:
+            self._emit(req, req.text.next_token())
+        if not req.done:
+            self.running.append(req)
+            self._wake.set()
+
+    def abort(self, req: Req, message: str, status: HTTPStatus) -> None:
+        if req.done:
+            return
+        req.out.put_nowait(Abort(message, status))
+        self._finish(req)
+        if self.metrics and req.log_metrics:
+            self.metrics.tok_inc(self.metrics.num_aborted_requests)
+
+    def cancel(self, req: Req) -> None:
+        """Client went away: drop the request wherever it is."""
+        if not req.done:
+            self._finish(req)
+
+    def _can_admit(self, req: Req, tokens: int) -> bool:
+        busy = len(self.running) + len(self.transfer) + len(self.inflight)
+        return busy < self.cfg.max_running_requests and self.pool.used + tokens <= self.pool.size
+
+    def _finish(self, req: Req) -> None:
+        req.done = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.transfer.discard(req)
+        self.inflight.discard(req)
+        self.bootstrap_queue.discard(req)
+        if req.reserved:
+            self.pool.release(req.reserved)
+            req.reserved = 0
+            self._prealloc_changed.set()
+
+    def complete_prefill(self, req: Req) -> None:
+        """Prefill server: the KV reached the decode; answer with the first token."""
+        if not req.done:
+            req.max_new_tokens = 1
+            self._emit(req, req.text.next_token())
+
+    # ----- outputs -------------------------------------------------------------------
+    def _emit(self, req: Req, text: str) -> None:
+        now = self.clock.now()
+        req.generated += 1
+        if req.first_token_at is None:
+            req.first_token_at = now
+        elif self.metrics and req.log_metrics and req.last_token_at is not None:
+            self.metrics.tok_observe(self.metrics.inter_token_latency, now - req.last_token_at)
+        req.last_token_at = now
+        req.out.put_nowait(Token(text))
+        if req.generated >= req.max_new_tokens:
+            req.out.put_nowait(Finish(req.finish_reason))
+            self._finish(req)
+
+    # ----- the loop ------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            self.running = [r for r in self.running if not r.done]
+            batch = self._take_prefill_batch()
+            if batch:
+                await self._prefill(batch)
+            elif self.running:
+                await self._decode_step()
+            else:
+                self._wake.clear()
+                await self._wake.wait()
+
+    def _take_prefill_batch(self) -> list[Req]:
+        batch: list[Req] = []
+        budget = self.cfg.chunked_prefill_size
+        prefill_only = self.cfg.mode == "prefill"
+        while self.waiting:
+            req = self.waiting[0]
+            need = req.prompt_tokens + (0 if prefill_only else req.max_new_tokens)
+            if batch and req.prompt_tokens > budget:
+                break
+            if not self._can_admit(req, need):
+                break
+            self.waiting.popleft()
+            self.pool.try_reserve(need)
+            req.reserved = need
+            req.admitted = self.clock.now()
+            budget -= req.prompt_tokens
+            batch.append(req)
+            if prefill_only:
+                self.inflight.add(req)
+            else:
+                self.running.append(req)
+        return batch
+
+    async def _prefill(self, batch: list[Req]) -> None:
+        k = self.cfg.knobs
+        new_tokens = sum(r.prompt_tokens for r in batch)
+        await self.clock.sleep((k.prefill_base_ms + k.prefill_ms_per_token * new_tokens) / 1000)
+        now = self.clock.now()
+        gap = max(now - self._last_prefill_log, 1e-9)
+        self._last_prefill_log = now
+        prefill_server = self.cfg.mode == "prefill"
+        for req in batch:
+            if req.done:
+                continue
+            if self.metrics and req.log_metrics:
+                self.metrics.sched_observe(self.metrics.queue_time, (req.admitted or now) - req.created)
+                self.metrics.sched_observe(
+                    self.metrics.per_stage_req_latency, now - (req.admitted or now),
+                    stage="prefill_forward",
+                )
+            if prefill_server and not req.fake_bootstrap:
+                req.prefilled.set()
+            else:
+                self._emit(req, req.text.next_token())
+        stats = PrefillStats(
+            new_seq=len(batch),
+            new_token=new_tokens,
+            cached_token=0,
+            token_usage=self.pool.usage,
+            running_req=0 if prefill_server else len(self.running),
+            queue_req=len(self.waiting),
+            pending_token=sum(r.prompt_tokens for r in self.waiting),
+            cuda_graph=False,
+            input_throughput=new_tokens / gap,
+            bootstrap_req=len(self.bootstrap_queue) if prefill_server else None,
+            inflight_req=len(self.inflight) if prefill_server else None,
+            optimistic_req=0 if prefill_server else None,
+        )
+        self.log.info(prefill_line(stats))
+        if self.metrics:
+            m = self.metrics
+            m.sched_inc(m.cuda_graph_passes, mode="prefill_none")
+            m.sched_inc(m.realtime_tokens, new_tokens, mode="prefill_compute")
+            self._update_gauges()
+
+    async def _decode_step(self) -> None:
+        n = len(self.running)
+        step_ms, graph = self.steps.decode_step_ms(n)
+        if not graph and self.cfg.knobs.eager_oom:
+            self._crash_oom(n)
+        await self.clock.sleep(step_ms / 1000)
+        for req in self.running:
+            if not req.done:
+                self._emit(req, req.text.next_token())
+        self.last_cuda_graph = graph
+        self.forward_ct_decode += 1
+        self._tokens_since_log += n
+        if self.metrics:
+            m = self.metrics
+            m.sched_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
+            m.sched_inc(m.realtime_tokens, n, mode="decode")
+        if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
+            self._log_decode(n, graph)
+
+    def _log_decode(self, n: int, graph: bool) -> None:
+        now = self.clock.now()
+        self.last_gen_throughput = self._tokens_since_log / max(now - self._last_decode_log, 1e-9)
+        self._tokens_since_log = 0
+        self._last_decode_log = now
+        decode_server = self.cfg.mode == "decode"
+        num_token = sum(r.prompt_tokens + r.generated for r in self.running if not r.done)
+        self.log.info(
+            decode_line(
+                DecodeStats(
+                    running_req=n,
+                    num_token=num_token,
+                    token_usage=self.pool.usage,
+                    cuda_graph=graph,
+                    gen_throughput=self.last_gen_throughput,
+                    queue_req=len(self.waiting),
+                    preallocated_usage=(
+                        sum(r.reserved for r in self.transfer) / self.pool.size
+                        if decode_server else None
+                    ),
+                    prealloc_req=len(self.prealloc) if decode_server else None,
+                    transfer_req=len(self.transfer) if decode_server else None,
+                    retracted_req=0 if decode_server else None,
+                )
+            )
+        )
+        self._update_gauges()
+
+    def _crash_oom(self, n: int) -> None:
+        # The seed's crash: 33+ requests past a 32-wide graph wanted 3.94 GiB of temporaries.
+        self.log.error(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f GiB. "
+            "GPU 0 has a total capacity of %.2f GiB (eager decode batch of %d requests, "
+            "largest CUDA graph %d)",
+            3.94 * n / 33, self.cfg.knobs.gpu_mem_gib, n, self.cfg.decode_buckets[-1],
+        )
+        logging.shutdown()
+        os._exit(1)
+
+    def _update_gauges(self) -> None:
+        if not self.metrics:
+            return
+        m = self.metrics
+        running = [r for r in self.running if not r.done]
+        m.sched_gauge(m.num_running_reqs, len(running))
+        m.sched_gauge(m.num_queue_reqs, len(self.waiting))
+        m.sched_gauge(m.gen_throughput, self.last_gen_throughput)
+        m.sched_gauge(m.cache_hit_rate, 0.0)
+        m.sched_gauge(m.token_usage, round(self.pool.usage, 2))
+        m.sched_gauge(m.num_used_tokens, self.pool.used)
+        m.sched_gauge(m.kv_used_tokens, self.pool.used)
+        m.sched_gauge(m.kv_available_tokens, self.pool.size - self.pool.used)
+        m.sched_gauge(m.is_cuda_graph, 1.0 if self.last_cuda_graph else 0.0)
+        m.sched_gauge(m.utilization, min(len(running) / self.cfg.max_running_requests, 1.0))
+        if self.cfg.mode == "prefill":
+            m.sched_gauge(m.num_prefill_bootstrap_queue_reqs, len(self.bootstrap_queue))
+            m.sched_gauge(m.num_prefill_inflight_queue_reqs, len(self.inflight))
+        elif self.cfg.mode == "decode":
+            m.sched_gauge(m.num_decode_prealloc_queue_reqs, len(self.prealloc))
+            m.sched_gauge(m.num_decode_transfer_queue_reqs, len(self.transfer))
+            m.sched_gauge(
+                m.pending_prealloc_token_usage,
+                sum(r.reserved for r in self.transfer) / self.pool.size,
+            )
+
+    def publish_static_metrics(self) -> None:
+        if not self.metrics:
+            return
+        k = self.cfg.knobs
+        self.metrics.set_static(
+            self.pool.size, self.cfg.page_size, self.cfg.context_length,
+            k.weights_gib * GIB / 1e9, self.pool.size * k.kv_bytes_per_token / 1e9,
+        )
+        self._update_gauges()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running or self.prealloc or self.transfer
+                    or self.inflight or self.bootstrap_queue)

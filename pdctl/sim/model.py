@@ -1,0 +1,110 @@
+"""Performance model, fake tokenizer and fake text of the simulated engine.
+
+Decode step time follows the seed's production fit `a + b * padded_batch` (ms), where
+padded_batch is the smallest captured CUDA-graph bucket >= running requests (SGLang pads a
+batch up to the next captured graph, hence the throughput sawtooth). A batch larger than
+the largest bucket runs eager: `(a + b * running) * eager_penalty`.
+
+Tokenizer (documented in docs/sim.md): a text counts `max(1, ceil(chars / 4))` tokens; a
+list of token ids counts its length. Output tokens are words drawn from a fixed vocabulary
+by a generator seeded with (seed, request key), so the same request gives the same text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import random
+import time
+from dataclasses import dataclass
+
+_VOCAB = (
+    "the of and to in is that for it as with was on be by at this from or an are not "
+    "have which one had but all were when there can more if out so what up said about "
+    "into than them only other new some could time these two may then first any like now "
+    "my such make over our even most after also did many before must through back years "
+    "where much your way well down should because each just those people how too little "
+    "state good very world still own see men work long get here between both life being "
+    "under never day same another know while last might great old year off come since "
+    "against go came right used take three"
+).split()
+
+
+def count_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4))
+
+
+class FakeText:
+    """The fake model's output for one request: words from a generator seeded with
+    (seed, key), each followed by a space."""
+
+    def __init__(self, seed: int, key: str) -> None:
+        self._rng = random.Random(f"{seed}:{key}")
+
+    def next_token(self) -> str:
+        return _VOCAB[self._rng.randrange(len(_VOCAB))] + " "
+
+
+def padded_batch(running: int, buckets: list[int]) -> int | None:
+    """Smallest captured bucket >= running, or None when the batch must run eager."""
+    i = bisect.bisect_left(buckets, running)
+    return buckets[i] if i < len(buckets) else None
+
+
+@dataclass(frozen=True)
+class StepModel:
+    a_ms: float
+    b_ms: float
+    eager_penalty: float
+    buckets: list[int]
+
+    def decode_step_ms(self, running: int) -> tuple[float, bool]:
+        """(step time in ms, ran in a CUDA graph)."""
+        padded = padded_batch(running, self.buckets)
+        if padded is None:
+            return (self.a_ms + self.b_ms * running) * self.eager_penalty, False
+        return self.a_ms + self.b_ms * padded, True
+
+    def throughput(self, running: int) -> float:
+        """Aggregate decode tokens/s at a steady `running` batch."""
+        ms, _ = self.decode_step_ms(running)
+        return running * 1000.0 / ms
+
+
+class Clock:
+    """Simulated time: wall time divided by the time scale (PDSIM_TIME_SCALE)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self._t0) / self.scale
+
+    async def sleep(self, sim_seconds: float) -> None:
+        await asyncio.sleep(max(sim_seconds, 0.0) * self.scale)
+
+    def wall(self, sim_seconds: float) -> float:
+        return sim_seconds * self.scale
+
+
+class KVPool:
+    """Token slots of the KV cache; a request reserves its prompt plus its output budget."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+
+    def try_reserve(self, tokens: int) -> bool:
+        if self.used + tokens > self.size:
+            return False
+        self.used += tokens
+        return True
+
+    def release(self, tokens: int) -> None:
+        self.used = max(self.used - tokens, 0)
+
+    @property
+    def usage(self) -> float:
+        return self.used / self.size if self.size else 0.0
