@@ -125,7 +125,7 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
 
 
 def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str, int]) -> None:
-    scope = f"{summary['instances']} instances on {summary['hosts']} hosts, {dep.profile_path}"
+    scope = f"instances: {summary['instances']}, hosts: {summary['hosts']}, {dep.profile_path}"
     if not findings:
         click.secho(f"OK: no findings ({scope})", fg="green")
         return
@@ -134,7 +134,7 @@ def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str,
         style = "red" if f.severity is Severity.ERROR else "yellow"
         table.add_row(f.id, f"[{style}]{f.severity}[/]", f.where, f.message, f.fix)
     Console().print(table)
-    click.echo(f"{summary['errors']} errors, {summary['warnings']} warnings ({scope})")
+    click.echo(f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})")
 
 
 @click.command()

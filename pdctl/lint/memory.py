@@ -32,7 +32,8 @@ def _fix(dep: Deployment, plan: InstancePlan) -> str:
     if plan.max_safe_fraction is not None:
         options.append(f"{tuning_key(dep, role, 'mem_fraction_static')}: {plan.max_safe_fraction}")
     if plan.max_safe_graph_bs is not None and plan.graph_bs:
-        options.append(f"{tuning_key(dep, role, 'cuda_graph_max_bs')}: {plan.max_safe_graph_bs}")
+        graphs = f"{tuning_key(dep, role, 'cuda_graph_max_bs')} (and cuda_graph_bs)"
+        options.append(f"{graphs} <= {plan.max_safe_graph_bs}")
     return " or ".join(options) or "fewer weights per GPU (a larger tp) or a larger GPU"
 
 

@@ -15,7 +15,6 @@ Load = Callable[..., Deployment]
 Shipped = Callable[[str], dict[str, Any]]
 DELETE = object()
 DECODE = "layout.pairs.0.decode"
-REF_BUCKETS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 52, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92, 96]
 
 
 def edit(profile: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:
