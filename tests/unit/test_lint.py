@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,3 +191,9 @@ def test_flag_findings_name_candidates_and_source(load: Load, shipped: Shipped) 
 def test_severities_are_error_or_warning() -> None:
     assert {r.severity for r in RULES} == {Severity.ERROR, Severity.WARNING}
     assert len({r.id for r in RULES}) == len(RULES)
+
+
+def test_docs_list_every_rule() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "spec.md").read_text()
+    for r in RULES:
+        assert f"| `{r.id}` | {r.severity} |" in docs, r.id
