@@ -1,0 +1,1 @@
+"""Journal analytics: decode scaling, step-time law and CUDA-graph buckets from engine logs."""

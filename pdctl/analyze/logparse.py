@@ -1,0 +1,185 @@
+"""Scheduler log lines of SGLang (`Decode batch` / `Prefill batch`) parsed out of a byte stream.
+
+Verified against sglang 0.5.23 `srt/managers/scheduler_components/metrics_reporter.py`:
+
+    [2026-11-29 10:00:00 DP0 PP0 TP0 EP0] Decode batch [1234], #running-req: 57, #token: 9000,
+    token usage: 0.05, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0,
+    #retracted-req: 0, cuda graph: True, gen throughput (token/s): 731.22, #queue-req: 0
+
+- the prefix is `[%Y-%m-%d %H:%M:%S(.mmm with SGLANG_LOG_MS)( DPx)( PPx)( ATTN_CPx)( MOE_DPx)
+  ( TPx)( EPx)]`; only the attention-TP rank 0 of each scheduler logs;
+- ` [iter]` after `batch` appears only with SGLANG_LOG_FORWARD_ITERS;
+- the graph flag is `cuda graph`, or `cpu graph` / `npu graph` / `musa graph` on those devices;
+- the usage part varies by KV pool (`#token, token usage` or `#full token, full token usage,
+  #swa token, swa token usage`, mamba, hisparse), PD decode adds prealloc/transfer counts,
+  speculative decoding adds `accept len`, MFU metrics append `est. …` fields.
+Older releases wrote `Decode batch. #running-req: …` (a period) and may lack the graph flag.
+
+The scanner works on large chunks with `re.finditer` instead of a Python loop per line: that is
+what makes multi-GB journals cheap. Lines carrying a marker that the pattern cannot read
+(truncated, garbled, an unknown layout) are counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+DECODE_MARKER = b"Decode batch"
+PREFILL_MARKER = b"Prefill batch"
+
+# `[^\n]*?` keeps a match inside one line; unknown fields between the named ones are skipped.
+# The graph flag is read by slicing just before `gen throughput` (where every release with
+# the flag puts it): an optional group in the pattern made the scan 6x slower.
+_SEP = rb"(?: \[\d+\])?[.,] "
+DECODE_RE = re.compile(
+    DECODE_MARKER + _SEP + rb"#running-req: (\d+),[^\n]*?"
+    rb"gen throughput \(token/s\): ([0-9.]+), "  # a field follows: the number is whole
+)
+_GEN = len(b"gen throughput (token/s): ")
+_GRAPH_TRUE = b" graph: True, "
+_GRAPH_FALSE = b" graph: False, "
+PREFILL_RE = re.compile(
+    PREFILL_MARKER + _SEP + rb"#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+),[^\n]*?"
+    rb"#running-req: (\d+), #queue-req: (\d+)(?=,|\r?\n|$)"
+    rb"(?:[^\n]*?input throughput \(token/s\): ([0-9.]+)(?=,|\r?\n|$))?"
+)
+# SGLang's own prefix; journalctl `-o short` puts `Mon dd HH:MM:SS host unit[pid]: ` before it.
+TIMESTAMP_RE = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    running: int
+    gen_throughput: float
+    cuda_graph: bool | None  # None: the release did not log the flag
+    timestamp: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBatch:
+    new_seq: int
+    new_token: int
+    cached_token: int
+    running: int
+    queue: int
+    input_throughput: float | None
+    timestamp: str | None = None
+
+
+@dataclass
+class ScanCounts:
+    """What the stream held besides the batches it yielded."""
+
+    lines: int = 0
+    bytes: int = 0
+    unparseable: int = 0  # a batch marker on a line the patterns could not read
+    out_of_range: int = 0  # outside --since/--until
+    untimed: int = 0  # no SGLang timestamp while a time window was asked for
+
+
+def _graph_flag(buf: bytes, m: re.Match[bytes]) -> bool | None:
+    end = m.start(2) - _GEN
+    if buf.endswith(_GRAPH_TRUE, 0, end):
+        return True
+    if buf.endswith(_GRAPH_FALSE, 0, end):
+        return False
+    return None
+
+
+def _decode(buf: bytes, m: re.Match[bytes], ts: str | None) -> DecodeBatch:
+    return DecodeBatch(int(m[1]), float(m[2]), _graph_flag(buf, m), ts)
+
+
+def _prefill(_: bytes, m: re.Match[bytes], ts: str | None) -> PrefillBatch:
+    tput = None if m[6] is None else float(m[6])
+    return PrefillBatch(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), tput, ts)
+
+
+def _timestamp(buf: bytes, pos: int) -> str | None:
+    start = buf.rfind(b"\n", 0, pos) + 1
+    m = TIMESTAMP_RE.search(buf, start, pos)
+    return m[1].decode() if m else None
+
+
+_Build = Callable[[bytes, "re.Match[bytes]", str | None], DecodeBatch | PrefillBatch]
+_KINDS: tuple[tuple[re.Pattern[bytes], bytes, _Build], ...] = (
+    (DECODE_RE, DECODE_MARKER, _decode),
+    (PREFILL_RE, PREFILL_MARKER, _prefill),
+)
+
+
+def parse_line(line: str) -> DecodeBatch | PrefillBatch | None:
+    """One line, any prefix; None when it is not a batch line or cannot be read."""
+    raw = line.encode(errors="replace")
+    if m := DECODE_RE.search(raw):
+        return _decode(raw, m, _timestamp(raw, m.start()))
+    if m := PREFILL_RE.search(raw):
+        return _prefill(raw, m, _timestamp(raw, m.start()))
+    return None
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Inclusive bounds as `YYYY-mm-dd HH:MM:SS` strings, which compare in time order."""
+
+    since: str | None = None
+    until: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None or self.until is not None
+
+    def holds(self, ts: str) -> bool:
+        return (self.since is None or ts >= self.since) and (self.until is None or ts <= self.until)
+
+
+ANY_TIME = TimeWindow()
+
+
+def _chunks(stream: BinaryIO, size: int) -> Iterator[bytes]:
+    """Whole lines only: the tail after the last newline waits for the next read."""
+    tail = b""
+    while block := stream.read(size):
+        buf = tail + block
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0:
+            tail = buf
+            continue
+        tail = buf[cut:]
+        yield buf[:cut]
+    if tail:
+        yield tail + b"\n"
+
+
+def scan(
+    stream: BinaryIO,
+    counts: ScanCounts,
+    window: TimeWindow = ANY_TIME,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Iterator[DecodeBatch | PrefillBatch]:
+    """Yield batches in stream order; `counts` is updated as the stream is consumed."""
+    for buf in _chunks(stream, chunk_bytes):
+        counts.lines += buf.count(b"\n")
+        counts.bytes += len(buf)
+        for regex, marker, build in _KINDS:
+            markers = buf.count(marker)
+            if not markers:
+                continue
+            found = 0
+            for m in regex.finditer(buf):
+                found += 1
+                ts = _timestamp(buf, m.start()) if window.active else None
+                if window.active:
+                    if ts is None:
+                        counts.untimed += 1
+                        continue
+                    if not window.holds(ts):
+                        counts.out_of_range += 1
+                        continue
+                yield build(buf, m, ts)
+            counts.unparseable += markers - found

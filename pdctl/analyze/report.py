@@ -1,0 +1,179 @@
+"""One pass over a journal stream into the findings `pdctl analyze journal` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from rich.console import Console
+from rich.table import Table
+
+from pdctl.analyze.buckets import (
+    EagerOverflow,
+    SawtoothDrop,
+    eager_overflow,
+    find_sawtooth,
+    recommend_buckets,
+)
+from pdctl.analyze.decode_table import DecodeTable
+from pdctl.analyze.fit import StepLaw, step_time_law
+from pdctl.analyze.logparse import ANY_TIME, ScanCounts, TimeWindow, scan
+
+
+@dataclass
+class JournalReport:
+    table: DecodeTable
+    counts: ScanCounts
+    max_graph: int | None  # given by the operator, else the largest batch seen in a graph
+    sawtooth: list[SawtoothDrop] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)  # bucket sizes the sawtooth reveals
+    law: StepLaw | None = None
+    overflow: EagerOverflow | None = None
+    recommended: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.table
+        return {
+            "input": {
+                "lines": self.counts.lines,
+                "bytes": self.counts.bytes,
+                "decode_lines": t.decode_lines,
+                "prefill_lines": t.prefill.lines,
+                "idle_decode_lines": t.idle_lines,
+                "unparseable": self.counts.unparseable,
+                "out_of_range": self.counts.out_of_range,
+                "untimed": self.counts.untimed,
+            },
+            "decode": [
+                {
+                    "running": r.running,
+                    "lines": r.lines,
+                    "mean_gen_tok_s": r.mean_tps,
+                    "tok_s_per_request": r.tps_per_request,
+                    "eager_lines": r.eager_lines,
+                    "graph_step_ms": r.graph_step_ms,
+                    "eager_step_ms": r.eager_step_ms,
+                }
+                for r in t.sorted_rows()
+            ],
+            "prefill": {
+                "lines": t.prefill.lines,
+                "new_tokens": t.prefill.new_tokens,
+                "cached_tokens": t.prefill.cached_tokens,
+                "max_queue": t.prefill.max_queue,
+                "mean_input_tok_s": t.prefill.mean_input_tps,
+            },
+            "step_time_fit": (
+                None if self.law is None else {**self.law.fit.as_dict(), "basis": self.law.basis}
+            ),
+            "sawtooth": [
+                {
+                    "boundary": d.boundary,
+                    "tok_s_at": d.tps_at,
+                    "tok_s_after": d.tps_after,
+                    "drop_pct": d.drop_pct,
+                }
+                for d in self.sawtooth
+            ],
+            "max_graph_bs": self.max_graph,
+            "eager_overflow": (
+                None
+                if self.overflow is None
+                else {
+                    "max_graph_bs": self.overflow.max_graph,
+                    "lines": self.overflow.lines,
+                    "largest_batch": self.overflow.largest_batch,
+                }
+            ),
+            "recommended_cuda_graph_bs_decode": self.recommended,
+        }
+
+
+def analyze_stream(
+    stream: BinaryIO, window: TimeWindow = ANY_TIME, max_graph: int | None = None
+) -> JournalReport:
+    counts = ScanCounts()
+    table = DecodeTable()
+    for batch in scan(stream, counts, window):
+        table.add(batch)
+    return analyze_table(table, counts, max_graph)
+
+
+def analyze_table(
+    table: DecodeTable, counts: ScanCounts, max_graph: int | None = None
+) -> JournalReport:
+    sawtooth = find_sawtooth(table)
+    # The falls mark captured sizes; so does a stated max (an inferred one may sit below it).
+    buckets = sorted({d.boundary for d in sawtooth} | ({max_graph} if max_graph else set()))
+    max_graph = max_graph if max_graph is not None else table.max_graph_running
+    return JournalReport(
+        table=table,
+        counts=counts,
+        max_graph=max_graph,
+        sawtooth=sawtooth,
+        buckets=buckets if sawtooth else [],
+        law=step_time_law(table, buckets if sawtooth else ()),
+        overflow=eager_overflow(table, max_graph),
+        recommended=recommend_buckets(table, max_graph),
+    )
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render(report: JournalReport, console: Console) -> None:
+    t = report.table
+    table = Table(title="Decode throughput by running requests", title_justify="left")
+    for col in ("running", "lines", "mean gen tok/s", "tok/s per req", "step ms", "eager"):
+        table.add_column(col, justify="right")
+    marks = {d.boundary for d in report.sawtooth}
+    for r in t.sorted_rows():
+        step = r.graph_step_ms if r.graph_step_ms is not None else r.eager_step_ms
+        table.add_row(
+            f"{r.running}{' ▼' if r.running in marks else ''}",
+            str(r.lines),
+            _fmt(r.mean_tps),
+            _fmt(r.tps_per_request, 2),
+            _fmt(step),
+            f"[red]{r.eager_lines}[/red]" if r.eager_lines else "0",
+        )
+    console.print(table)
+    c = report.counts
+    console.print(
+        f"{c.lines:,} lines, {t.decode_lines:,} decode, {t.prefill.lines:,} prefill, "
+        f"{c.unparseable:,} unparseable"
+        + (
+            f", {c.out_of_range:,} outside the window, {c.untimed:,} untimed"
+            if c.out_of_range or c.untimed
+            else ""
+        )
+    )
+    if not t.decode_lines and not t.prefill.lines:
+        console.print(
+            "[yellow]No `Decode batch` or `Prefill batch` lines: is this an SGLang engine's "
+            "log (scheduler lines need --log-level info)?[/yellow]"
+        )
+    if report.law is not None:
+        f = report.law.fit
+        console.print(
+            f"Step time: [bold]{f.a:.2f} ms + {f.b:.3f} ms x batch[/bold] "
+            f"(R² {f.r2:.3f}, fitted at {report.law.basis}); "
+            f"asymptote {_fmt(f.asymptote_tps)} tok/s"
+        )
+    if report.sawtooth:
+        drops = ", ".join(
+            f"{d.boundary}→{d.boundary + 1} -{d.drop_pct:.1f}%" for d in report.sawtooth
+        )
+        console.print(f"[yellow]Graph-bucket sawtooth[/yellow] (▼): {drops}")
+    if report.overflow is not None:
+        o = report.overflow
+        console.print(
+            f"[red]Eager overflow:[/red] {o.lines:,} decode lines ran eager above the largest "
+            f"graph ({o.max_graph}), batches up to {o.largest_batch}: raise "
+            f"--cuda-graph-max-bs-decode (eager steps allocate temporaries and can OOM)"
+        )
+    if report.recommended:
+        console.print(
+            "Recommended: --cuda-graph-bs-decode " + " ".join(map(str, report.recommended))
+        )

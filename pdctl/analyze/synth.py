@@ -1,0 +1,88 @@
+"""Synthetic decode journals with a known step-time law, graph buckets and eager overflow.
+
+The tests check that `pdctl analyze journal` recovers what was planted here; the throughput
+benchmark uses it to make a large journal quickly. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from pdctl.analyze.buckets import padded
+
+DECODE_LOG_INTERVAL = 40
+EIGHTS_TO_96 = (1, 2, 4, *range(8, 97, 8))
+
+
+@dataclass(frozen=True)
+class SynthJournal:
+    a_ms: float = 18.0
+    b_ms: float = 1.05
+    buckets: tuple[int, ...] = EIGHTS_TO_96
+    eager_factor: float = 2.5  # an eager step costs this multiple of the unpadded law
+    max_running: int = 96  # batch sizes are drawn from 1..max_running
+    weights: Mapping[int, float] = field(default_factory=dict)  # batch size -> weight (else 1)
+    noise: float = 0.02  # relative spread of each logged throughput
+    prefill_every: int = 0  # a `Prefill batch` line after every N decode lines
+    style: str = "current"  # current | old (`Decode batch.`, no graph flag) | short (journal)
+    seed: int = 0
+
+    def step_ms(self, bs: int) -> tuple[float, bool]:
+        """(step ms, ran in a graph) for a batch of bs."""
+        if bs <= self.buckets[-1]:
+            return self.a_ms + self.b_ms * padded(bs, list(self.buckets)), True
+        return self.eager_factor * (self.a_ms + self.b_ms * bs), False
+
+
+def _message(bs: int, tps: float, graph: bool, style: str) -> str:
+    usage = f"#running-req: {bs}, #token: {bs * 400}, token usage: {bs * 400 / 500000:.2f}, "
+    if style == "old":
+        return f"Decode batch. {usage}gen throughput (token/s): {tps:.2f}, #queue-req: 0"
+    return (
+        f"Decode batch, {usage}pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, "
+        f"#retracted-req: 0, cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, "
+        "#queue-req: 0"
+    )
+
+
+def _prefill_message() -> str:
+    return (
+        "Prefill batch, #new-seq: 1, #new-token: 256, #cached-token: 0, token usage: 0.01, "
+        "#running-req: 0, #queue-req: 0, #pending-token: 0, #bootstrap-req: 0, "
+        "#inflight-req: 0, #optimistic-req: 0, cuda graph: False, "
+        "input throughput (token/s): 2048.00"
+    )
+
+
+def journal_lines(cfg: SynthJournal, n: int, start: datetime | None = None) -> Iterator[str]:
+    """n decode lines (plus prefill lines if asked), newline-terminated."""
+    rng = random.Random(cfg.seed)
+    sizes = list(range(1, cfg.max_running + 1))
+    weights = [cfg.weights.get(bs, 1.0) for bs in sizes]
+    now = start or datetime(2026, 11, 29, 10, 0, 0)
+    for i in range(n):
+        bs = rng.choices(sizes, weights)[0]
+        step, graph = cfg.step_ms(bs)
+        tps = 1000.0 * bs / step * (1.0 + rng.gauss(0.0, cfg.noise))
+        now += timedelta(milliseconds=step * DECODE_LOG_INTERVAL)
+        stamp = f"[{now:%Y-%m-%d %H:%M:%S} TP0] "
+        if cfg.style == "short":
+            stamp = f"{now:%b %d %H:%M:%S} gpu1 python3[4242]: " + stamp
+        yield stamp + _message(bs, tps, graph, cfg.style) + "\n"
+        if cfg.prefill_every and (i + 1) % cfg.prefill_every == 0:
+            yield stamp + _prefill_message() + "\n"
+
+
+def write_journal(path: Path, cfg: SynthJournal, size_bytes: int, block_lines: int = 50_000) -> int:
+    """Fill `path` to at least size_bytes by repeating one generated block; returns bytes."""
+    block = "".join(journal_lines(cfg, block_lines)).encode()
+    written = 0
+    with path.open("wb") as f:
+        while written < size_bytes:
+            f.write(block)
+            written += len(block)
+    return written
