@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pdctl.lint import RULES, Finding, Severity, lint
 from pdctl.spec import Deployment
+from tests.conftest import CACHE, ROOT, require_path
 
 Load = Callable[..., Deployment]
 Shipped = Callable[[str], dict[str, Any]]
@@ -194,6 +195,21 @@ def test_severities_are_error_or_warning() -> None:
 
 
 def test_docs_list_every_rule() -> None:
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "spec.md").read_text()
+    docs = (ROOT / "docs" / "spec.md").read_text()
     for r in RULES:
         assert f"| `{r.id}` | {r.severity} |" in docs, r.id
+
+
+@pytest.mark.parser
+def test_flag_list_matches_sglangs_parser() -> None:
+    """The committed list is what scripts/sglang-flags.py prints from the pinned parser."""
+    python = require_path(CACHE / "sglang-parser" / "bin" / "python", "SGLang parser environment")
+    out = subprocess.run(
+        [str(python), str(ROOT / "scripts" / "sglang-flags.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    version = out.split()[4]  # "# Options of sglang <version> …"
+    assert out == (ROOT / "pdctl" / "data" / f"sglang-{version}-flags.txt").read_text()
