@@ -151,9 +151,15 @@ def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str,
     type=click.IntRange(min=0),
     help="What-if: this largest CUDA-graph batch (0 = no graphs); aim it with --instance.",
 )
-@click.option("--gpu-memory-mib", type=click.IntRange(min=1), help="What-if: GPU memory.")
-@click.option("--weights-gib", type=click.FloatRange(min=0, min_open=True), help="What-if.")
-@click.option("--kv-bytes-per-token", type=click.IntRange(min=1), help="What-if.")
+@click.option(
+    "--gpu-memory-mib",
+    type=click.IntRange(min=1),
+    help="What-if: GPU memory (as nvidia-smi shows).",
+)
+@click.option(
+    "--weights-gib", type=click.FloatRange(min=0, min_open=True), help="What-if: weights per GPU."
+)
+@click.option("--kv-bytes-per-token", type=click.IntRange(min=1), help="What-if: per GPU.")
 def plan(
     inventory: Path,
     profile: Path | None,
