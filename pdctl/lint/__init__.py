@@ -12,15 +12,13 @@ __all__ = ["RULES", "Finding", "Rule", "Severity", "lint"]
 
 def lint(dep: Deployment) -> list[Finding]:
     """All findings; one problem repeated on several instances or hosts is one finding."""
-    merged: dict[tuple[str, str, str], list[str]] = {}
-    severity = {}
+    merged: dict[tuple[Rule, str, str], list[str]] = {}
     for r in RULES:
-        severity[r.id] = r.severity
         for p in r.check(dep):
-            where = merged.setdefault((r.id, p.message, p.fix), [])
+            where = merged.setdefault((r, p.message, p.fix), [])
             if p.where not in where:
                 where.append(p.where)
     return [
-        Finding(id=id, severity=severity[id], where=", ".join(where), message=msg, fix=fix)
-        for (id, msg, fix), where in merged.items()
+        Finding(id=r.id, severity=r.severity, where=", ".join(where), message=msg, fix=fix)
+        for (r, msg, fix), where in merged.items()
     ]

@@ -14,9 +14,9 @@ from pdctl.spec import Deployment
 SHARED_FLAGS = {
     "--model-path": "model.path",
     "--served-model-name": "model.served_name",
-    "--page-size": "page_size",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--context-length": "context_length",
+    "--page-size": "engine.common.page_size",
+    "--kv-cache-dtype": "engine.common.kv_cache_dtype",
+    "--context-length": "engine.common.context_length",
     "--disaggregation-transfer-backend": "engine.transfer_backend",
 }
 TIMEOUT_ENV_PREFIX = "SGLANG_DISAGGREGATION_"
@@ -33,17 +33,12 @@ def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
         for flag, key in SHARED_FLAGS.items():
             if p.get(flag) != d.get(flag):
                 shown = [" ".join(v[flag]) if flag in v else "(unset)" for v in (p, d)]
-                fix = (
-                    f"engine.common.{key}: set it once there and remove it from engine.prefill / "
-                    "engine.decode (and from extra_args)"
-                    if "." not in key
-                    else f"remove {flag} from engine.prefill / engine.decode extra_args ({key})"
-                )
                 yield Problem(
                     where=f"{prefill.host}/{prefill.pair}",
                     message=f"{flag} is {shown[0]} on prefill but {shown[1]} on decode: "
                     "the KV handover needs both sides equal",
-                    fix=fix,
+                    fix=f"{key}: set it once there; drop {flag} from engine.prefill / "
+                    "engine.decode (their keys and extra_args)",
                 )
 
 
