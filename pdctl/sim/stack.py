@@ -1,0 +1,170 @@
+"""Local processes for rehearsals, tests and benchmarks: simulated engines and the gateway.
+
+`SimProc` runs `python -m pdctl.sim` and `start_gateway` runs the real SGLang model gateway
+(`smg launch --pd-disaggregation`). Processes are stopped by PID (SIGTERM, then SIGKILL),
+never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            if pred():
+                return
+        time.sleep(step)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def stop_pid(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+@dataclass
+class SimProc:
+    mode: str
+    port: int
+    bootstrap_port: int
+    log_path: Path
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(cls, mode: str, log_dir: Path, env: dict[str, str], *,
+               backend: str = "nixl", extra: Sequence[str] = (), port: int | None = None,
+               bootstrap_port: int | None = None) -> SimProc:
+        port = port or free_port()
+        bootstrap_port = bootstrap_port or free_port()
+        argv = [
+            sys.executable, "-m", "pdctl.sim", "--model-path", "/models/sim",
+            "--served-model-name", "sim", "--host", "127.0.0.1", "--port", str(port),
+            "--disaggregation-mode", mode, "--disaggregation-bootstrap-port", str(bootstrap_port),
+            "--disaggregation-transfer-backend", backend, "--enable-metrics", *extra,
+        ]
+        return cls(mode, port, bootstrap_port, log_dir / f"{mode}-{port}.log", argv,
+                   {**os.environ, **env})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> SimProc:
+        self.proc = _spawn(self.argv, self.log_path, self.env)
+        return self
+
+    def wait_healthy(self, timeout: float = 30.0) -> SimProc:
+        wait_until(lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
+                   timeout, f"{self.mode} engine on :{self.port}")
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Signal the engine by PID and wait for it; its exit code."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+        return self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+    def restart(self) -> SimProc:
+        self.stop()
+        return self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class Gateway:
+    port: int
+    metrics_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 60.0) -> Gateway:
+        wait_until(lambda: requests.get(f"{self.url}/readiness", timeout=2).status_code == 200,
+                   timeout, "gateway readiness")
+        return self
+
+    def stop(self) -> None:
+        stop_pid(self.proc)
+
+
+def smg_binary() -> str | None:
+    for candidate in (REPO / ".venv/bin/smg", Path(sys.executable).parent / "smg"):
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("smg")
+
+
+def start_gateway(binary: str, prefills: Sequence[SimProc], decodes: Sequence[SimProc],
+                  log_dir: Path, *extra: str) -> Gateway:
+    """`smg launch --pd-disaggregation` with fast worker discovery and health checks."""
+    port, metrics_port = free_port(), free_port()
+    argv = [binary, "launch", "--pd-disaggregation", "--host", "127.0.0.1",
+            "--port", str(port), "--prometheus-port", str(metrics_port),
+            "--prometheus-host", "127.0.0.1", "--worker-startup-check-interval", "1",
+            "--health-check-interval-secs", "1", "--health-success-threshold", "1",
+            "--health-failure-threshold", "1", "--shutdown-grace-period-secs", "1",
+            "--log-level", "warn"]
+    for p in prefills:
+        argv += ["--prefill", p.url, str(p.bootstrap_port)]
+    for d in decodes:
+        argv += ["--decode", d.url]
+    log_path = log_dir / f"smg-{port}.log"
+    return Gateway(port, metrics_port, log_path, _spawn([*argv, *extra], log_path, None))
+
+
+@dataclass
+class PDStack:
+    prefill: SimProc
+    decode: SimProc
+    gateway: Gateway
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
