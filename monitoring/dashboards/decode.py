@@ -1,0 +1,137 @@
+"""Decode efficiency: CUDA graphs vs eager, batch size vs throughput, step time."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from monitoring.dashboards.panels import (
+    ENGINE,
+    RATE,
+    Panel,
+    Query,
+    Section,
+    build_dashboard,
+    engine_variables,
+    rate_sum,
+)
+
+UID = "pdstack-decode"
+# Exporter series about an engine carry its pair and engine labels (not role: that is the
+# exporter's own target label).
+JOURNAL = 'pair=~"$pair", engine=~"$engine"'
+
+
+def build() -> Dashboard:
+    graphs = Section(
+        "CUDA graphs",
+        [
+            Panel(
+                "Decode passes by mode",
+                "Forward passes per second that ran inside a captured "
+                "CUDA graph (decode_cuda_graph) or eager (decode_none).",
+                "ops",
+                [
+                    Query(
+                        f"sum by (engine, mode) (rate(sglang:cuda_graph_passes_total{{{ENGINE}, "
+                        f'mode=~"decode_.*"}}[{RATE}]))',
+                        "{{engine}} {{mode}}",
+                    )
+                ],
+                stack=True,
+            ),
+            Panel(
+                "Logged batches by mode",
+                "Decode batch lines in the engine journal per second, "
+                "graph vs eager (pd-exporter, every --decode-log-interval steps).",
+                "ops",
+                [
+                    Query(
+                        rate_sum("pdstack_decode_batches_total", JOURNAL, "engine, mode"),
+                        "{{engine}} {{mode}}",
+                    )
+                ],
+                stack=True,
+            ),
+            Panel(
+                "Running requests vs largest graph",
+                "Batches above the largest captured graph "
+                "run eager: slow, and their temporaries can OOM.",
+                "short",
+                [
+                    Query(
+                        f'max by (engine) (sglang:num_running_reqs{{{ENGINE}, role="decode"}})',
+                        "running {{engine}}",
+                    ),
+                    Query(
+                        f"max by (engine) (pdstack_decode_cuda_graph_max_batch_size{{{JOURNAL}}})",
+                        "largest graph {{engine}}",
+                    ),
+                ],
+                width=24,
+            ),
+        ],
+    )
+    throughput = Section(
+        "Throughput per request",
+        [
+            Panel(
+                "Tokens per second per running request",
+                "Generated tokens per second divided "
+                "by running requests: falls as batches grow on a latency-bound decode.",
+                "short",
+                [
+                    Query(
+                        f"sum by (engine) (rate(sglang:generation_tokens_total{{{ENGINE}, "
+                        f'role="decode"}}[{RATE}])) / sum by (engine) (sglang:num_running_reqs{{'
+                        f'{ENGINE}, role="decode"}})',
+                        "{{engine}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Generation throughput",
+                "Tokens per second the decode scheduler reports.",
+                "short",
+                [
+                    Query(
+                        f'sum by (engine) (sglang:gen_throughput{{{ENGINE}, role="decode"}})',
+                        "{{engine}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Decode step time",
+                "Mean time of one decode step (running requests / logged "
+                "throughput), from the journal.",
+                "s",
+                [
+                    Query(
+                        rate_sum("pdstack_decode_step_seconds_sum", JOURNAL, "engine")
+                        + " / "
+                        + rate_sum("pdstack_decode_step_seconds_count", JOURNAL, "engine"),
+                        "{{engine}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Running requests per logged batch",
+                "Distribution of batch sizes in the decode journal (p50, p95).",
+                "short",
+                [
+                    Query(
+                        f"histogram_quantile({q}, sum by (le, engine) "
+                        f"(rate(pdstack_decode_running_requests_bucket{{{JOURNAL}}}[{RATE}])))",
+                        f"p{round(q * 100)} {{{{engine}}}}",
+                    )
+                    for q in (0.5, 0.95)
+                ],
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "Decode efficiency",
+        "Whether decode stays inside its CUDA graphs and what each added request costs.",
+        [graphs, throughput],
+        engine_variables(),
+    )

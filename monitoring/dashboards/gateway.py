@@ -1,0 +1,155 @@
+"""Gateway: the smg router in front of the pairs (names as smg 1.13.0 emits them)."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable
+
+from monitoring.dashboards.panels import (
+    RATE,
+    Panel,
+    Query,
+    Section,
+    build_dashboard,
+    quantiles,
+    query_variable,
+    rate_sum,
+)
+
+UID = "pdstack-gateway"
+GW = 'job="smg", instance=~"$instance"'
+
+
+def variables() -> list[QueryVariable]:
+    return [query_variable("instance", "Gateway", 'label_values(up{job="smg"}, instance)')]
+
+
+def build() -> Dashboard:
+    traffic = Section(
+        "Requests",
+        [
+            Panel(
+                "Routed requests",
+                "Requests routed to the PD backends per second, by endpoint.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_router_requests_total", GW, "endpoint"),
+                        "{{endpoint}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Responses by status",
+                "HTTP responses per second by status code.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_http_responses_total", GW, "status_code"),
+                        "{{status_code}}",
+                    )
+                ],
+                stack=True,
+            ),
+            Panel(
+                "Error ratio",
+                "Share of responses that are 5xx.",
+                "percentunit",
+                [
+                    Query(
+                        f'(sum(rate(smg_http_responses_total{{{GW}, status_code=~"5.."}}[{RATE}])) '
+                        f"or vector(0)) / sum(rate(smg_http_responses_total{{{GW}}}[{RATE}]))",
+                        "5xx",
+                    )
+                ],
+            ),
+            Panel(
+                "Retries",
+                "Retries of failed upstream calls per second by worker type, and "
+                "requests whose retries ran out.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_worker_retries_total", GW, "worker_type"),
+                        "retries {{worker_type}}",
+                    ),
+                    Query(
+                        rate_sum("smg_worker_retries_exhausted_total", GW, "worker_type"),
+                        "exhausted {{worker_type}}",
+                    ),
+                ],
+            ),
+        ],
+    )
+    latency = Section(
+        "Latency",
+        [
+            Panel(
+                "Request duration",
+                "Gateway request duration quantiles.",
+                "s",
+                quantiles("smg_router_request_duration_seconds", GW, "endpoint"),
+            ),
+            Panel(
+                "PD time to first token",
+                "Prefill dispatch to the first decode token, measured by the gateway.",
+                "s",
+                quantiles("smg_pd_ttft_seconds", GW, "model"),
+            ),
+        ],
+    )
+    workers = Section(
+        "Workers",
+        [
+            Panel(
+                "Worker health",
+                "Gateway health-check verdict per worker (1 healthy).",
+                "none",
+                [Query(f"smg_worker_health{{{GW}}}", "{{worker}}")],
+                width=8,
+            ),
+            Panel(
+                "Circuit breakers",
+                "Breaker state per worker: 0 closed, 1 open (no traffic), 2 half-open.",
+                "none",
+                [Query(f"smg_worker_cb_state{{{GW}}}", "{{worker}}")],
+                width=8,
+            ),
+            Panel(
+                "Active requests per worker",
+                "Requests in flight on each worker.",
+                "short",
+                [Query(f"smg_worker_requests_active{{{GW}}}", "{{worker}}")],
+                width=8,
+            ),
+            Panel(
+                "Failed health checks",
+                "Failed gateway health checks per second by worker type.",
+                "ops",
+                [
+                    Query(
+                        f"sum by (worker_type) (rate(smg_worker_health_checks_total{{{GW}, "
+                        f'result!="success"}}[{RATE}]))',
+                        "{{worker_type}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Breaker transitions",
+                "Circuit-breaker state changes per second.",
+                "ops",
+                [
+                    Query(
+                        rate_sum("smg_worker_cb_transitions_total", GW, "worker"),
+                        "{{worker}}",
+                    )
+                ],
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "Gateway",
+        "The smg gateway: requests, errors, retries, latency, worker health and circuit breakers.",
+        [traffic, latency, workers],
+        variables(),
+    )

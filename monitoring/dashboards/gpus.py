@@ -1,0 +1,191 @@
+"""GPUs and hosts: per-GPU readings by role and NUMA node (pd-exporter, NVML) and the host
+(node exporter). These readings told the seed deployment its decode was latency-bound: 97% SM
+busy at 57% power and 27% memory-controller load."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable
+
+from monitoring.dashboards.panels import (
+    RATE,
+    Panel,
+    Query,
+    Section,
+    build_dashboard,
+    query_variable,
+)
+
+UID = "pdstack-gpus"
+GPU = 'host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'
+GPU_LEGEND = "{{host}} GPU {{gpu}} {{role}} NUMA {{numa_node}}"
+NODE = 'job="node", host=~"$host"'
+
+
+def _gpu(title: str, description: str, unit: str, expr: str) -> Panel:
+    return Panel(title, description, unit, [Query(expr, GPU_LEGEND)], width=8)
+
+
+def variables() -> list[QueryVariable]:
+    return [
+        query_variable("host", "Host", 'label_values(up{job=~"pd-exporter|node"}, host)'),
+        query_variable(
+            "gpu_role",
+            "GPU role",
+            'label_values(pdstack_gpu_memory_total_bytes{host=~"$host"}, role)',
+        ),
+        query_variable(
+            "numa_node",
+            "NUMA node",
+            'label_values(pdstack_gpu_memory_total_bytes{host=~"$host"}, numa_node)',
+        ),
+    ]
+
+
+def build() -> Dashboard:
+    gpus = Section(
+        "GPUs",
+        [
+            Panel(
+                "NVML available",
+                "1 when pd-exporter reads the GPUs through NVML; 0 on hosts "
+                "without a driver or when NVML fails.",
+                "none",
+                [Query('pdstack_gpu_up{host=~"$host"}', "{{host}}")],
+                kind="stat",
+                width=24,
+                height=4,
+            ),
+            _gpu(
+                "SM utilisation",
+                "Share of time at least one kernel ran on the GPU.",
+                "percentunit",
+                f"pdstack_gpu_sm_utilization_ratio{{{GPU}}}",
+            ),
+            _gpu(
+                "Memory-controller utilisation",
+                "Share of time device memory was read or "
+                "written; low next to high SM utilisation means latency-bound.",
+                "percentunit",
+                f"pdstack_gpu_memory_utilization_ratio{{{GPU}}}",
+            ),
+            _gpu(
+                "Power vs limit",
+                "Power draw as a share of the enforced power limit.",
+                "percentunit",
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_watts{{{GPU}}}) / "
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_limit_watts{{{GPU}}})",
+            ),
+            _gpu("Power", "Power draw.", "watt", f"pdstack_gpu_power_watts{{{GPU}}}"),
+            _gpu(
+                "Memory used",
+                "Device memory in use (weights, KV pool, graphs, activations).",
+                "percentunit",
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_used_bytes{{{GPU}}}) / "
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_total_bytes{{{GPU}}})",
+            ),
+            _gpu(
+                "Temperature",
+                "GPU core temperature.",
+                "celsius",
+                f"pdstack_gpu_temperature_celsius{{{GPU}}}",
+            ),
+            _gpu(
+                "SM clock",
+                "Current SM clock; drops under throttling.",
+                "hertz",
+                f'pdstack_gpu_clock_hertz{{{GPU}, clock="sm"}}',
+            ),
+            _gpu(
+                "PCIe throughput",
+                "PCIe traffic (KV transfers between same-host prefill and "
+                "decode go over PCIe without NVLink).",
+                "Bps",
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_pcie_throughput_bytes_per_second"
+                f"{{{GPU}}})",
+            ),
+            Panel(
+                "Throttle reasons",
+                "Active clock throttle reasons per GPU (power cap is normal "
+                "under load; thermal and hardware slowdowns alert).",
+                "none",
+                [
+                    Query(
+                        f"pdstack_gpu_throttle_reason{{{GPU}}} == 1",
+                        "GPU {{gpu}} {{role}} {{reason}}",
+                    )
+                ],
+                width=8,
+            ),
+            Panel(
+                "XID errors",
+                "XID errors reported by the driver in the interval.",
+                "short",
+                [
+                    Query(
+                        f"sum by (host, gpu, xid) (increase(pdstack_gpu_xid_errors_total{{{GPU}}}"
+                        f"[{RATE}]))",
+                        "GPU {{gpu}} XID {{xid}}",
+                    )
+                ],
+                width=24,
+                kind="bars",
+            ),
+        ],
+    )
+    hosts = Section(
+        "Hosts",
+        [
+            Panel(
+                "CPU busy",
+                "Share of CPU time not idle, per host.",
+                "percentunit",
+                [
+                    Query(
+                        f'1 - avg by (host) (rate(node_cpu_seconds_total{{{NODE}, mode="idle"}}'
+                        f"[{RATE}]))",
+                        "{{host}}",
+                    )
+                ],
+                width=8,
+            ),
+            Panel(
+                "Memory used",
+                "Share of host memory not available to new allocations.",
+                "percentunit",
+                [
+                    Query(
+                        f"1 - sum by (host) (node_memory_MemAvailable_bytes{{{NODE}}}) / "
+                        f"sum by (host) (node_memory_MemTotal_bytes{{{NODE}}})",
+                        "{{host}}",
+                    )
+                ],
+                width=8,
+            ),
+            Panel(
+                "Network",
+                "Bytes per second received (+) and sent (-) per host, loopback excluded.",
+                "Bps",
+                [
+                    Query(
+                        f"sum by (host) (rate(node_network_receive_bytes_total{{{NODE}, "
+                        f'device!="lo"}}[{RATE}]))',
+                        "{{host}} in",
+                    ),
+                    Query(
+                        f"-sum by (host) (rate(node_network_transmit_bytes_total{{{NODE}, "
+                        f'device!="lo"}}[{RATE}]))',
+                        "{{host}} out",
+                    ),
+                ],
+                width=8,
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "GPUs and hosts",
+        "Per-GPU power, utilisation, memory, clocks, PCIe, throttling "
+        "and XID errors by role and NUMA node; host CPU, memory and network.",
+        [gpus, hosts],
+        variables(),
+    )

@@ -1,0 +1,176 @@
+"""PD overview: is the service answering, how fast, how loaded."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from monitoring.dashboards.panels import (
+    ENGINE,
+    RATE,
+    Panel,
+    Query,
+    Section,
+    build_dashboard,
+    engine_variables,
+    quantiles,
+    rate_sum,
+)
+
+UID = "pdstack-overview"
+
+
+def build() -> Dashboard:
+    health = Section(
+        "Health",
+        [
+            Panel(
+                "Engines up",
+                "1 when Prometheus scrapes the engine's /metrics; 0 when it is down "
+                "or still loading.",
+                "none",
+                [Query(f"up{{{ENGINE}}}", "{{engine}}")],
+                kind="stat",
+                width=8,
+                height=5,
+            ),
+            Panel(
+                "Gateway up",
+                "1 when the smg gateway's metrics port answers.",
+                "none",
+                [Query('up{job="smg"}', "{{instance}}")],
+                kind="stat",
+                width=8,
+                height=5,
+            ),
+            Panel(
+                "Pair canary",
+                "1 when the exporter's one-token generate through the pair's PD "
+                "path succeeded; 0 means the pair is degraded even if both engines look up.",
+                "none",
+                [Query('pdstack_pair_canary_success{pair=~"$pair"}', "{{pair}}")],
+                kind="stat",
+                width=8,
+                height=5,
+            ),
+        ],
+    )
+    traffic = Section(
+        "Traffic",
+        [
+            Panel(
+                "Requests finished",
+                "Requests completed per second by each role (the gateway "
+                "sends every request to a prefill and a decode).",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("sglang:num_requests_total", ENGINE, "pair, role"),
+                        "{{pair}} {{role}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Errors",
+                "Aborted requests per engine and the gateway's 5xx responses per second.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("sglang:num_aborted_requests_total", ENGINE, "engine"),
+                        "aborted {{engine}}",
+                    ),
+                    Query(
+                        f'sum by (status_code) (rate(smg_http_responses_total{{job="smg", '
+                        f'status_code=~"5.."}}[{RATE}]))',
+                        "gateway {{status_code}}",
+                    ),
+                ],
+            ),
+            Panel(
+                "Input tokens",
+                "Prompt tokens per second processed by the prefill engines.",
+                "short",
+                [
+                    Query(
+                        rate_sum("sglang:prompt_tokens_total", f'{ENGINE}, role="prefill"', "pair"),
+                        "{{pair}}",
+                    )
+                ],
+            ),
+            Panel(
+                "Output tokens",
+                "Generated tokens per second by the decode engines.",
+                "short",
+                [
+                    Query(
+                        rate_sum(
+                            "sglang:generation_tokens_total", f'{ENGINE}, role="decode"', "pair"
+                        ),
+                        "{{pair}}",
+                    )
+                ],
+            ),
+        ],
+    )
+    latency = Section(
+        "Latency",
+        [
+            Panel(
+                "Time to first token",
+                "TTFT quantiles by role. The decode's TTFT includes prefill, "
+                "bootstrap and KV transfer: it is what a client sees.",
+                "s",
+                quantiles("sglang:time_to_first_token_seconds", ENGINE, "role"),
+                width=8,
+            ),
+            Panel(
+                "Inter-token latency",
+                "Gap between streamed tokens (decode step time as the "
+                "client sees it), quantiles by role.",
+                "s",
+                quantiles("sglang:inter_token_latency_seconds", ENGINE, "role"),
+                width=8,
+            ),
+            Panel(
+                "End-to-end latency",
+                "Request latency from arrival to last token, quantiles by role.",
+                "s",
+                quantiles("sglang:e2e_request_latency_seconds", ENGINE, "role"),
+                width=8,
+            ),
+        ],
+    )
+    load = Section(
+        "Load",
+        [
+            Panel(
+                "Running requests",
+                "Requests in the running batch of each engine.",
+                "short",
+                [Query(f"sum by (engine) (sglang:num_running_reqs{{{ENGINE}}})", "{{engine}}")],
+                width=8,
+            ),
+            Panel(
+                "Queued requests",
+                "Requests waiting for admission on each engine (PD queues are "
+                "on the PD pipeline dashboard).",
+                "short",
+                [Query(f"sum by (engine) (sglang:num_queue_reqs{{{ENGINE}}})", "{{engine}}")],
+                width=8,
+            ),
+            Panel(
+                "KV cache usage",
+                "Share of the KV pool in use (evictable prefix cache excluded); "
+                "alerts above 95% and when it stays up at idle (leak).",
+                "percentunit",
+                [Query(f"max by (engine) (sglang:token_usage{{{ENGINE}}})", "{{engine}}")],
+                width=8,
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "PD overview",
+        "SGLang prefill/decode serving: health, traffic, latency and load.",
+        [health, traffic, latency, load],
+        engine_variables(),
+    )

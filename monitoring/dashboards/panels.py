@@ -1,0 +1,167 @@
+"""Typed helpers over grafana-foundation-sdk: every panel gets a unit, a description and the
+`$datasource` variable; a layout places panels on Grafana's 24-column grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders.dashboard import Row
+from grafana_foundation_sdk.models.common import (
+    GraphDrawStyle,
+    LegendDisplayMode,
+    LegendPlacement,
+    StackingMode,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    GridPos,
+    VariableRefresh,
+    VariableSort,
+)
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use.
+ENGINE = 'job="sglang", pair=~"$pair", role=~"$role", engine=~"$engine"'
+RATE = "$__rate_interval"
+
+
+def rate_sum(metric: str, selector: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{{{selector}}}[{RATE}]))"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+def quantiles(
+    histogram: str, selector: str, by: str, qs: tuple[float, ...] = (0.5, 0.95, 0.99)
+) -> list[Query]:
+    """histogram_quantile per q over buckets summed by `by` (plus `le`)."""
+    return [
+        Query(
+            f"histogram_quantile({q}, {rate_sum(histogram + '_bucket', selector, 'le, ' + by)})",
+            f"p{round(q * 100)} {{{{{by}}}}}",
+        )
+        for q in qs
+    ]
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    unit: str
+    queries: list[Query]
+    kind: str = "timeseries"  # timeseries | stat | bars
+    width: int = 12
+    height: int = 8
+    stack: bool = False
+
+
+@dataclass
+class Section:
+    title: str
+    panels: list[Panel] = field(default_factory=list)
+
+
+def _targets(panel: Panel) -> list[prometheus.Dataquery]:
+    return [
+        prometheus.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(ord("A") + i))
+        for i, q in enumerate(panel.queries)
+    ]
+
+
+def _build(panel: Panel, panel_id: int, pos: GridPos) -> timeseries.Panel | stat.Panel:
+    built: timeseries.Panel | stat.Panel
+    if panel.kind == "stat":
+        built = stat.Panel()
+    else:
+        built = (
+            timeseries.Panel()
+            .legend(
+                common.VizLegendOptions()
+                .display_mode(LegendDisplayMode.TABLE)
+                .placement(LegendPlacement.BOTTOM)
+                .show_legend(True)
+                .calcs(["mean", "max", "lastNotNull"])
+            )
+            .fill_opacity(10)
+        )
+        if panel.kind == "bars":
+            built = built.draw_style(GraphDrawStyle.BARS)
+        if panel.stack:
+            built = built.stacking(common.StackingConfig().mode(StackingMode.NORMAL))
+    built = built.id(panel_id).title(panel.title).description(panel.description).unit(panel.unit)
+    built = built.datasource(DATASOURCE).grid_pos(pos)
+    for target in _targets(panel):
+        built = built.with_target(target)
+    return built
+
+
+def query_variable(name: str, label: str, query: str) -> dashboard.QueryVariable:
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .query(query)
+        .datasource(DATASOURCE)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+    )
+
+
+def engine_variables() -> list[dashboard.QueryVariable]:
+    """pair -> role -> engine, each narrowed by the ones before it."""
+    return [
+        query_variable("pair", "Pair", 'label_values(up{job="sglang"}, pair)'),
+        query_variable("role", "Role", 'label_values(up{job="sglang", pair=~"$pair"}, role)'),
+        query_variable(
+            "engine",
+            "Engine",
+            'label_values(up{job="sglang", pair=~"$pair", role=~"$role"}, engine)',
+        ),
+    ]
+
+
+def build_dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    sections: list[Section],
+    variables: list[dashboard.QueryVariable],
+) -> dashboard.Dashboard:
+    board = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["pdstack", "sglang"])
+        .readonly()
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .with_variable(
+            dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+    )
+    for variable in variables:
+        board = board.with_variable(variable)
+    panel_id, y = 1, 0
+    for section in sections:
+        board = board.with_row(
+            Row(section.title).id(panel_id).grid_pos(GridPos(h=1, w=24, x=0, y=y))
+        )
+        panel_id, y, x, row_height = panel_id + 1, y + 1, 0, 0
+        for panel in section.panels:
+            if x + panel.width > 24:
+                x, y, row_height = 0, y + row_height, 0
+            board = board.with_panel(
+                _build(panel, panel_id, GridPos(h=panel.height, w=panel.width, x=x, y=y))
+            )
+            panel_id, x, row_height = panel_id + 1, x + panel.width, max(row_height, panel.height)
+        y += row_height
+    return board

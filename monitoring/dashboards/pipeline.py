@@ -1,0 +1,187 @@
+"""PD pipeline: where requests wait between prefill and decode, and whether KV moves."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from monitoring.dashboards.panels import (
+    ENGINE,
+    Panel,
+    Query,
+    Section,
+    build_dashboard,
+    engine_variables,
+    quantiles,
+    rate_sum,
+)
+
+UID = "pdstack-pipeline"
+
+
+def _gauge(metric: str) -> Query:
+    return Query(f"sum by (engine) ({metric}{{{ENGINE}}})", "{{engine}}")
+
+
+def build() -> Dashboard:
+    queues = Section(
+        "Queues",
+        [
+            Panel(
+                "Prefill bootstrap queue",
+                "Requests on prefill waiting for their decode to "
+                "bootstrap (fetch the route, register KV buffers). Growing with no traffic = the "
+                "decode cannot reach the prefill.",
+                "short",
+                [_gauge("sglang:num_prefill_bootstrap_queue_reqs")],
+                width=6,
+            ),
+            Panel(
+                "Prefill inflight queue",
+                "Requests prefilled whose KV is being sent to decode.",
+                "short",
+                [_gauge("sglang:num_prefill_inflight_queue_reqs")],
+                width=6,
+            ),
+            Panel(
+                "Decode prealloc queue",
+                "Requests on decode waiting for KV memory to be preallocated for their transfer.",
+                "short",
+                [_gauge("sglang:num_decode_prealloc_queue_reqs")],
+                width=6,
+            ),
+            Panel(
+                "Decode transfer queue",
+                "Requests on decode waiting for their KV to arrive from prefill.",
+                "short",
+                [_gauge("sglang:num_decode_transfer_queue_reqs")],
+                width=6,
+            ),
+        ],
+    )
+    transfer = Section(
+        "KV transfer",
+        [
+            Panel(
+                "KV transfer latency",
+                "Time to move one request's KV from prefill to decode.",
+                "ms",
+                quantiles("sglang:kv_transfer_latency_ms", ENGINE, "engine", (0.5, 0.95)),
+                width=6,
+            ),
+            Panel(
+                "KV transfer speed",
+                "Per-request KV transfer throughput (median and slowest 5%).",
+                "GBs",
+                quantiles("sglang:kv_transfer_speed_gb_s", ENGINE, "engine", (0.5, 0.05)),
+                width=6,
+            ),
+            Panel(
+                "Bootstrap time",
+                "Time for a request's bootstrap handshake.",
+                "ms",
+                quantiles("sglang:kv_transfer_bootstrap_ms", ENGINE, "engine", (0.5, 0.95)),
+                width=6,
+            ),
+            Panel(
+                "KV per request",
+                "KV cache size transferred per request.",
+                "decmbytes",
+                quantiles("sglang:kv_transfer_total_mb", ENGINE, "engine", (0.5, 0.95)),
+                width=6,
+            ),
+        ],
+    )
+    failures = Section(
+        "Failures",
+        [
+            Panel(
+                "Bootstrap failures",
+                "Requests whose PD bootstrap failed, per second. No data "
+                "means none failed since the engine started.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("sglang:num_bootstrap_failed_reqs_total", ENGINE, "engine"),
+                        "{{engine}}",
+                    )
+                ],
+                width=8,
+                kind="bars",
+            ),
+            Panel(
+                "KV transfer failures",
+                "Requests whose KV transfer failed, per second. No data "
+                "means none failed since the engine started.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("sglang:num_transfer_failed_reqs_total", ENGINE, "engine"),
+                        "{{engine}}",
+                    )
+                ],
+                width=8,
+                kind="bars",
+            ),
+            Panel(
+                "Prefill retries and aborts",
+                "Prefill retries and aborted requests per second.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("sglang:num_prefill_retries_total", ENGINE, "engine"),
+                        "retries {{engine}}",
+                    ),
+                    Query(
+                        rate_sum("sglang:num_aborted_requests_total", ENGINE, "engine"),
+                        "aborted {{engine}}",
+                    ),
+                ],
+                width=8,
+                kind="bars",
+            ),
+        ],
+    )
+    stages = Section(
+        "Stages and canary",
+        [
+            Panel(
+                "Per-stage latency (p95)",
+                "Where a request's time goes: prefill bootstrap, KV "
+                "send, decode prepare/bootstrap/waiting/transferred.",
+                "s",
+                quantiles("sglang:per_stage_req_latency_seconds", ENGINE, "stage", (0.95,)),
+            ),
+            Panel(
+                "Queue time",
+                "Time requests wait in each engine's queue before running.",
+                "s",
+                quantiles("sglang:queue_time_seconds", ENGINE, "role", (0.5, 0.95)),
+            ),
+            Panel(
+                "Pair canary latency",
+                "Duration of the exporter's one-token generate through each pair.",
+                "s",
+                [Query('pdstack_pair_canary_duration_seconds{pair=~"$pair"}', "{{pair}}")],
+            ),
+            Panel(
+                "Pair canary failures",
+                "Failed canary generates per second, per pair.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("pdstack_pair_canary_failures_total", 'pair=~"$pair"', "pair"),
+                        "{{pair}}",
+                    )
+                ],
+                kind="bars",
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "PD pipeline",
+        "Bootstrap, KV transfer and decode queues between each prefill and "
+        "decode; PD failures; per-stage latency; the pair canary.",
+        [queues, transfer, failures, stages],
+        engine_variables(),
+    )
