@@ -9,7 +9,7 @@ import sys
 
 from .args import resolve
 from .logs import configure, rank_prefix
-from .server import SimServer, listen
+from .server import running
 
 
 async def serve(argv: list[str]) -> int:
@@ -18,22 +18,13 @@ async def serve(argv: list[str]) -> int:
     log = configure(a.log_level, rank_prefix(a.tp_size, a.dp_size, a.pp_size))
     if cfg.unknown:
         log.warning("pdctl.sim ignores arguments it does not model: %s", " ".join(cfg.unknown))
-    server = SimServer(cfg, log)
-    listeners = []
-    if server.boot is not None:
-        listeners.append(await listen(server.boot.app, a.host, a.disaggregation_bootstrap_port))
-    listeners.append(await listen(server.app, a.host, a.port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    startup = asyncio.ensure_future(server.startup())
-    await stop.wait()
-    log.info("Received sigterm: shutting down gracefully.")
-    startup.cancel()
-    await server.shutdown()
-    for listener in reversed(listeners):
-        await listener.runner.cleanup()
+    async with running(cfg, log):
+        await stop.wait()
+        log.info("Received sigterm: shutting down gracefully.")
     return 0
 
 

@@ -56,10 +56,10 @@ _GPU_TOP_TIER = (16384, 512, 512)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Abbreviations stay on, as in SGLang: `--cuda-graph-max-bs` is ambiguous there and here.
     p = argparse.ArgumentParser(
         prog="python -m pdctl.sim",
         description="GPU-free engine with sglang.launch_server's command line (see docs/sim.md)",
-        allow_abbrev=False,
     )
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--served-model-name", default=None)

@@ -10,7 +10,10 @@ them from a multiprocess registry, which has no `_created` series; neither does 
 from __future__ import annotations
 
 import prometheus_client
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 prometheus_client.disable_created_metrics()
 
@@ -38,12 +41,24 @@ KV_BOOTSTRAP_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 KV_TOTAL_MB_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
 
 
+class _Written(CollectorRegistry):
+    """SGLang's multiprocess registry only shows families with a written sample."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(auto_describe=False)
+        self.source = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (m for m in self.source.collect() if m.samples)
+
+
 class SimMetrics:
     """Scheduler families carry model_name, engine_type, tp_rank, pp_rank, moe_ep_rank;
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
     def __init__(self, model_name: str, engine_type: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.exposed = _Written(self.registry)
         self.sched = {
             "model_name": model_name,
             "engine_type": engine_type,

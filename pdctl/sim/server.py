@@ -15,11 +15,12 @@ Bodies, status codes and error shapes follow sglang 0.5.23 (`entrypoints/http_se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -134,6 +135,10 @@ class SimServer:
         r.add_post("/v1/chat/completions", self.chat)
         if self.metrics:
             r.add_get("/metrics", self.metrics_endpoint)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.args.host}:{self.cfg.args.port}"
 
     # ----- lifecycle -----------------------------------------------------------------
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -296,7 +301,7 @@ class SimServer:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(self.metrics.registry),
+        return web.Response(body=encoder(self.metrics.exposed),
                             headers={"Content-Type": content_type})
 
     # ----- generation plumbing -------------------------------------------------------
@@ -642,3 +647,22 @@ async def listen(app: web.Application, host: str, port: int) -> Listener:
     await site.start()
     return Listener(runner, site)
 
+
+@contextlib.asynccontextmanager
+async def running(cfg: SimConfig, log: logging.Logger) -> AsyncIterator[SimServer]:
+    """Serve the HTTP API (and a prefill's bootstrap server); starting up in the background,
+    shutting down gracefully on exit."""
+    server = SimServer(cfg, log)
+    a = cfg.args
+    listeners = []
+    if server.boot is not None:
+        listeners.append(await listen(server.boot.app, a.host, a.disaggregation_bootstrap_port))
+    listeners.append(await listen(server.app, a.host, a.port))
+    startup = asyncio.ensure_future(server.startup())
+    try:
+        yield server
+    finally:
+        startup.cancel()
+        await server.shutdown()
+        for listener in reversed(listeners):
+            await listener.runner.cleanup()

@@ -7,6 +7,7 @@ never by name.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -15,11 +16,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from .args import resolve
+from .logs import configure
+from .server import SimServer, running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,3 +173,17 @@ class PDStack:
     @property
     def url(self) -> str:
         return self.gateway.url
+
+
+@contextlib.asynccontextmanager
+async def in_process(mode: str, env: Mapping[str, str], *extra: str,
+                     bootstrap_port: int | None = None) -> AsyncIterator[SimServer]:
+    """An engine inside the current event loop on a free port, once it is up."""
+    argv = ["--model-path", "/models/sim", "--served-model-name", "sim", "--host", "127.0.0.1",
+            "--port", str(free_port()), "--disaggregation-mode", mode,
+            "--disaggregation-bootstrap-port", str(bootstrap_port or free_port()), *extra]
+    cfg = resolve(argv, env)
+    async with running(cfg, configure(cfg.args.log_level, "")) as server:
+        while server.status != "up":
+            await asyncio.sleep(0.01)
+        yield server

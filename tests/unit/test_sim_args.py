@@ -1,0 +1,100 @@
+"""pdctl.sim command line: SGLang's flags and defaults, derived values, PDSIM_* knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdctl.sim.args import Knobs, resolve
+
+BASE = ["--model-path", "/models/x"]
+
+
+def test_sglang_defaults() -> None:
+    cfg = resolve(BASE, {})
+    a = cfg.args
+    assert (a.host, a.port, a.tp_size, a.dp_size) == ("127.0.0.1", 30000, 1, 1)
+    assert a.disaggregation_mode == "null" and cfg.engine_type == "unified"
+    assert a.disaggregation_bootstrap_port == 8998
+    assert a.disaggregation_transfer_backend == "mooncake"
+    assert a.decode_log_interval == 40
+    assert a.kv_cache_dtype == "auto" and a.load_format == "auto" and a.log_level == "info"
+    assert not a.enable_metrics
+    assert cfg.served_model_name == "/models/x"
+    assert cfg.page_size == 1
+    # 96 GB GPU, tp < 4: chunked prefill 8192 and graphs up to 256 (memory_hook.py)
+    assert cfg.chunked_prefill_size == 8192
+    assert max(cfg.decode_buckets) == 256
+    assert 2048 <= cfg.max_running_requests <= 4096
+
+
+def test_seed_launch_line() -> None:
+    cfg = resolve([
+        *BASE, "--served-model-name", "dsv4", "--tp-size", "4", "--disaggregation-mode", "decode",
+        "--disaggregation-transfer-backend", "nixl", "--mem-fraction-static", "0.60",
+        "--max-running-requests", "96", "--context-length", "8192", "--page-size", "64",
+        "--kv-cache-dtype", "fp8_e4m3", "--cuda-graph-max-bs-decode", "32", "--enable-metrics",
+    ], {})
+    assert cfg.engine_type == "decode" and cfg.degraded_enabled
+    assert cfg.decode_buckets == [1, 2, 4, 8, 12, 16, 24, 32]
+    assert cfg.max_running_requests == 96
+    assert cfg.page_size == 64
+    # (95.6 GiB * 0.60 - 36.5 GiB) / 16281 B per token
+    assert 1_300_000 < cfg.kv_pool_tokens < 1_450_000
+
+
+def test_explicit_bucket_list_wins_and_is_capped_by_max_running() -> None:
+    cfg = resolve([*BASE, "--cuda-graph-bs-decode", "16", "8", "64", "--cuda-graph-max-bs-decode",
+                   "128"], {})
+    assert cfg.decode_buckets == [8, 16, 64]
+    cfg = resolve([*BASE, "--cuda-graph-bs-decode", "8", "64", "--max-running-requests", "40"], {})
+    assert cfg.decode_buckets == [8, 40]
+    # A default max bs follows --max-running-requests down.
+    assert max(resolve([*BASE, "--max-running-requests", "50"], {}).decode_buckets) == 50
+
+
+def test_unknown_flags_are_kept_for_the_warning() -> None:
+    cfg = resolve([*BASE, "--enable-dp-attention", "--num-continuous-decode-steps", "4"], {})
+    assert cfg.unknown == ["--enable-dp-attention", "--num-continuous-decode-steps", "4"]
+
+
+def test_rejects_what_sglang_rejects() -> None:
+    with pytest.raises(SystemExit):
+        resolve([*BASE, "--disaggregation-mode", "both"], {})
+    with pytest.raises(SystemExit):
+        resolve(["--port", "1"], {})
+    # 0.5.23 split the graph flags per phase; the old spelling is ambiguous.
+    with pytest.raises(SystemExit):
+        resolve([*BASE, "--cuda-graph-max-bs", "32"], {})
+
+
+def test_knobs_from_env() -> None:
+    k = Knobs.from_env({
+        "PDSIM_STEP_A_MS": "10", "PDSIM_STEP_B_MS": "2", "PDSIM_EAGER_OOM": "1",
+        "PDSIM_TIME_SCALE": "0.1", "PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_MODE": "hang",
+        "PDSIM_DEGRADED_FAIL_RATIO": "0.25", "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0",
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7",
+    }, random_seed=5)
+    assert (k.step_a_ms, k.step_b_ms, k.eager_oom, k.time_scale) == (10, 2, True, 0.1)
+    assert (k.degraded, k.degraded_mode, k.degraded_fail_ratio) == ("on", "hang", 0.25)
+    assert k.seed == 5
+    # conn.py clamps the heartbeat: interval >= 2 s, failures >= 1
+    assert (k.heartbeat_interval_s, k.heartbeat_max_failure) == (2.0, 1)
+    assert k.waiting_timeout_s == 7 and k.bootstrap_timeout_s == 300
+    defaults = Knobs.from_env({})
+    assert (defaults.step_a_ms, defaults.step_b_ms) == (18.0, 1.05)
+
+
+@pytest.mark.parametrize("env", [
+    {"PDSIM_TIME_SCALE": "0"}, {"PDSIM_DEGRADED_FAIL_RATIO": "2"},
+    {"PDSIM_DEGRADED_MODE": "explode"}, {"PDSIM_STEP_A_MS": "fast"},
+])
+def test_bad_knobs_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises(SystemExit):
+        Knobs.from_env(env)
+
+
+def test_degradation_defaults_on_for_nixl_only() -> None:
+    assert resolve([*BASE, "--disaggregation-transfer-backend", "nixl"], {}).degraded_enabled
+    assert not resolve(BASE, {}).degraded_enabled
+    assert resolve(BASE, {"PDSIM_DEGRADED": "on"}).degraded_enabled
