@@ -1,0 +1,1 @@
+"""Concurrency sweeps against the PD gateway, with bench_serving's metrics and field names."""

@@ -1,0 +1,96 @@
+"""One streamed OpenAI-compatible request, timed like sglang.bench_serving times it.
+
+Mirrors `async_request_openai_completions` / `..._chat_completions` in sglang 0.5.23
+(`sglang/benchmark/serving.py`): temperature 0, ignore_eos, max_tokens = the wanted output;
+TTFT is the time to the first chunk carrying text, each later text chunk adds one ITL (the
+gap since the previous text chunk), latency runs to the end of the stream, and the output
+length is the server's `usage.completion_tokens` when a text chunk carries it, else the
+requested length.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from pdctl.bench.prompts import Prompt
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class RequestOutput:
+    success: bool = False
+    latency: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    output_len: int = 0
+    start_time: float = 0.0
+    error: str = ""
+
+
+def _payload(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": prompt.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = prompt.text
+        body["best_of"] = 1
+    return body
+
+
+def _chunk_text(endpoint: str, data: dict[str, Any]) -> str:
+    choices = data.get("choices") or [{}]
+    if endpoint == "chat":
+        return (choices[0].get("delta") or {}).get("content") or ""
+    return choices[0].get("text") or ""
+
+
+async def stream_request(
+    session: aiohttp.ClientSession, base_url: str, endpoint: str, model: str, prompt: Prompt
+) -> RequestOutput:
+    out = RequestOutput(prompt_len=prompt.prompt_len)
+    output_len = prompt.output_len
+    st = time.perf_counter()
+    out.start_time = most_recent = st
+    try:
+        url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+        async with session.post(url, json=_payload(endpoint, model, prompt)) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status} {resp.reason}: {(await resp.text())[:500]}"
+                return out
+            latency = 0.0
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line:
+                    continue
+                chunk = line.decode().removeprefix("data: ")
+                latency = time.perf_counter() - st
+                if chunk == "[DONE]":
+                    continue
+                data = json.loads(chunk)
+                if _chunk_text(endpoint, data):
+                    now = time.perf_counter()
+                    if out.ttft == 0.0:
+                        out.ttft = now - st
+                    else:
+                        out.itl.append(now - most_recent)
+                    most_recent = now
+                    output_len = (data.get("usage") or {}).get("completion_tokens", output_len)
+            out.success = True
+            out.latency = latency
+            out.output_len = output_len
+    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    return out

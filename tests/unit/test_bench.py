@@ -1,0 +1,394 @@
+"""pdctl bench: metric definitions, the builtin driver against a fake SSE server, sweep, compare."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from pdctl.bench.client import RequestOutput
+from pdctl.bench.compare import compare
+from pdctl.bench.level import Level, Target, build_levels, default_num_prompts
+from pdctl.bench.metrics import calculate
+from pdctl.bench.prompts import random_prompts
+from pdctl.bench.results import load, tpot_fit, write_atomic
+from pdctl.bench.sampler import parse_sample
+from pdctl.bench.sweep import SweepOptions, run_sweep
+from pdctl.bench.view import QuietProgress
+from pdctl.cli import cli
+from pdctl.errors import PdctlError
+from tests.conftest import CACHE, require_path
+
+# --- metric definitions, by hand ------------------------------------------------------------
+
+
+def _outputs() -> list[RequestOutput]:
+    return [
+        RequestOutput(True, 0.2, 0.1, [0.02, 0.02, 0.04], 10, 4, 0.0),
+        RequestOutput(True, 0.5, 0.3, [0.1], 20, 2, 0.05),
+        RequestOutput(False, 0.0, 0.0, [], 30, 0, 0.1, "HTTP 500"),
+    ]
+
+
+def test_metrics_match_hand_computed_values() -> None:
+    m = calculate(_outputs(), duration=1.0)
+    expected = {
+        "completed": 2,
+        "total_input_tokens": 30,  # failed requests count no input, as in bench_serving
+        "total_output_tokens": 6,
+        "request_throughput": 2.0,
+        "output_throughput": 6.0,
+        "total_throughput": 36.0,
+        "mean_ttft_ms": 200.0,
+        "median_ttft_ms": 200.0,
+        "std_ttft_ms": 100.0,
+        "p90_ttft_ms": 280.0,
+        "p99_ttft_ms": 298.0,
+        # TPOT excludes the first token: (0.2-0.1)/3 and (0.5-0.3)/1
+        "mean_tpot_ms": (100 / 3 + 200) / 2,
+        "std_tpot_ms": (200 - 100 / 3) / 2,
+        # ITL pools every gap: 20, 20, 40, 100 ms
+        "mean_itl_ms": 45.0,
+        "median_itl_ms": 30.0,
+        "p90_itl_ms": 82.0,
+        "p99_itl_ms": 98.2,
+        "mean_e2e_latency_ms": 350.0,
+        "p99_e2e_latency_ms": 497.0,
+        "concurrency": 0.7,
+        "max_output_tokens_per_s": 6.0,
+        "max_concurrent_requests": 2,
+    }
+    for key, value in expected.items():
+        assert m[key] == pytest.approx(value), key
+
+
+@dataclass
+class _Tok:
+    @staticmethod
+    def encode(text: str, add_special_tokens: bool = False) -> list[str]:
+        return text.split()
+
+
+@pytest.mark.parser
+def test_metrics_equal_bench_serving_own_calculate_metrics() -> None:
+    """Run sglang 0.5.23's calculate_metrics (lifted from its source) on the same outputs."""
+    site = CACHE / "sglang-parser" / "lib" / "python3.11" / "site-packages"
+    source = require_path(site / "sglang" / "benchmark" / "serving.py", "sglang source").read_text()
+    wanted = {"RequestFuncOutput", "BenchmarkMetrics", "calculate_metrics"}
+    tree = ast.parse(source)
+    body = [n for n in tree.body if getattr(n, "name", None) in wanted]
+    ns: dict[str, Any] = {}
+    exec(
+        "from __future__ import annotations\nimport warnings\nfrom dataclasses import "
+        "dataclass, field\nfrom typing import *\nimport numpy as np\n"
+        "TERM_PLOTLIB_AVAILABLE = False\n" + ast.unparse(ast.Module(body=body, type_ignores=[])),
+        ns,
+    )
+    rng = np.random.default_rng(3)
+    ours, theirs, rows = [], [], []
+    for i in range(40):
+        n_out = int(rng.integers(1, 30))
+        itl = [float(x) for x in rng.uniform(0.005, 0.05, n_out - 1)]
+        ttft = float(rng.uniform(0.05, 0.5))
+        start = float(rng.uniform(0, 3))
+        ok = i % 7 != 3
+        latency = ttft + sum(itl) + 0.001
+        ours.append(RequestOutput(ok, latency, ttft, itl, 50 + i, n_out, start))
+        t = ns["RequestFuncOutput"](
+            generated_text="w " * n_out, success=ok, latency=latency, ttft=ttft, itl=itl,
+            prompt_len=50 + i, output_len=n_out, start_time=start,
+        )  # fmt: skip
+        theirs.append(t)
+        rows.append(type("Row", (), {"prompt_len": 50 + i, "text_prompt_len": 50 + i,
+                                     "vision_prompt_len": 0}))  # fmt: skip
+    ref, _ = ns["calculate_metrics"](rows, theirs, 4.2, _Tok(), "sglang-oai")
+    mine = calculate(ours, 4.2)
+    # benchmark() renames these when it writes the result line; duration is its own argument
+    mapping = {f"total_{k}_tokens": f"total_{k}" for k in ("input", "output")} | {
+        f"total_input_{k}_tokens": f"total_input_{k}" for k in ("text", "vision")
+    }
+    assert {mapping.get(k, k) for k in mine} - set(vars(ref)) == {"duration"}
+    for key, value in mine.items():
+        if key != "duration":
+            assert value == pytest.approx(float(getattr(ref, mapping.get(key, key)))), key
+
+
+# --- a tiny deterministic SGLang-like server --------------------------------------------------
+
+TTFT_S = 0.05
+ITL_S = 0.01
+
+
+@dataclass
+class FakeServer:
+    url: str
+    state: dict[str, Any]
+
+
+def _metrics_text(state: dict[str, Any]) -> str:
+    lbl = 'engine_type="decode",model_name="fake",tp_rank="0",pp_rank="0"'
+    return (
+        "# HELP sglang:num_running_reqs The number of running requests.\n"
+        "# TYPE sglang:num_running_reqs gauge\n"
+        f"sglang:num_running_reqs{{{lbl}}} {state['inflight']}\n"
+        "# HELP sglang:is_cuda_graph Whether batch is using CUDA graph.\n"
+        "# TYPE sglang:is_cuda_graph gauge\n"
+        f"sglang:is_cuda_graph{{{lbl}}} 1.0\n"
+        "# HELP sglang:token_usage The token usage.\n"
+        "# TYPE sglang:token_usage gauge\n"
+        f"sglang:token_usage{{{lbl}}} {0.01 * state['inflight']}\n"
+        "# HELP sglang:cuda_graph_passes_total Passes.\n"
+        "# TYPE sglang:cuda_graph_passes_total counter\n"
+        f'sglang:cuda_graph_passes_total{{{lbl},mode="decode_none"}} {state["requests"]}\n'
+    )
+
+
+def _app(state: dict[str, Any]) -> web.Application:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=_metrics_text(state))
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        state["requests"] += 1
+        state["bodies"].append(body)
+        if state["fail_every"] and state["requests"] % state["fail_every"] == 0:
+            return web.json_response({"error": "boom"}, status=500)
+        chat = request.path.endswith("chat/completions")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        state["inflight"] += 1
+        try:
+            n = int(body["max_tokens"])
+
+            async def send(text: str, usage: int | None = None) -> None:
+                choice = {"delta": {"content": text}} if chat else {"text": text}
+                data: dict[str, Any] = {"choices": [choice]}
+                if usage is not None:
+                    data["usage"] = {"completion_tokens": usage}
+                await resp.write(f"data: {json.dumps(data)}\n\n".encode())
+
+            await send("")  # a role/header chunk without text: not the first token
+            await asyncio.sleep(TTFT_S)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(ITL_S)
+                await send("tok ", n - state["short_by"] if i == n - 1 else None)
+            await resp.write(b"data: [DONE]\n\n")
+        finally:
+            state["inflight"] -= 1
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_post("/v1/chat/completions", generate)
+    return app
+
+
+@pytest.fixture
+def fake_server() -> Iterator[FakeServer]:
+    state: dict[str, Any] = {
+        "inflight": 0, "requests": 0, "bodies": [], "fail_every": 0, "short_by": 0
+    }  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(_app(state))
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield FakeServer(f"http://127.0.0.1:{port}", state)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _sweep(
+    server: FakeServer, levels: list[Level], out: Path | None = None, **kw: Any
+) -> list[dict]:
+    target = Target(server.url, "", kw.pop("endpoint", "completions"), (server.url + "/metrics",))
+    opts = SweepOptions(sample_interval_s=0.05, **kw)
+    return asyncio.run(run_sweep(target, levels, opts, QuietProgress(), out))
+
+
+def test_builtin_driver_timings_against_fake_server(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    out_len = 10
+    levels = build_levels("1,4", "4,8", 32, out_len, 1.0, seed=5)
+    rows = _sweep(fake_server, levels, tmp_path / "out.jsonl")
+    assert [r["max_concurrency"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["completed"] == r["num_prompts"] and r["failed"] == 0
+        assert r["total_output_tokens"] == out_len * r["completed"]
+        assert r["total_input_tokens"] == 32 * r["completed"]
+        # the server sleeps TTFT_S before the first text and ITL_S between texts
+        assert r["median_ttft_ms"] == pytest.approx(1000 * TTFT_S, abs=25)
+        assert r["median_itl_ms"] == pytest.approx(1000 * ITL_S, abs=8)
+        assert r["mean_tpot_ms"] == pytest.approx(1000 * ITL_S, abs=8)
+        e2e = 1000 * (TTFT_S + (out_len - 1) * ITL_S)
+        assert r["median_e2e_latency_ms"] == pytest.approx(e2e, abs=40)
+        assert r["output_throughput"] == pytest.approx(r["total_output_tokens"] / r["duration"])
+        assert r["server"]["samples"] >= 1
+    assert rows[1]["server"]["num_running_reqs"]["max"] <= 4
+    # one warm-up per level plus the canary, like bench_serving's warm-up
+    assert fake_server.state["requests"] == 1 + (1 + 4) + (1 + 8)
+    body = fake_server.state["bodies"][-1]
+    assert body["ignore_eos"] is True and body["stream"] is True and body["temperature"] == 0.0
+    assert body["model"] == "fake-model" and body["max_tokens"] == out_len
+
+
+def test_sweep_writes_bench_serving_fields(fake_server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "sweep.jsonl"
+    _sweep(fake_server, build_levels("2", "4", 16, 4, 1.0, 1), out)
+    (row,) = load(out)
+    fields = {
+        "backend", "dataset_name", "request_rate", "max_concurrency", "random_input_len",
+        "random_output_len", "random_range_ratio", "duration", "completed", "total_input_tokens",
+        "total_output_tokens", "request_throughput", "input_throughput", "output_throughput",
+        "total_throughput", "concurrency", "max_output_tokens_per_s", "max_concurrent_requests",
+    } | {
+        f"{stat}_{name}_ms"
+        for stat in ("mean", "median", "std", "p90", "p95", "p99")
+        for name in ("ttft", "tpot", "itl", "e2e_latency")
+    }  # fmt: skip
+    assert fields <= row.keys()
+    assert row["backend"] == "sglang-oai" and math.isinf(row["request_rate"])
+    assert not list(tmp_path.glob(".*tmp"))  # the temp file was renamed away
+
+
+def test_usage_completion_tokens_wins_and_chat_endpoint(fake_server: FakeServer) -> None:
+    fake_server.state["short_by"] = 2  # the server reports 2 fewer tokens than asked
+    (row,) = _sweep(fake_server, build_levels("2", "2", 8, 6, 1.0, 1), endpoint="chat")
+    assert row["total_output_tokens"] == 2 * 4
+    assert row["backend"] == "sglang-oai-chat"
+    assert "messages" in fake_server.state["bodies"][-1]
+
+
+def test_failed_requests_are_counted(fake_server: FakeServer) -> None:
+    # canary = request 1, warm-up = 2; then every 3rd request fails
+    fake_server.state["fail_every"] = 3
+    (row,) = _sweep(fake_server, build_levels("2", "9", 8, 3, 1.0, 1))
+    assert row["failed"] == 3 and row["completed"] == 6
+    assert row["errors"][0].startswith("HTTP 500")
+
+
+def test_canary_failure_is_clear(fake_server: FakeServer, tmp_path: Path) -> None:
+    fake_server.state["fail_every"] = 1
+    out = tmp_path / "never.jsonl"
+    with pytest.raises(PdctlError, match=r"canary request .* failed: HTTP 500"):
+        _sweep(fake_server, build_levels("1", "2", 8, 3, 1.0, 1), out)
+    assert not out.exists()
+
+
+def test_level_timeout_keeps_completed_levels(fake_server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "partial.jsonl"
+    levels = [*build_levels("1", "1", 8, 2, 1.0, 1), *build_levels("1", "1", 8, 400, 1.0, 2)]
+    start = time.monotonic()
+    with pytest.raises(PdctlError, match="did not finish in 1 s"):
+        _sweep(fake_server, levels, out, timeout_s=1.0)
+    assert time.monotonic() - start < 10
+    assert [r["random_output_len"] for r in load(out)] == [2]
+
+
+def test_prompts_are_deterministic_and_sized() -> None:
+    a = random_prompts(5, 64, 32, 0.5, seed=9)
+    assert a == random_prompts(5, 64, 32, 0.5, seed=9)
+    assert a != random_prompts(5, 64, 32, 0.5, seed=10)
+    assert all(32 <= p.prompt_len <= 64 and 16 <= p.output_len <= 32 for p in a)
+    assert all(len(p.text.split()) == p.prompt_len for p in a)
+    # four characters a word with its space: pdctl.sim's ceil(chars/4) tokenizer agrees
+    assert all(math.ceil((len(p.text) + 1) / 4) == p.prompt_len for p in a)
+
+
+def test_default_prompt_counts_follow_the_seed() -> None:
+    assert [default_num_prompts(c) for c in (1, 16, 64)] == [8, 48, 96]
+    assert default_num_prompts(256) == 384
+
+
+def test_parse_sample_aggregates_engines() -> None:
+    state = {"inflight": 3, "requests": 7}
+    s = parse_sample([_metrics_text(state), _metrics_text({"inflight": 5, "requests": 1})])
+    assert s.num_running_reqs == 8 and s.is_cuda_graph == 1.0
+    assert s.token_usage == pytest.approx(0.05) and s.eager_passes == 8
+
+
+def _row(c: int, tput: float, tpot: float) -> dict[str, Any]:
+    return {
+        "max_concurrency": c, "completed": 8, "output_throughput": tput, "mean_tpot_ms": tpot,
+        "median_ttft_ms": 300.0, "p99_itl_ms": tpot * 2, "median_e2e_latency_ms": 1000.0,
+    }  # fmt: skip
+
+
+def test_tpot_fit_recovers_law() -> None:
+    rows = [_row(c, 0, 40 + 30 * c) for c in (1, 16, 64)]
+    fit = tpot_fit(rows)
+    assert fit is not None
+    assert fit.a == pytest.approx(40) and fit.b == pytest.approx(30)
+    assert fit.asymptote_tps == pytest.approx(1000 / 30)
+
+
+def test_compare_cli(tmp_path: Path) -> None:
+    a, b = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    write_atomic(a, [_row(1, 11.5, 84.0), _row(16, 29.0, 536.0)])
+    write_atomic(b, [_row(1, 50.0, 19.0), _row(16, 400.0, 35.0), _row(64, 700.0, 85.0)])
+    levels = compare(load(a), load(b))
+    assert [lv.concurrency for lv in levels] == [1, 16, 64]
+    tput = levels[0].deltas[0]
+    assert tput.pct == pytest.approx(100 * (50 - 11.5) / 11.5) and tput.better is True
+    assert levels[1].deltas[2].better is True  # lower TPOT is better
+    assert levels[2].deltas[0].before is None and levels[2].deltas[0].pct is None
+
+    result = CliRunner().invoke(cli, ["bench", "compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    assert "before.jsonl → after.jsonl" in result.output
+    assert "+334.8%" in result.output and "-93.5%" in result.output
+    as_json = CliRunner().invoke(cli, ["bench", "compare", str(a), str(b), "--format", "json"])
+    out = json.loads(as_json.output)
+    assert out["levels"][1]["mean_tpot_ms"]["after"] == 35.0
+    assert out["tpot_fit"]["before"]["b_ms"] == pytest.approx((536 - 84) / 15)
+
+
+def test_sweep_cli_table_json_and_plot(fake_server: FakeServer, tmp_path: Path) -> None:
+    out, png = tmp_path / "s.jsonl", tmp_path / "s.png"
+    args = ["bench", "sweep", "--url", fake_server.url, "--concurrency", "1,2",
+            "--num-prompts", "2", "--input-len", "8", "--output-len", "4"]  # fmt: skip
+    result = CliRunner().invoke(cli, [*args, "--output-file", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert "Concurrency sweep" in result.output and "TPOT = " in result.output
+    assert len(load(out)) == 2 and png.read_bytes()[:4] == b"\x89PNG"
+    result = CliRunner().invoke(cli, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{") :])
+    assert [r["max_concurrency"] for r in summary["levels"]] == [1, 2]
+    assert "tpot_fit" in summary
+
+
+def test_compare_rejects_non_result_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    result = CliRunner().invoke(cli, ["bench", "compare", str(bad), str(bad)])
+    assert result.exit_code != 0
+    assert "not a bench_serving result line" in str(result.exception or result.output)
