@@ -44,4 +44,7 @@ if [[ ! -e "$SGENV/.complete" ]]; then
   touch "$SGENV/.complete"
 fi
 ln -sfn "$SGENV" "$CACHE/sglang-parser"
+
+# The Debian root of the systemd test host (demo, e2e tests): built once, cached by its key.
+deploy/testhost/testhost build
 echo "setup: ready"
