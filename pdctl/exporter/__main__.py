@@ -1,0 +1,3 @@
+from pdctl.exporter.command import main
+
+main()

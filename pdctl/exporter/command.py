@@ -1,0 +1,123 @@
+"""`pdctl exporter` (also `python -m pdctl.exporter`): serve the pd-exporter metrics."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+from prometheus_client import CollectorRegistry, start_http_server
+
+from pdctl import topology
+from pdctl.exporter.canary import Canary
+from pdctl.exporter.collector import PdCollector
+from pdctl.exporter.gpu import Nvml, load_nvml
+from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.statelog import StateLog
+from pdctl.exporter.targets import TopologyFile
+
+DEFAULT_PORT = 9840
+
+
+def _journal_files(values: tuple[str, ...]) -> dict[str, Path]:
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(
+                f"expected NAME=PATH, got {value!r}", param_hint="--journal-file"
+            )
+        out[name] = Path(path)
+    return out
+
+
+@click.command("exporter")
+@click.option(
+    "--topology",
+    "topology_path",
+    type=click.Path(path_type=Path),
+    default=topology.PATH,
+    show_default=True,
+    help="Topology file site.yml writes.",
+)
+@click.option(
+    "--host",
+    default=socket.gethostname,
+    show_default="this host's name",
+    help="Inventory name of this host in the topology.",
+)
+@click.option("--listen-address", default="127.0.0.1", show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+@click.option(
+    "--canary-interval",
+    default=15.0,
+    show_default=True,
+    type=float,
+    help="Seconds between canary generates through each pair.",
+)
+@click.option("--canary-timeout", default=10.0, show_default=True, type=float)
+@click.option(
+    "--journal-file",
+    "journal_files",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Read engine NAME's log from a file instead of its journal (replays, tests).",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def exporter(
+    topology_path: Path,
+    host: str,
+    listen_address: str,
+    port: int,
+    canary_interval: float,
+    canary_timeout: float,
+    journal_files: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Serve GPU, pair-canary and decode-journal metrics for Prometheus (pd-exporter)."""
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    log = StateLog()
+    nvml = Nvml(load_nvml(), log)
+    canary = Canary(canary_interval, canary_timeout, log)
+    collector = PdCollector(
+        TopologyFile(topology_path),
+        host,
+        nvml,
+        canary,
+        GraphSizes(timeout_s=2.0),
+        _journal_files(journal_files),
+        log,
+    )
+    collector.refresh()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _ = start_http_server(port, addr=listen_address, registry=registry)
+    canary.start()
+    logging.getLogger("pdctl.exporter").info(
+        "serving on %s:%d for host %s", listen_address, port, host
+    )
+    done = threading.Event()
+
+    def _stop(signum: int, _: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    done.wait()
+    server.shutdown()
+    canary.stop()
+    collector.stop()
+    nvml.stop()
+
+
+def main() -> None:
+    exporter.main(prog_name="pd-exporter")

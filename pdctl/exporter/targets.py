@@ -1,0 +1,93 @@
+"""What the exporter on one host watches, read from the topology file pdctl uses
+(/etc/pdstack/topology.yaml): which engine owns each GPU, the pairs to probe, the decode
+engines whose journals to follow. Label values match the Prometheus file_sd labels:
+engine = HOST/PAIR-ROLE, pair = HOST/PAIR."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdctl.errors import SpecError
+from pdctl.exporter.canary import PairTarget
+from pdctl.exporter.journal import JournalTarget
+from pdctl.spec import Role
+from pdctl.topology import Topology, read
+
+
+@dataclass(frozen=True)
+class GpuOwner:
+    role: str
+    numa_node: str
+    engine: str
+    pair: str
+
+
+@dataclass(frozen=True)
+class DecodeEngine:
+    engine: str
+    pair: str
+    url: str
+
+
+@dataclass
+class HostTargets:
+    gpus: dict[int, GpuOwner] = field(default_factory=dict)
+    pairs: list[PairTarget] = field(default_factory=list)
+    journals: list[JournalTarget] = field(default_factory=list)
+    decodes: list[DecodeEngine] = field(default_factory=list)
+
+
+def pair_label(host: str, pair: str) -> str:
+    return f"{host}/{pair}"
+
+
+def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> HostTargets:
+    out = HostTargets()
+    by_id = {i.id: i for i in topo.instances}
+    for inst in topo.on_host(host):
+        pair = pair_label(inst.host, inst.pair)
+        for gpu in inst.gpus:
+            out.gpus[gpu] = GpuOwner(inst.role.value, str(inst.numa_node), inst.id, pair)
+        if inst.role is Role.DECODE:
+            out.decodes.append(DecodeEngine(inst.id, pair, inst.url))
+            out.journals.append(
+                JournalTarget(inst.id, pair, inst.unit, journal_files.get(inst.name))
+            )
+    for p in topo.pairs:
+        prefill, decode = by_id.get(p.prefill), by_id.get(p.decode)
+        if p.host != host or prefill is None or decode is None:
+            continue
+        if prefill.bootstrap_port is None:
+            continue
+        out.pairs.append(
+            PairTarget(pair_label(p.host, p.name), prefill.url, decode.url, prefill.bootstrap_port)
+        )
+    return out
+
+
+class TopologyFile:
+    """Re-read when the file changes; after a bad edit the last good topology stays in use
+    and the error is reported (pdstack_scrape_success{collector="topology"} 0)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.topology: Topology | None = None
+        self.error: str | None = None
+        self._stamp: tuple[float, int] | None = None
+
+    def refresh(self) -> Topology | None:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime, st.st_size)
+        except OSError as e:
+            self.error, self._stamp = f"{self.path}: {e.strerror}", None
+            return self.topology
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self.topology, self.error = read(self.path), None
+            except SpecError as e:
+                self.error = str(e)
+        return self.topology

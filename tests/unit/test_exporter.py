@@ -1,0 +1,440 @@
+"""pd-exporter against a fake NVML module and fake engines (local HTTP servers): success,
+partial failure (one GPU, one engine, one pair failing) and total failure (no NVML, no
+topology) — the exporter keeps serving and says what failed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pdctl.exporter.canary import Canary
+from pdctl.exporter.collector import PdCollector
+from pdctl.exporter.gpu import THROTTLE_REASONS, Nvml
+from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.journal import Histogram
+from pdctl.exporter.statelog import StateLog
+from pdctl.exporter.targets import TopologyFile
+from pdctl.spec import Role
+from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter, dump
+
+HOST = "gpu-node-1"
+PAIR = f"{HOST}/pd0"
+DECODE = f"{HOST}/pd0-decode"
+
+
+# ----- fake NVML (the pynvml surface the exporter uses) -----------------------------------
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    broken: bool = False  # every query fails (GPU fell off the bus)
+    throttle: int = 0
+    pcie_supported: bool = True
+
+
+@dataclass
+class FakeEvent:
+    device: int
+    eventData: int  # pynvml's field name
+
+
+@dataclass
+class FakeNvml:
+    gpus: list[FakeGpu]
+    init_error: int | None = None
+    xids: list[FakeEvent] = field(default_factory=list)
+
+    NVMLError = NVMLError
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if self.gpus[index].broken:
+            raise NVMLError(15)  # GPU_IS_LOST
+        return index
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
+        return handle
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.gpus[h].uuid
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return type("Mem", (), {"used": 60 << 30, "total": 96 << 30})
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 342_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 600_000
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return type("Util", (), {"gpu": 97, "memory": 27})
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return 71
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
+        return 2400 if clock == self.NVML_CLOCK_SM else 14000
+
+    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
+        if not self.gpus[h].pcie_supported:
+            raise NVMLError(3)  # NOT_SUPPORTED
+        return 1000 * (counter + 1)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
+        return self.gpus[h].throttle
+
+    def nvmlEventSetCreate(self) -> str:
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, h: int, kinds: int, events: str) -> None:
+        pass
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> FakeEvent:
+        if self.xids:
+            return self.xids.pop(0)
+        time.sleep(0.01)
+        raise NVMLError(10)  # TIMEOUT
+
+
+# ----- fake engines ------------------------------------------------------------------------
+@dataclass
+class EngineBehaviour:
+    generate_status: int = 200
+    server_info_status: int = 200
+    graph_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def serve(behaviour: EngineBehaviour) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            behaviour.bodies.append(json.loads(self.rfile.read(length)))
+            ok = behaviour.generate_status == 200
+            self._send(behaviour.generate_status, {"text": "pong"} if ok else {"error": "x"})
+
+        def do_GET(self) -> None:
+            self._send(
+                behaviour.server_info_status, {"cuda_graph_bs_decode": behaviour.graph_buckets}
+            )
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def topology(prefill_url: str, decode_url: str) -> Topology:
+    def inst(role: Role, url: str, numa: int, gpus: list[int]) -> TopologyInstance:
+        name = f"pd0-{role.value}"
+        return TopologyInstance(
+            id=f"{HOST}/{name}",
+            host=HOST,
+            name=name,
+            pair="pd0",
+            role=role,
+            unit=f"pdstack-{name}.service",
+            url=url,
+            numa_node=numa,
+            gpus=gpus,
+            bootstrap_port=8998 if role is Role.PREFILL else None,
+        )
+
+    return Topology(
+        model="sim",
+        engine="sim",
+        instances=[inst(Role.PREFILL, prefill_url, 0, [0]), inst(Role.DECODE, decode_url, 1, [1])],
+        pairs=[
+            TopologyPair(
+                host=HOST,
+                name="pd0",
+                target="pdstack-pd0.target",
+                prefill=f"{HOST}/pd0-prefill",
+                decode=DECODE,
+            )
+        ],
+        router=TopologyRouter(
+            host=HOST,
+            url="http://127.0.0.1:8000",
+            metrics_url="http://127.0.0.1:29000/metrics",
+            unit="pdstack-gateway.service",
+        ),
+    )
+
+
+DECODE_LINE = (
+    "[2026-11-29 10:00:00] Decode batch, #running-req: {running}, #token: 9000, token usage: 0.05, "
+    "pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #retracted-req: 0, "
+    "cuda graph: {graph}, gen throughput (token/s): {tput}, #queue-req: 0\n"
+)
+
+
+@dataclass
+class Rig:
+    registry: CollectorRegistry
+    collector: PdCollector
+    canary: Canary
+    prefill: EngineBehaviour
+    decode: EngineBehaviour
+    journal: Path
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def scrape_until(self, name: str, labels: dict[str, str], expected: float) -> None:
+        deadline = time.monotonic() + 5
+        while self.value(name, **labels) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.value(name, **labels) == expected, (name, labels)
+
+
+@pytest.fixture
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    options: dict[str, Any] = getattr(request, "param", {})
+    prefill, decode = EngineBehaviour(), EngineBehaviour()
+    servers = [serve(prefill), serve(decode)]
+    topo_path = tmp_path / "topology.yaml"
+    if options.get("topology", True):
+        topo_path.write_text(dump(topology(servers[0][1], servers[1][1])))
+    journal = tmp_path / "decode.log"
+    journal.write_text(
+        DECODE_LINE.format(running=40, graph="True", tput="800.00")
+        + "some other line\n"
+        + DECODE_LINE.format(running=70, graph="False", tput="700.00")
+    )
+    log = StateLog()
+    nvml_module = options.get("nvml", FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b", throttle=0x44)]))
+    nvml = Nvml(nvml_module, log)
+    canary = Canary(interval_s=60, timeout_s=2, log=log)
+    collector = PdCollector(
+        TopologyFile(topo_path),
+        HOST,
+        nvml,
+        canary,
+        GraphSizes(timeout_s=2),
+        {"pd0-decode": journal},
+        log,
+    )
+    collector.refresh()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    yield Rig(registry, collector, canary, prefill, decode, journal)
+    collector.stop()
+    nvml.stop()
+    for server, _ in servers:
+        server.shutdown()
+
+
+def test_success_serves_every_source(rig: Rig) -> None:
+    rig.canary.run_once()
+    rig.scrape_until(
+        "pdstack_decode_batches_total", {"engine": DECODE, "pair": PAIR, "mode": "eager"}, 1
+    )
+    assert rig.value("pdstack_up") == 1
+    for collector in ("topology", "gpu", "canary", "decode"):
+        assert rig.value("pdstack_scrape_success", collector=collector) == 1, collector
+        assert rig.value("pdstack_scrape_duration_seconds", collector=collector) is not None
+    assert rig.value("pdstack_gpu_up") == 1
+    gpu1 = {
+        "gpu": "1",
+        "uuid": "GPU-b",
+        "role": "decode",
+        "numa_node": "1",
+        "engine": DECODE,
+        "pair": PAIR,
+    }
+    assert rig.value("pdstack_gpu_power_watts", **gpu1) == 342
+    assert rig.value("pdstack_gpu_sm_utilization_ratio", **gpu1) == 0.97
+    assert rig.value("pdstack_gpu_memory_utilization_ratio", **gpu1) == 0.27
+    assert rig.value("pdstack_gpu_memory_total_bytes", **gpu1) == 96 << 30
+    assert rig.value("pdstack_gpu_clock_hertz", **gpu1, clock="sm") == 2.4e9
+    assert (
+        rig.value("pdstack_gpu_pcie_throughput_bytes_per_second", **gpu1, direction="rx") == 2048000
+    )
+    assert rig.value("pdstack_gpu_throttle_reason", **gpu1, reason="sw_power_cap") == 1
+    assert rig.value("pdstack_gpu_throttle_reason", **gpu1, reason="hw_thermal_slowdown") == 1
+    assert rig.value("pdstack_gpu_throttle_reason", **gpu1, reason="hw_slowdown") == 0
+    assert (
+        rig.value(
+            "pdstack_gpu_temperature_celsius",
+            gpu="0",
+            uuid="GPU-a",
+            role="prefill",
+            numa_node="0",
+            engine=f"{HOST}/pd0-prefill",
+            pair=PAIR,
+        )
+        == 71
+    )
+    # canary: one body to both sides, with the prefill's bootstrap address and a shared room
+    assert rig.value("pdstack_pair_canary_success", pair=PAIR) == 1
+    assert rig.value("pdstack_pair_canary_runs_total", pair=PAIR) == 1
+    assert rig.value("pdstack_pair_canary_failures_total", pair=PAIR) == 0
+    (sent_p,), (sent_d,) = rig.prefill.bodies, rig.decode.bodies
+    assert sent_p == sent_d and sent_p["bootstrap_port"] == 8998
+    assert (
+        sent_p["bootstrap_host"] == "127.0.0.1" and sent_p["sampling_params"]["max_new_tokens"] == 1
+    )
+    # journal: one graph and one eager batch; running 40 and 70; steps 50 ms and 100 ms
+    key = {"engine": DECODE, "pair": PAIR}
+    assert rig.value("pdstack_decode_batches_total", **key, mode="graph") == 1
+    assert rig.value("pdstack_decode_running_requests_bucket", **key, le="48.0") == 1
+    assert rig.value("pdstack_decode_running_requests_count", **key) == 2
+    assert rig.value("pdstack_decode_step_seconds_sum", **key) == pytest.approx(0.15)
+    assert rig.value("pdstack_decode_cuda_graph_max_batch_size", **key) == 64
+
+
+def test_journal_is_followed_as_it_grows(rig: Rig) -> None:
+    key = {"engine": DECODE, "pair": PAIR, "mode": "eager"}
+    rig.scrape_until("pdstack_decode_batches_total", key, 1)
+    with rig.journal.open("a") as f:
+        f.write(DECODE_LINE.format(running=90, graph="False", tput="600.00"))
+    rig.scrape_until("pdstack_decode_batches_total", key, 2)
+
+
+def test_xid_events_are_counted_per_gpu_and_code(tmp_path: Path) -> None:
+    fake = FakeNvml(
+        [FakeGpu("GPU-a"), FakeGpu("GPU-b")],
+        xids=[FakeEvent(1, 79), FakeEvent(1, 79), FakeEvent(0, 13)],
+    )
+    nvml = Nvml(fake, StateLog())
+    assert nvml.init()
+    deadline = time.monotonic() + 5
+    while sum(nvml.xids().values()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    nvml.stop()
+    assert nvml.xids() == {(1, 79): 2, (0, 13): 1}
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [{"nvml": FakeNvml([FakeGpu("GPU-a", pcie_supported=False), FakeGpu("GPU-b", broken=True)])}],
+    indirect=True,
+)
+def test_partial_failure_reports_what_failed_and_serves_the_rest(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.decode.generate_status = 500
+    rig.decode.server_info_status = 503
+    caplog.set_level(logging.WARNING, logger="pdctl.exporter")
+    rig.canary.run_once()
+    assert rig.value("pdstack_up") == 0
+    assert rig.value("pdstack_scrape_success", collector="gpu") == 0
+    assert rig.value("pdstack_scrape_success", collector="decode") == 0
+    assert rig.value("pdstack_scrape_success", collector="topology") == 1
+    # The readable GPU is still served; its unsupported PCIe reading is left out.
+    gpu0 = {
+        "gpu": "0",
+        "uuid": "GPU-a",
+        "role": "prefill",
+        "numa_node": "0",
+        "engine": f"{HOST}/pd0-prefill",
+        "pair": PAIR,
+    }
+    assert rig.value("pdstack_gpu_power_watts", **gpu0) == 342
+    assert rig.value("pdstack_gpu_pcie_throughput_bytes_per_second", **gpu0, direction="tx") is None
+    assert (
+        rig.value(
+            "pdstack_gpu_power_watts",
+            gpu="1",
+            uuid="GPU-b",
+            role="decode",
+            numa_node="1",
+            engine=DECODE,
+            pair=PAIR,
+        )
+        is None
+    )
+    # A failing pair is the canary's finding, not the canary's failure.
+    assert rig.value("pdstack_pair_canary_success", pair=PAIR) == 0
+    assert rig.value("pdstack_pair_canary_failures_total", pair=PAIR) == 1
+    assert rig.value("pdstack_scrape_success", collector="canary") == 1
+    assert rig.value("pdstack_decode_cuda_graph_max_batch_size", engine=DECODE, pair=PAIR) is None
+    assert rig.value("pdstack_scrape_errors_total", collector="gpu") >= 1
+    # One line per failing source, not one per scrape.
+    for _ in range(3):
+        rig.value("pdstack_up")
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("GPU 1" in m for m in messages) == 1
+    assert (
+        sum(m.startswith("canary gpu-node-1/pd0: decode answered HTTP 500") for m in messages) == 1
+    )
+
+
+@pytest.mark.parametrize(
+    "rig", [{"topology": False, "nvml": FakeNvml([], init_error=12)}], indirect=True
+)
+def test_total_failure_keeps_serving(rig: Rig, tmp_path: Path) -> None:
+    assert rig.value("pdstack_up") == 0
+    assert rig.value("pdstack_gpu_up") == 0
+    assert rig.value("pdstack_scrape_success", collector="topology") == 0
+    # No NVML is a state of the host (pdstack_gpu_up), not a failing collector.
+    assert rig.value("pdstack_scrape_success", collector="gpu") == 1
+    rig.canary.run_once()
+    assert rig.value("pdstack_pair_canary_success", pair=PAIR) is None
+    # A malformed file is reported the same way; a later good file is picked up.
+    path = tmp_path / "topology.yaml"
+    path.write_text("version: 1\ninstances: [")
+    assert rig.value("pdstack_scrape_success", collector="topology") == 0
+    path.write_text(dump(topology("http://127.0.0.1:9", "http://127.0.0.1:9")))
+    assert rig.value("pdstack_scrape_success", collector="topology") == 1
+
+
+def test_no_nvml_library_at_all() -> None:
+    nvml = Nvml(None, StateLog())
+    assert not nvml.init()
+
+
+def test_throttle_bits_match_nvml_constants() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    assert THROTTLE_REASONS["hw_slowdown"] == pynvml.nvmlClocksThrottleReasonHwSlowdown
+    assert (
+        THROTTLE_REASONS["hw_thermal_slowdown"] == pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    )
+    assert THROTTLE_REASONS["sw_power_cap"] == pynvml.nvmlClocksThrottleReasonSwPowerCap
+
+
+def test_histogram_buckets_are_cumulative() -> None:
+    h = Histogram((1.0, 8.0))
+    for v in (1, 1, 5, 100):
+        h.observe(v)
+    assert h.cumulative() == [("1.0", 2), ("8.0", 3), ("+Inf", 4)]
+    assert h.total == 107
