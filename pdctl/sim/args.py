@@ -6,29 +6,15 @@ kept and reported once at startup. Values SGLang resolves after parsing (page si
 buckets, max running requests, chunked prefill size, served model name) are resolved in
 `resolve()` with SGLang's rules, using the simulated GPU's memory.
 
-Sim-only knobs (all optional):
-
-| variable                    | default  | meaning                                               |
-|-----------------------------|----------|-------------------------------------------------------|
-| PDSIM_STARTUP_DELAY_S       | 2.0      | weights load + graph capture time (health 503 meanwhile) |
-| PDSIM_STEP_A_MS             | 18.0     | decode step fixed cost `a` (seed production fit)      |
-| PDSIM_STEP_B_MS             | 1.05     | decode step cost per padded request `b`               |
-| PDSIM_EAGER_PENALTY         | 3.0      | step-time factor for batches above the largest graph  |
-| PDSIM_EAGER_OOM             | 0        | 1: an eager batch crashes with "CUDA out of memory"   |
-| PDSIM_PREFILL_MS_PER_TOKEN  | 0.05     | prefill compute per new token                         |
-| PDSIM_PREFILL_BASE_MS       | 5.0      | fixed cost of one prefill batch                       |
-| PDSIM_GPU_MEM_GIB           | 95.6     | simulated GPU memory (RTX PRO 6000: 97887 MiB)        |
-| PDSIM_WEIGHTS_GIB           | 36.5     | weights per GPU                                       |
-| PDSIM_KV_BYTES_PER_TOKEN    | 16281    | KV cache bytes per token per GPU (seed: ~15.9 KB)     |
-| PDSIM_KV_POOL_TOKENS        | derived  | KV pool size; default from the three above and --mem-fraction-static |
-| PDSIM_OUTPUT_TOKENS         | 128      | tokens before the fake model emits EOS when no max is given |
-| PDSIM_SEED                  | --random-seed or 0 | seed of fake text and failure draws         |
-| PDSIM_DEGRADED              | auto     | stale-peer degradation after a lone restart: auto (on for nixl), on, off |
-| PDSIM_DEGRADED_FAIL_RATIO   | 0.5      | share of requests a degraded pair fails               |
-| PDSIM_DEGRADED_MODE         | fail     | fail: transfer error at once; hang: no KV, the waiting timeout fires |
-| PDSIM_TIME_SCALE            | 1.0      | wall seconds per simulated second (0.05 = 20x faster); every duration, |
-|                             |          | SGLang timeout and reported latency is in simulated seconds |
-| PDSIM_SHUTDOWN_TIMEOUT_S    | 30       | SIGTERM: time in-flight requests get before they are aborted |
+Sim-only knobs, all optional (docs/sim.md has the full table): PDSIM_STARTUP_DELAY_S (2),
+PDSIM_STEP_A_MS (18) and PDSIM_STEP_B_MS (1.05) for the decode step `a + b * padded_batch`,
+PDSIM_EAGER_PENALTY (3), PDSIM_EAGER_OOM (0), PDSIM_PREFILL_MS_PER_TOKEN (0.05),
+PDSIM_PREFILL_BASE_MS (5), PDSIM_GPU_MEM_GIB (95.6), PDSIM_WEIGHTS_GIB (36.5),
+PDSIM_KV_BYTES_PER_TOKEN (16281), PDSIM_KV_POOL_TOKENS (derived from the previous three and
+--mem-fraction-static), PDSIM_OUTPUT_TOKENS (128, tokens before EOS when no max is given),
+PDSIM_SEED (--random-seed or 0), PDSIM_DEGRADED (auto = on for nixl | on | off),
+PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
+wall seconds per simulated second) and PDSIM_SHUTDOWN_TIMEOUT_S (30).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
@@ -69,9 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
     p.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
-    p.add_argument(
-        "--disaggregation-mode", choices=["null", "prefill", "decode"], default="null"
-    )
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument(
         "--disaggregation-transfer-backend",
@@ -85,8 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=None)
     p.add_argument(
         "--kv-cache-dtype",
-        choices=["auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4",
-                 "fp4_mx_block16"],
+        choices=[
+            "auto",
+            "fp8_e5m2",
+            "fp8_e4m3",
+            "mxfp8",
+            "bf16",
+            "bfloat16",
+            "nvfp4",
+            "fp4_mx_block16",
+        ],
         default="auto",
     )
     p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
@@ -176,8 +168,9 @@ class Knobs:
             seed=int(_env_float(env, "PDSIM_SEED", random_seed or 0)),
             degraded=_env_choice(env, "PDSIM_DEGRADED", d.degraded, ("auto", "on", "off")),
             degraded_fail_ratio=ratio,
-            degraded_mode=_env_choice(env, "PDSIM_DEGRADED_MODE", d.degraded_mode,
-                                      ("fail", "hang")),
+            degraded_mode=_env_choice(
+                env, "PDSIM_DEGRADED_MODE", d.degraded_mode, ("fail", "hang")
+            ),
             time_scale=scale,
             shutdown_timeout_s=_env_float(env, "PDSIM_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
             bootstrap_timeout_s=_env_float(
@@ -188,13 +181,15 @@ class Knobs:
             ),
             # conn.py clamps: interval >= 2 s, max failures >= 1.
             heartbeat_interval_s=max(
-                _env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
-                           d.heartbeat_interval_s),
+                _env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", d.heartbeat_interval_s),
                 2.0,
             ),
             heartbeat_max_failure=max(
-                int(_env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
-                               d.heartbeat_max_failure)),
+                int(
+                    _env_float(
+                        env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", d.heartbeat_max_failure
+                    )
+                ),
                 1,
             ),
         )
@@ -203,12 +198,7 @@ class Knobs:
 def default_decode_buckets(max_bs: int) -> list[int]:
     """sglang/srt/arg_groups/cuda_graph_hook.py generate_decode_cuda_graph_batch_sizes
     (no speculative decoding, padding enabled)."""
-    bs = (
-        [1, 2, 4, 8, 12]
-        + list(range(16, 257, 8))
-        + list(range(272, 512, 16))
-        + list(range(512, max_bs + 1, 32))
-    )
+    bs = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     bs = [b for b in bs if b <= max_bs]
     if max_bs not in bs:
         bs.append(max_bs)
@@ -297,4 +287,3 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         chunked_prefill_size=args.chunked_prefill_size or chunk_default,
         decode_buckets=buckets,
     )
-

@@ -18,6 +18,7 @@ The handoff is pull-based: the decode asks the prefill for the room's KV.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -102,8 +103,9 @@ class BootstrapServer:
             }
             return web.Response(text="OK", status=200)
         if request.method != "GET":
-            return web.Response(text="Method not allowed", status=405,
-                                content_type="application/json")
+            return web.Response(
+                text="Method not allowed", status=405, content_type="application/json"
+            )
         q = request.query
         keys = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
         if not all(q.get(k) for k in keys):
@@ -135,7 +137,8 @@ class BootstrapServer:
             self.degraded_addrs.add(addr)
             self.log.warning(
                 "Decode %s re-registered with a new session while this prefill kept its old "
-                "metadata: the pair is degraded until both sides restart", addr,
+                "metadata: the pair is degraded until both sides restart",
+                addr,
             )
         self.sessions[addr] = session
         self.session_addr[session] = addr
@@ -153,15 +156,13 @@ class BootstrapServer:
         wait = float(request.query.get("wait", "0"))
         r = self.rooms.get(room)
         if r is None:
-            return web.json_response({"state": FAILED, "reason": "unknown room",
-                                      "start_id": self.start_id})
+            return web.json_response(
+                {"state": FAILED, "reason": "unknown room", "start_id": self.start_id}
+            )
         if r.state == PENDING:
             r.changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(r.changed.wait(), self.clock.wall(wait))
-            except TimeoutError:
-                pass
         if r.state != PENDING:
             self.drop(room)
-        return web.json_response({"state": r.state, "reason": r.reason,
-                                  "start_id": self.start_id})
+        return web.json_response({"state": r.state, "reason": r.reason, "start_id": self.start_id})

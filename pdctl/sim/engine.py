@@ -99,9 +99,11 @@ class Engine:
         """Decode server: wait for KV pool space for the whole request (prealloc queue)."""
         self.prealloc.append(req)
         try:
-            while not self._can_admit(req, req.prompt_tokens + req.max_new_tokens):
+            while not req.done and not self._can_admit(req, req.prompt_tokens + req.max_new_tokens):
                 self._prealloc_changed.clear()
                 await self._prealloc_changed.wait()
+            if req.done:  # cancelled while waiting for space
+                return
             self.pool.try_reserve(req.prompt_tokens + req.max_new_tokens)
             req.reserved = req.prompt_tokens + req.max_new_tokens
             req.admitted = self.clock.now()
@@ -144,7 +146,8 @@ class Engine:
         if req.reserved:
             self.pool.release(req.reserved)
             req.reserved = 0
-            self._prealloc_changed.set()
+        # Space or a running slot may have freed up; a cancelled waiter must leave too.
+        self._prealloc_changed.set()
 
     def complete_prefill(self, req: Req) -> None:
         """Prefill server: the KV reached the decode; answer with the first token."""
@@ -185,6 +188,9 @@ class Engine:
         prefill_only = self.cfg.mode == "prefill"
         while self.waiting:
             req = self.waiting[0]
+            if req.done:
+                self.waiting.popleft()
+                continue
             need = req.prompt_tokens + (0 if prefill_only else req.max_new_tokens)
             if batch and req.prompt_tokens > budget:
                 break
@@ -214,9 +220,12 @@ class Engine:
             if req.done:
                 continue
             if self.metrics and req.log_metrics:
-                self.metrics.sched_observe(self.metrics.queue_time, (req.admitted or now) - req.created)
                 self.metrics.sched_observe(
-                    self.metrics.per_stage_req_latency, now - (req.admitted or now),
+                    self.metrics.queue_time, (req.admitted or now) - req.created
+                )
+                self.metrics.sched_observe(
+                    self.metrics.per_stage_req_latency,
+                    now - (req.admitted or now),
                     stage="prefill_forward",
                 )
             if prefill_server and not req.fake_bootstrap:
@@ -281,7 +290,8 @@ class Engine:
                     queue_req=len(self.waiting),
                     preallocated_usage=(
                         sum(r.reserved for r in self.transfer) / self.pool.size
-                        if decode_server else None
+                        if decode_server
+                        else None
                     ),
                     prealloc_req=len(self.prealloc) if decode_server else None,
                     transfer_req=len(self.transfer) if decode_server else None,
@@ -297,7 +307,10 @@ class Engine:
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f GiB. "
             "GPU 0 has a total capacity of %.2f GiB (eager decode batch of %d requests, "
             "largest CUDA graph %d)",
-            3.94 * n / 33, self.cfg.knobs.gpu_mem_gib, n, self.cfg.decode_buckets[-1],
+            3.94 * n / 33,
+            self.cfg.knobs.gpu_mem_gib,
+            n,
+            self.cfg.decode_buckets[-1],
         )
         logging.shutdown()
         os._exit(1)
@@ -333,12 +346,21 @@ class Engine:
             return
         k = self.cfg.knobs
         self.metrics.set_static(
-            self.pool.size, self.cfg.page_size, self.cfg.context_length,
-            k.weights_gib * GIB / 1e9, self.pool.size * k.kv_bytes_per_token / 1e9,
+            self.pool.size,
+            self.cfg.page_size,
+            self.cfg.context_length,
+            k.weights_gib * GIB / 1e9,
+            self.pool.size * k.kv_bytes_per_token / 1e9,
         )
         self._update_gauges()
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running or self.prealloc or self.transfer
-                    or self.inflight or self.bootstrap_queue)
+        return bool(
+            self.waiting
+            or self.running
+            or self.prealloc
+            or self.transfer
+            or self.inflight
+            or self.bootstrap_queue
+        )

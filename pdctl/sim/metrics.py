@@ -9,9 +9,9 @@ them from a multiprocess registry, which has no `_created` series; neither does 
 
 from __future__ import annotations
 
-import prometheus_client
 from collections.abc import Iterator
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
@@ -20,18 +20,108 @@ prometheus_client.disable_created_metrics()
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (*TTFT_BUCKETS, 600, 1200, 1800, 2400)
 ITL_BUCKETS = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
-    0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1.000,
+    2.000,
+    4.000,
+    6.000,
+    8.000,
 )
 TOKEN_COUNT_BUCKETS = (
-    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
-    12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
-    100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
+    100,
+    300,
+    500,
+    700,
+    1000,
+    1500,
+    2000,
+    3000,
+    4000,
+    5000,
+    6000,
+    7000,
+    8000,
+    9000,
+    10000,
+    12500,
+    15000,
+    17500,
+    20000,
+    22500,
+    25000,
+    27500,
+    30000,
+    35000,
+    40000,
+    60000,
+    80000,
+    100000,
+    200000,
+    300000,
+    400000,
+    600000,
+    800000,
+    1000000,
+    1100000,
 )
 QUEUE_TIME_BUCKETS = (
-    0.000, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30,
-    40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400,
-    1600, 1800, 2000, 2500, 3000,
+    0.000,
+    0.001,
+    0.005,
+    0.010,
+    0.050,
+    0.100,
+    0.200,
+    0.500,
+    1,
+    2,
+    3,
+    4,
+    5,
+    10,
+    15,
+    20,
+    30,
+    40,
+    50,
+    60,
+    70,
+    80,
+    90,
+    100,
+    200,
+    300,
+    400,
+    500,
+    600,
+    700,
+    800,
+    900,
+    1000,
+    1200,
+    1400,
+    1600,
+    1800,
+    2000,
+    2500,
+    3000,
 )
 # exponential_buckets(start=0.001, width=1.62, length=30)
 STAGE_BUCKETS = tuple(0.001 * 1.62**i for i in range(30))
@@ -75,7 +165,9 @@ class SimMetrics:
             return Gauge(f"sglang:{name}", doc, sl, registry=r)
 
         self.num_running_reqs = gauge("num_running_reqs", "The number of running requests.")
-        self.num_queue_reqs = gauge("num_queue_reqs", "The number of requests in the waiting queue.")
+        self.num_queue_reqs = gauge(
+            "num_queue_reqs", "The number of requests in the waiting queue."
+        )
         self.gen_throughput = gauge("gen_throughput", "The generation throughput (token/s).")
         self.cache_hit_rate = gauge("cache_hit_rate", "The prefix cache hit rate.")
         self.token_usage = gauge("token_usage", "The token usage.")
@@ -105,105 +197,161 @@ class SimMetrics:
             "pending_prealloc_token_usage", "Token usage of pending preallocations."
         )
         self.cuda_graph_passes = Counter(
-            "sglang:cuda_graph_passes", "Forward passes by CUDA graph mode.",
-            [*sl, "mode"], registry=r,
+            "sglang:cuda_graph_passes",
+            "Forward passes by CUDA graph mode.",
+            [*sl, "mode"],
+            registry=r,
         )
         self.realtime_tokens = Counter(
             "sglang:realtime_tokens", "Tokens processed, by mode.", [*sl, "mode"], registry=r
         )
         self.num_bootstrap_failed_reqs = Counter(
-            "sglang:num_bootstrap_failed_reqs", "Requests that failed bootstrapping.", sl,
+            "sglang:num_bootstrap_failed_reqs",
+            "Requests that failed bootstrapping.",
+            sl,
             registry=r,
         )
         self.num_transfer_failed_reqs = Counter(
-            "sglang:num_transfer_failed_reqs", "Requests whose KV transfer failed.", sl,
+            "sglang:num_transfer_failed_reqs",
+            "Requests whose KV transfer failed.",
+            sl,
             registry=r,
         )
         self.queue_time = Histogram(
-            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", sl,
-            buckets=QUEUE_TIME_BUCKETS, registry=r,
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            sl,
+            buckets=QUEUE_TIME_BUCKETS,
+            registry=r,
         )
         self.per_stage_req_latency = Histogram(
-            "sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
-            [*sl, "stage"], buckets=STAGE_BUCKETS, registry=r,
+            "sglang:per_stage_req_latency_seconds",
+            "The latency of each stage of requests.",
+            [*sl, "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
         )
         self.kv_transfer_latency_ms = Histogram(
-            "sglang:kv_transfer_latency_ms", "KV transfer latency (ms).", sl,
-            buckets=KV_LATENCY_MS_BUCKETS, registry=r,
+            "sglang:kv_transfer_latency_ms",
+            "KV transfer latency (ms).",
+            sl,
+            buckets=KV_LATENCY_MS_BUCKETS,
+            registry=r,
         )
         self.kv_transfer_speed_gb_s = Histogram(
-            "sglang:kv_transfer_speed_gb_s", "KV transfer speed (GB/s).", sl,
-            buckets=KV_SPEED_BUCKETS, registry=r,
+            "sglang:kv_transfer_speed_gb_s",
+            "KV transfer speed (GB/s).",
+            sl,
+            buckets=KV_SPEED_BUCKETS,
+            registry=r,
         )
         self.kv_transfer_bootstrap_ms = Histogram(
-            "sglang:kv_transfer_bootstrap_ms", "KV transfer bootstrap time (ms).", sl,
-            buckets=KV_BOOTSTRAP_MS_BUCKETS, registry=r,
+            "sglang:kv_transfer_bootstrap_ms",
+            "KV transfer bootstrap time (ms).",
+            sl,
+            buckets=KV_BOOTSTRAP_MS_BUCKETS,
+            registry=r,
         )
         self.kv_transfer_total_mb = Histogram(
-            "sglang:kv_transfer_total_mb", "KV transferred per request (MB).", sl,
-            buckets=KV_TOTAL_MB_BUCKETS, registry=r,
+            "sglang:kv_transfer_total_mb",
+            "KV transferred per request (MB).",
+            sl,
+            buckets=KV_TOTAL_MB_BUCKETS,
+            registry=r,
         )
         # Tokenizer-side families
         self.prompt_tokens = Counter(
-            "sglang:prompt_tokens", "Number of prefill tokens processed.",
-            [*tl, "is_streaming"], registry=r,
+            "sglang:prompt_tokens",
+            "Number of prefill tokens processed.",
+            [*tl, "is_streaming"],
+            registry=r,
         )
         self.generation_tokens = Counter(
-            "sglang:generation_tokens", "Number of generation tokens processed.",
-            [*tl, "is_streaming"], registry=r,
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            [*tl, "is_streaming"],
+            registry=r,
         )
         self.num_requests = Counter(
-            "sglang:num_requests", "Number of requests processed.", [*tl, "is_streaming"],
+            "sglang:num_requests",
+            "Number of requests processed.",
+            [*tl, "is_streaming"],
             registry=r,
         )
         self.num_aborted_requests = Counter(
             "sglang:num_aborted_requests", "Number of requests aborted.", tl, registry=r
         )
         self.cached_tokens = Counter(
-            "sglang:cached_tokens", "Number of cached prompt tokens by source.",
-            [*tl, "cache_source"], registry=r,
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source.",
+            [*tl, "cache_source"],
+            registry=r,
         )
         self.prompt_tokens_histogram = Histogram(
-            "sglang:prompt_tokens_histogram", "Histogram of prompt token length.", tl,
-            buckets=TOKEN_COUNT_BUCKETS, registry=r,
+            "sglang:prompt_tokens_histogram",
+            "Histogram of prompt token length.",
+            tl,
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
         )
         self.generation_tokens_histogram = Histogram(
-            "sglang:generation_tokens_histogram", "Histogram of generation token length.", tl,
-            buckets=TOKEN_COUNT_BUCKETS, registry=r,
+            "sglang:generation_tokens_histogram",
+            "Histogram of generation token length.",
+            tl,
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
         )
         self.time_to_first_token = Histogram(
-            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            [*tl, "is_streaming"], buckets=TTFT_BUCKETS, registry=r,
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            [*tl, "is_streaming"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
         )
         self.inter_token_latency = Histogram(
-            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            tl, buckets=ITL_BUCKETS, registry=r,
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            tl,
+            buckets=ITL_BUCKETS,
+            registry=r,
         )
         self.request_time_per_output_token = Histogram(
-            "sglang:request_time_per_output_token_seconds", "Per-request TPOT in seconds.",
-            [*tl, "is_streaming"], buckets=ITL_BUCKETS, registry=r,
+            "sglang:request_time_per_output_token_seconds",
+            "Per-request TPOT in seconds.",
+            [*tl, "is_streaming"],
+            buckets=ITL_BUCKETS,
+            registry=r,
         )
         self.e2e_request_latency = Histogram(
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds",
-            [*tl, "is_streaming"], buckets=E2E_BUCKETS, registry=r,
+            [*tl, "is_streaming"],
+            buckets=E2E_BUCKETS,
+            registry=r,
         )
         # http_request_metrics.py (no model labels)
         self.http_requests = Counter(
-            "sglang:http_requests", "Total number of HTTP requests by endpoint and method",
-            ["endpoint", "method"], registry=r,
+            "sglang:http_requests",
+            "Total number of HTTP requests by endpoint and method",
+            ["endpoint", "method"],
+            registry=r,
         )
         self.http_responses = Counter(
-            "sglang:http_responses", "Total number of HTTP responses by endpoint and status code",
-            ["endpoint", "status_code", "method"], registry=r,
+            "sglang:http_responses",
+            "Total number of HTTP responses by endpoint and status code",
+            ["endpoint", "status_code", "method"],
+            registry=r,
         )
         self.http_requests_active = Gauge(
-            "sglang:http_requests_active", "Number of currently active HTTP requests",
-            ["endpoint", "method"], registry=r,
+            "sglang:http_requests_active",
+            "Number of currently active HTTP requests",
+            ["endpoint", "method"],
+            registry=r,
         )
 
-    def set_static(self, pool_tokens: int, page_size: int, context_len: int,
-                   weights_gb: float, kv_gb: float) -> None:
+    def set_static(
+        self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float
+    ) -> None:
         self.sched_gauge(self.max_total_num_tokens, pool_tokens)
         self.sched_gauge(self.page_size, page_size)
         self.sched_gauge(self.context_len, context_len)

@@ -19,16 +19,8 @@ import random
 import time
 from dataclasses import dataclass
 
-_VOCAB = (
-    "the of and to in is that for it as with was on be by at this from or an are not "
-    "have which one had but all were when there can more if out so what up said about "
-    "into than them only other new some could time these two may then first any like now "
-    "my such make over our even most after also did many before must through back years "
-    "where much your way well down should because each just those people how too little "
-    "state good very world still own see men work long get here between both life being "
-    "under never day same another know while last might great old year off come since "
-    "against go came right used take three"
-).split()
+# Fake words: consonant + vowel syllables ("ba", "ken", "tor", ...).
+_VOCAB = [c + v for c in "bdfgklmnprstvz" for v in ("a", "e", "i", "o", "u", "an", "en", "or")]
 
 
 def count_tokens(text: str) -> int:

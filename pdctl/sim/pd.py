@@ -53,8 +53,14 @@ class PeerLost(Exception):
 # Prefill side
 # ----------------------------------------------------------------------------------
 class PrefillLeg:
-    def __init__(self, cfg: SimConfig, engine: Engine, boot: BootstrapServer,
-                 metrics: SimMetrics | None, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        engine: Engine,
+        boot: BootstrapServer,
+        metrics: SimMetrics | None,
+        log: logging.Logger,
+    ) -> None:
         self.cfg, self.engine, self.boot, self.metrics, self.log = cfg, engine, boot, metrics, log
 
     def _fail(self, req: Req, phase: str, reason: str) -> None:
@@ -87,6 +93,9 @@ class PrefillLeg:
         if m:
             m.sched_observe(m.per_stage_req_latency, clock.now() - t0, stage="prefill_bootstrap")
             m.sched_observe(m.kv_transfer_bootstrap_ms, (clock.now() - t0) * 1000)
+        if req.done:  # the client went away while the room bootstrapped
+            room.conclude(FAILED, "Aborted by AbortReq.")
+            return
         self.engine.submit_prefill(req)
         await req.prefilled.wait()
         if req.done:  # aborted or cancelled while queued
@@ -109,8 +118,9 @@ class PrefillLeg:
             return
         room.conclude(READY)
         if m:
-            m.sched_observe(m.per_stage_req_latency, clock.now() - t1,
-                            stage="prefill_transfer_kv_cache")
+            m.sched_observe(
+                m.per_stage_req_latency, clock.now() - t1, stage="prefill_transfer_kv_cache"
+            )
             m.sched_observe(m.kv_transfer_latency_ms, max(transfer_s * 1000, 0.0))
             m.sched_observe(m.kv_transfer_speed_gb_s, KV_TRANSFER_GB_S)
             m.sched_observe(m.kv_transfer_total_mb, mb)
@@ -120,8 +130,11 @@ class PrefillLeg:
         clock = self.engine.clock
         remaining = self.cfg.knobs.bootstrap_timeout_s - (clock.now() - t0)
         await clock.sleep(remaining)
-        self._fail(req, "transfer", f"Request {req.room} timed out after "
-                   f"{clock.now() - t0:.1f}s in KVPoll.Transferring")
+        self._fail(
+            req,
+            "transfer",
+            f"Request {req.room} timed out after {clock.now() - t0:.1f}s in KVPoll.Transferring",
+        )
 
 
 # ----------------------------------------------------------------------------------
@@ -138,8 +151,14 @@ class Peer:
 
 
 class DecodeLeg:
-    def __init__(self, cfg: SimConfig, engine: Engine, metrics: SimMetrics | None,
-                 log: logging.Logger, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        engine: Engine,
+        metrics: SimMetrics | None,
+        log: logging.Logger,
+        http: aiohttp.ClientSession,
+    ) -> None:
         self.cfg, self.engine, self.metrics, self.log, self.http = cfg, engine, metrics, log, http
         self.session_id = uuid.uuid4().hex
         self.decode_addr = f"{cfg.args.host}:{cfg.args.port}"
@@ -161,8 +180,10 @@ class DecodeLeg:
         return await self.http.get(url, timeout=aiohttp.ClientTimeout(total=timeout))
 
     async def _fetch_route(self, addr: str) -> dict[str, object] | None:
-        url = (f"http://{addr}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&"
-               f"target_tp_rank=-1&target_pp_rank=-1")
+        url = (
+            f"http://{addr}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&"
+            f"target_tp_rank=-1&target_pp_rank=-1"
+        )
         for attempt in range(ROUTE_TRIES):
             if attempt:
                 await self.engine.clock.sleep(ROUTE_RETRY_S)
@@ -171,12 +192,14 @@ class DecodeLeg:
                     if resp.status == 200:
                         data: dict[str, object] = await resp.json()
                         return data
-                    self.log.error("Failed to get prefill server info: %s, %s",
-                                   resp.status, await resp.text())
+                    self.log.error(
+                        "Failed to get prefill server info: %s, %s", resp.status, await resp.text()
+                    )
             except (aiohttp.ClientError, TimeoutError) as e:
                 self.log.error("Error fetching prefill server info from bootstrap: %s", e)
-        self.log.error("Could not fetch prefill parallel info from %s after %d attempts",
-                       addr, ROUTE_TRIES)
+        self.log.error(
+            "Could not fetch prefill parallel info from %s after %d attempts", addr, ROUTE_TRIES
+        )
         return None
 
     async def _ensure_peer(self, addr: str) -> Peer | str:
@@ -191,13 +214,17 @@ class DecodeLeg:
                 return "Aborted by AbortReq."
             a = self.cfg.args
             if info.get("page_size") != self.cfg.page_size:
-                return (f"Page size mismatch: prefill server has page_size={info.get('page_size')}, "
-                        f"but decode server has page_size={self.cfg.page_size}. "
-                        "Both servers must use the same --page-size value.")
+                return (
+                    f"Page size mismatch: prefill server has page_size={info.get('page_size')}, "
+                    f"but decode server has page_size={self.cfg.page_size}. "
+                    "Both servers must use the same --page-size value."
+                )
             if info.get("kv_cache_dtype") != a.kv_cache_dtype:
-                return (f"KV cache dtype mismatch: prefill server has kv_cache_dtype="
-                        f"{info.get('kv_cache_dtype')}, but decode server has kv_cache_dtype="
-                        f"{a.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype value.")
+                return (
+                    f"KV cache dtype mismatch: prefill server has kv_cache_dtype="
+                    f"{info.get('kv_cache_dtype')}, but decode server has kv_cache_dtype="
+                    f"{a.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype value."
+                )
             try:
                 async with self.http.put(
                     f"http://{addr}/pdsim/register",
@@ -217,7 +244,8 @@ class DecodeLeg:
         if seen != start_id and self.cfg.degraded_enabled:
             self.log.warning(
                 "Prefill %s restarted while this decode kept its old metadata: the pair "
-                "is degraded until both sides restart", addr,
+                "is degraded until both sides restart",
+                addr,
             )
             return True
         return False
@@ -242,7 +270,9 @@ class DecodeLeg:
                 peer.lost.set()
                 self.log.error(
                     "Lost connection with prefill instance (bootstrap_addr: %s), "
-                    "%d requests affected", peer.addr, len(peer.rooms),
+                    "%d requests affected",
+                    peer.addr,
+                    len(peer.rooms),
                 )
                 return
 
@@ -270,7 +300,9 @@ class DecodeLeg:
             return
         if state == READY:
             if m:
-                m.sched_observe(m.per_stage_req_latency, clock.now() - t0, stage="decode_transferred")
+                m.sched_observe(
+                    m.per_stage_req_latency, clock.now() - t0, stage="decode_transferred"
+                )
             self.engine.start_decoding(req)
             return
         if m:
@@ -286,14 +318,16 @@ class DecodeLeg:
             if start_id != peer.start_id and self._stale(peer.addr, start_id):
                 peer.degraded = True
             if m:
-                m.sched_observe(m.per_stage_req_latency, clock.now() - t0,
-                                stage="decode_bootstrap")
+                m.sched_observe(m.per_stage_req_latency, clock.now() - t0, stage="decode_bootstrap")
         t1 = clock.now()
         # A room the prefill never saw, or a degraded pair's hang: only the heartbeat or
         # the waiting timeout ends the wait.
         hang = start_id is None
-        if not hang and peer.degraded and degraded_draw(k.seed, req.room or 0,
-                                                        k.degraded_fail_ratio):
+        if (
+            not hang
+            and peer.degraded
+            and degraded_draw(k.seed, req.room or 0, k.degraded_fail_ratio)
+        ):
             if k.degraded_mode == "fail":
                 return FAILED, "Failed to receive KV: stale prefill metadata (peer restarted alone)"
             hang = True
@@ -307,8 +341,9 @@ class DecodeLeg:
                 return lost
             if result is not None and result[0] != PENDING:
                 if m:
-                    m.sched_observe(m.per_stage_req_latency, clock.now() - t1,
-                                    stage="decode_waiting")
+                    m.sched_observe(
+                        m.per_stage_req_latency, clock.now() - t1, stage="decode_waiting"
+                    )
                 return result
             if result is None:
                 await clock.sleep(0.1)  # bootstrap server unreachable; the heartbeat decides
@@ -328,7 +363,10 @@ class DecodeLeg:
 
     def _waiting_timeout(self, req: Req, t1: float) -> tuple[str, str]:
         elapsed = self.engine.clock.now() - t1
-        return FAILED, f"Request {req.room} timed out after {elapsed:.1f}s in KVPoll.WaitingForInput"
+        return (
+            FAILED,
+            f"Request {req.room} timed out after {elapsed:.1f}s in KVPoll.WaitingForInput",
+        )
 
     async def _wait_lost_or(self, peer: Peer, aw: Awaitable[Any]) -> tuple[str, str] | None:
         """Await `aw` unless the heartbeat declares the peer lost first; a tuple result."""

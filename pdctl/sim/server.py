@@ -55,15 +55,24 @@ def _json(body: Any, status: int = 200, dumps: Callable[[Any], str] = _dumps) ->
     return web.json_response(body, status=status, dumps=dumps)
 
 
-def openai_error(message: str, status: int = 400, err_type: str = "BadRequestError") -> web.Response:
+def openai_error(
+    message: str, status: int = 400, err_type: str = "BadRequestError"
+) -> web.Response:
     body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
     return _json(body, status)
 
 
 def json_decode_error(e: json.JSONDecodeError) -> web.Response:
     """FastAPI's RequestValidationError for a body that is not JSON, as SGLang reshapes it."""
-    errors = [{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-               "input": {}, "ctx": {"error": e.msg}}]
+    errors = [
+        {
+            "type": "json_invalid",
+            "loc": ("body", e.pos),
+            "msg": "JSON decode error",
+            "input": {},
+            "ctx": {"error": e.msg},
+        }
+    ]
     return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
 
 
@@ -93,8 +102,10 @@ def _first(v: Any) -> Any:
 def _pd_fields(body: dict[str, Any]) -> tuple[str | None, int | None, int | None]:
     port = _first(body.get("bootstrap_port"))
     room = _first(body.get("bootstrap_room"))
-    return _first(body.get("bootstrap_host")), (int(port) if port is not None else None), (
-        int(room) if room is not None else None
+    return (
+        _first(body.get("bootstrap_host")),
+        (int(port) if port is not None else None),
+        (int(room) if room is not None else None),
     )
 
 
@@ -109,7 +120,8 @@ class SimServer:
         self.status = "starting"
         self.boot = (
             BootstrapServer(self.engine.clock, log, cfg.degraded_enabled)
-            if cfg.mode == "prefill" else None
+            if cfg.mode == "prefill"
+            else None
         )
         self.prefill_leg = (
             PrefillLeg(cfg, self.engine, self.boot, self.metrics, log) if self.boot else None
@@ -161,8 +173,10 @@ class SimServer:
         self.log.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "
             "max_running_requests=%d, context_len=%d",
-            self.cfg.kv_pool_tokens, self.cfg.chunked_prefill_size,
-            self.cfg.max_running_requests, self.cfg.context_length,
+            self.cfg.kv_pool_tokens,
+            self.cfg.chunked_prefill_size,
+            self.cfg.max_running_requests,
+            self.cfg.context_length,
         )
         self.status = "up"
         self.log.info("The server is fired up and ready to roll!")
@@ -170,11 +184,21 @@ class SimServer:
     async def _register_prefill_rank(self) -> None:
         a = self.cfg.args
         payload = {
-            "attn_tp_size": a.tp_size, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
-            "attn_dp_size": a.dp_size, "attn_dp_rank": 0, "pp_size": a.pp_size, "pp_rank": 0,
-            "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": a.host,
-            "rank_port": a.disaggregation_bootstrap_port, "page_size": self.cfg.page_size,
-            "kv_cache_dtype": a.kv_cache_dtype, "prefill_http_port": a.port,
+            "attn_tp_size": a.tp_size,
+            "attn_tp_rank": 0,
+            "attn_cp_size": 1,
+            "attn_cp_rank": 0,
+            "attn_dp_size": a.dp_size,
+            "attn_dp_rank": 0,
+            "pp_size": a.pp_size,
+            "pp_rank": 0,
+            "system_dp_size": 1,
+            "system_dp_rank": 0,
+            "rank_ip": a.host,
+            "rank_port": a.disaggregation_bootstrap_port,
+            "page_size": self.cfg.page_size,
+            "kv_cache_dtype": a.kv_cache_dtype,
+            "prefill_http_port": a.port,
         }
         assert self.http is not None
         url = f"http://{a.host}:{a.disaggregation_bootstrap_port}/route"
@@ -217,24 +241,40 @@ class SimServer:
             raise
         finally:
             active.dec()
-            m.http_responses.labels(endpoint=endpoint, status_code=str(status),
-                                    method=request.method).inc()
+            m.http_responses.labels(
+                endpoint=endpoint, status_code=str(status), method=request.method
+            ).inc()
 
     # ----- info endpoints ------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         if self.status != "up":
             return web.Response(status=503)
         # A 1-token generate with a fake bootstrap host: the peer is never contacted.
-        req = self._new_req(Parsed(1, 1, False, f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                                   FAKE_BOOTSTRAP_HOST, None, 0, False, ""), log_metrics=False)
+        req = self._new_req(
+            Parsed(
+                1,
+                1,
+                False,
+                f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                FAKE_BOOTSTRAP_HOST,
+                None,
+                0,
+                False,
+                "",
+            ),
+            log_metrics=False,
+        )
         req.fake_bootstrap = True
         self._dispatch(req, health=True)
         try:
             await asyncio.wait_for(req.out.get(), self.engine.clock.wall(HEALTH_CHECK_TIMEOUT_S))
         except TimeoutError:
             self.engine.cancel(req)
-            self.log.error("Health check failed. Server couldn't get a response from "
-                           "detokenizer for last %s seconds.", HEALTH_CHECK_TIMEOUT_S)
+            self.log.error(
+                "Health check failed. Server couldn't get a response from "
+                "detokenizer for last %s seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
             return web.Response(status=503)
         self.engine.cancel(req)
         return web.Response(status=200)
@@ -254,41 +294,57 @@ class SimServer:
         a.update(
             max_total_num_tokens=self.cfg.kv_pool_tokens,
             startup_time=self.started_at,
-            internal_states=[{
-                "last_gen_throughput": e.last_gen_throughput,
-                "num_running_reqs": len(e.running),
-                "num_queue_reqs": len(e.waiting),
-                "token_usage": round(e.pool.usage, 2),
-            }],
+            internal_states=[
+                {
+                    "last_gen_throughput": e.last_gen_throughput,
+                    "num_running_reqs": len(e.running),
+                    "num_queue_reqs": len(e.waiting),
+                    "token_usage": round(e.pool.usage, 2),
+                }
+            ],
             version=__version__,
             pdsim={"knobs": vars(self.cfg.knobs), "unknown_args": self.cfg.unknown},
         )
         return _json(a, dumps=lambda o: json.dumps(o, default=str, separators=(",", ":")))
 
     async def model_info(self, _: web.Request) -> web.Response:
-        return _json({
-            "model_path": self.cfg.args.model_path,
-            "served_model_name": self.cfg.served_model_name,
-            "tokenizer_path": self.cfg.args.tokenizer_path or self.cfg.args.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "load_format": self.cfg.args.load_format,
-            "reasoning_parser": None,
-            "tool_call_parser": None,
-            "disaggregation_mode": self.cfg.mode,
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "pdsim",
-            "architectures": ["PdSimForCausalLM"],
-        })
+        return _json(
+            {
+                "model_path": self.cfg.args.model_path,
+                "served_model_name": self.cfg.served_model_name,
+                "tokenizer_path": self.cfg.args.tokenizer_path or self.cfg.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": self.cfg.args.load_format,
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": self.cfg.mode,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "pdsim",
+                "architectures": ["PdSimForCausalLM"],
+            }
+        )
 
     async def models(self, _: web.Request) -> web.Response:
         name = self.cfg.served_model_name
-        return _json({"object": "list", "data": [{
-            "id": name, "object": "model", "created": int(self.started_at), "owned_by": "sglang",
-            "root": name, "parent": None, "max_model_len": self.cfg.context_length,
-        }]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(self.started_at),
+                        "owned_by": "sglang",
+                        "root": name,
+                        "parent": None,
+                        "max_model_len": self.cfg.context_length,
+                    }
+                ],
+            }
+        )
 
     async def flush_cache(self, _: web.Request) -> web.Response:
         if self.engine.busy:
@@ -301,15 +357,18 @@ class SimServer:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(self.metrics.exposed),
-                            headers={"Content-Type": content_type})
+        return web.Response(
+            body=encoder(self.metrics.exposed), headers={"Content-Type": content_type}
+        )
 
     # ----- generation plumbing -------------------------------------------------------
     def _new_req(self, p: Parsed, log_metrics: bool = True) -> Req:
         eos_limited = p.max_new_tokens is None and not p.ignore_eos
         budget = self.cfg.context_length - p.prompt_tokens
-        max_new = p.max_new_tokens if p.max_new_tokens is not None else min(
-            self.cfg.knobs.output_tokens if eos_limited else budget, budget
+        max_new = (
+            p.max_new_tokens
+            if p.max_new_tokens is not None
+            else min(self.cfg.knobs.output_tokens if eos_limited else budget, budget)
         )
         return Req(
             rid=p.rid,
@@ -327,8 +386,10 @@ class SimServer:
         """tokenizer_manager._validate_one_request."""
         ctx = self.cfg.context_length
         if p.prompt_tokens >= ctx:
-            raise BadRequest(f"The input ({p.prompt_tokens} tokens) is longer than the model's "
-                             f"context length ({ctx} tokens).")
+            raise BadRequest(
+                f"The input ({p.prompt_tokens} tokens) is longer than the model's "
+                f"context length ({ctx} tokens)."
+            )
         if p.max_new_tokens is not None and p.max_new_tokens + p.prompt_tokens > ctx:
             raise BadRequest(
                 "Requested token count exceeds the model's maximum context length of "
@@ -347,8 +408,10 @@ class SimServer:
         elif mode == "null" or health:
             self.engine.submit_prefill(req)
         elif req.room is None and self.cfg.args.disaggregation_transfer_backend != "fake":
-            message = ("Invalid request: Disaggregated request received without bootstrap "
-                       f"room id. req.rid={req.rid!r}")
+            message = (
+                "Invalid request: Disaggregated request received without bootstrap "
+                f"room id. req.rid={req.rid!r}"
+            )
             self.log.error(message)
             self.engine.abort(req, message, HTTPStatus.BAD_REQUEST)
         elif mode == "prefill":
@@ -395,12 +458,15 @@ class SimServer:
         m.tok_observe(m.generation_tokens_histogram, req.generated)
         m.tok_observe(m.e2e_request_latency, now - req.created, is_streaming=stream)
         if req.first_token_at is not None:
-            m.tok_observe(m.time_to_first_token, req.first_token_at - req.created,
-                          is_streaming=stream)
+            m.tok_observe(
+                m.time_to_first_token, req.first_token_at - req.created, is_streaming=stream
+            )
             if req.generated > 1 and req.last_token_at is not None:
-                m.tok_observe(m.request_time_per_output_token,
-                              (req.last_token_at - req.first_token_at) / (req.generated - 1),
-                              is_streaming=stream)
+                m.tok_observe(
+                    m.request_time_per_output_token,
+                    (req.last_token_at - req.first_token_at) / (req.generated - 1),
+                    is_streaming=stream,
+                )
 
     async def _read_json(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -409,15 +475,21 @@ class SimServer:
     def _meta(self, req: Req, finish: Event | None) -> dict[str, Any]:
         reason: dict[str, Any] | None = None
         if isinstance(finish, Finish):
-            reason = ({"type": "length", "length": req.generated} if finish.reason == "length"
-                      else {"type": "stop", "matched": 2})
+            reason = (
+                {"type": "length", "length": req.generated}
+                if finish.reason == "length"
+                else {"type": "stop", "matched": 2}
+            )
         elif isinstance(finish, Abort):
-            reason = {"type": "abort", "message": finish.message,
-                      "status_code": int(finish.status)}
+            reason = {"type": "abort", "message": finish.message, "status_code": int(finish.status)}
         return {
-            "id": req.rid, "finish_reason": reason, "prompt_tokens": req.prompt_tokens,
-            "weight_version": "default", "completion_tokens": req.generated,
-            "cached_tokens": 0, "e2e_latency": self.engine.clock.now() - req.created,
+            "id": req.rid,
+            "finish_reason": reason,
+            "prompt_tokens": req.prompt_tokens,
+            "weight_version": "default",
+            "completion_tokens": req.generated,
+            "cached_tokens": 0,
+            "e2e_latency": self.engine.clock.now() - req.created,
         }
 
     # ----- /generate -----------------------------------------------------------------
@@ -436,17 +508,26 @@ class SimServer:
         ids = body.get("input_ids")
         if text is None and ids is None:
             return _json(
-                {"error": {"message": "Either text, input_ids or input_embeds should be provided."}},
+                {
+                    "error": {
+                        "message": "Either text, input_ids or input_embeds should be provided."
+                    }
+                },
                 status=400,
             )
         host, port, room = _pd_fields(body)
         p = Parsed(
-            prompt_tokens=count_tokens(str(text)) if text is not None else len(_first([ids]) or [1]),
+            prompt_tokens=count_tokens(str(text))
+            if text is not None
+            else len(_first([ids]) or [1]),
             max_new_tokens=int(sp.get("max_new_tokens", 128)),
             stream=bool(body.get("stream", False)),
             rid=str(_first(body.get("rid")) or uuid.uuid4().hex),
-            bootstrap_host=host, bootstrap_port=port, bootstrap_room=room,
-            include_usage=False, model=self.cfg.served_model_name,
+            bootstrap_host=host,
+            bootstrap_port=port,
+            bootstrap_room=room,
+            include_usage=False,
+            model=self.cfg.served_model_name,
             ignore_eos=bool(sp.get("ignore_eos", False)),
         )
         try:
@@ -493,22 +574,28 @@ class SimServer:
         return resp
 
     # ----- OpenAI routes -------------------------------------------------------------
-    async def _openai_body(self, request: web.Request, required: str) -> dict[str, Any] | web.Response:
+    async def _openai_body(
+        self, request: web.Request, required: str
+    ) -> dict[str, Any] | web.Response:
         try:
             body = await self._read_json(request)
         except json.JSONDecodeError as e:
             return json_decode_error(e)
         if not isinstance(body, dict):
-            errors = [{"type": "model_attributes_type", "loc": ("body",),
-                       "msg": "Input should be a valid dictionary or object to extract fields from",
-                       "input": body}]
+            errors = [
+                {
+                    "type": "model_attributes_type",
+                    "loc": ("body",),
+                    "msg": "Input should be a valid dictionary or object to extract fields from",
+                    "input": body,
+                }
+            ]
             return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
         if required not in body:
             return missing_field_error(required, body)
         return body
 
-    def _openai_parsed(self, body: dict[str, Any], prompt_tokens: int,
-                       max_tokens: Any) -> Parsed:
+    def _openai_parsed(self, body: dict[str, Any], prompt_tokens: int, max_tokens: Any) -> Parsed:
         host, port, room = _pd_fields(body)
         opts = body.get("stream_options") or {}
         return Parsed(
@@ -516,7 +603,9 @@ class SimServer:
             max_new_tokens=int(max_tokens) if max_tokens is not None else None,
             stream=bool(body.get("stream", False)),
             rid=str(body.get("rid") or uuid.uuid4().hex),
-            bootstrap_host=host, bootstrap_port=port, bootstrap_room=room,
+            bootstrap_host=host,
+            bootstrap_port=port,
+            bootstrap_room=room,
             include_usage=bool(opts.get("include_usage", False)),
             model=str(body.get("model") or self.cfg.served_model_name),
             ignore_eos=bool(body.get("ignore_eos", False)),
@@ -537,18 +626,28 @@ class SimServer:
             return body
         messages = body["messages"]
         if not isinstance(messages, list):
-            errors = [{"type": "list_type", "loc": ("body", "messages"),
-                       "msg": "Input should be a valid list", "input": messages}]
+            errors = [
+                {
+                    "type": "list_type",
+                    "loc": ("body", "messages"),
+                    "msg": "Input should be a valid list",
+                    "input": messages,
+                }
+            ]
             return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
         # Chat template stand-in: "<role>: <content>\n" per message.
-        prompt = "".join(f"{m.get('role', '')}: {m.get('content', '')}\n"
-                         for m in messages if isinstance(m, dict))
+        prompt = "".join(
+            f"{m.get('role', '')}: {m.get('content', '')}\n"
+            for m in messages
+            if isinstance(m, dict)
+        )
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         p = self._openai_parsed(body, count_tokens(prompt), max_tokens)
         return await self._openai_run(request, p, "chat.completion", "chatcmpl")
 
-    async def _openai_run(self, request: web.Request, p: Parsed, obj: str,
-                          prefix: str) -> web.StreamResponse:
+    async def _openai_run(
+        self, request: web.Request, p: Parsed, obj: str, prefix: str
+    ) -> web.StreamResponse:
         try:
             req = await self._start(p)
         except BadRequest as e:
@@ -567,17 +666,31 @@ class SimServer:
                         return openai_error(out.message)
                     return openai_error(out.message, int(out.status), str(int(out.status)))
                 else:
-                    choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                              "finish_reason": out.reason, "matched_stop": None}
+                    choice: dict[str, Any] = {
+                        "index": 0,
+                        "logprobs": None,
+                        "finish_reason": out.reason,
+                        "matched_stop": None,
+                    }
                     if chat:
-                        choice["message"] = {"role": "assistant", "content": text,
-                                             "reasoning_content": None, "tool_calls": None}
+                        choice["message"] = {
+                            "role": "assistant",
+                            "content": text,
+                            "reasoning_content": None,
+                            "tool_calls": None,
+                        }
                     else:
                         choice["text"] = text
-                    return _json({
-                        "id": rid, "object": obj, "created": created, "model": p.model,
-                        "choices": [choice], "usage": self._usage(req),
-                    })
+                    return _json(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": p.model,
+                            "choices": [choice],
+                            "usage": self._usage(req),
+                        }
+                    )
         # Wait for the first event before answering 200, as serving_chat does.
         first = await anext(events)
         resp = await self._sse(request)
@@ -586,8 +699,12 @@ class SimServer:
 
         async def send(delta_text: str | None, finish: str | None) -> None:
             nonlocal role_sent
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
-                                      "matched_stop": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": None,
+            }
             if chat:
                 delta: dict[str, Any] = {}
                 if not role_sent:
@@ -598,15 +715,26 @@ class SimServer:
                 choice["delta"] = delta
             else:
                 choice["text"] = delta_text or ""
-            chunk = {"id": rid, "object": chunk_obj, "created": created, "model": p.model,
-                     "choices": [choice], "usage": None}
+            chunk = {
+                "id": rid,
+                "object": chunk_obj,
+                "created": created,
+                "model": p.model,
+                "choices": [choice],
+                "usage": None,
+            }
             await resp.write(f"data: {_dumps(chunk)}\n\n".encode())
 
         ev: Event | None = first
         while ev is not None:
             if isinstance(ev, Abort):
-                err = {"object": "error", "message": ev.message, "type": ev.status.name,
-                       "param": None, "code": int(ev.status)}
+                err = {
+                    "object": "error",
+                    "message": ev.message,
+                    "type": ev.status.name,
+                    "param": None,
+                    "code": int(ev.status),
+                }
                 await resp.write(f"data: {_dumps(err)}\n\n".encode())
                 break
             if isinstance(ev, Token):
@@ -617,8 +745,14 @@ class SimServer:
                 assert isinstance(ev, Finish)
                 await send(None if chat else "", ev.reason)
                 if p.include_usage:
-                    chunk = {"id": rid, "object": chunk_obj, "created": created,
-                             "model": p.model, "choices": [], "usage": self._usage(req)}
+                    chunk = {
+                        "id": rid,
+                        "object": chunk_obj,
+                        "created": created,
+                        "model": p.model,
+                        "choices": [],
+                        "usage": self._usage(req),
+                    }
                     await resp.write(f"data: {_dumps(chunk)}\n\n".encode())
                 break
             ev = await anext(events, None)
@@ -628,10 +762,13 @@ class SimServer:
 
     @staticmethod
     def _usage(req: Req) -> dict[str, Any]:
-        return {"prompt_tokens": req.prompt_tokens,
-                "total_tokens": req.prompt_tokens + req.generated,
-                "completion_tokens": req.generated, "prompt_tokens_details": None,
-                "reasoning_tokens": 0}
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "total_tokens": req.prompt_tokens + req.generated,
+            "completion_tokens": req.generated,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
 
 
 @dataclass

@@ -58,7 +58,9 @@ def stop_pid(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         proc.wait(timeout=5)
 
 
-def _spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: Sequence[str], log_path: Path, env: dict[str, str] | None
+) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -74,19 +76,43 @@ class SimProc:
     proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def create(cls, mode: str, log_dir: Path, env: dict[str, str], *,
-               backend: str = "nixl", extra: Sequence[str] = (), port: int | None = None,
-               bootstrap_port: int | None = None) -> SimProc:
+    def create(
+        cls,
+        mode: str,
+        log_dir: Path,
+        env: dict[str, str],
+        *,
+        backend: str = "nixl",
+        extra: Sequence[str] = (),
+        port: int | None = None,
+        bootstrap_port: int | None = None,
+    ) -> SimProc:
         port = port or free_port()
         bootstrap_port = bootstrap_port or free_port()
         argv = [
-            sys.executable, "-m", "pdctl.sim", "--model-path", "/models/sim",
-            "--served-model-name", "sim", "--host", "127.0.0.1", "--port", str(port),
-            "--disaggregation-mode", mode, "--disaggregation-bootstrap-port", str(bootstrap_port),
-            "--disaggregation-transfer-backend", backend, "--enable-metrics", *extra,
+            sys.executable,
+            "-m",
+            "pdctl.sim",
+            "--model-path",
+            "/models/sim",
+            "--served-model-name",
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disaggregation-mode",
+            mode,
+            "--disaggregation-bootstrap-port",
+            str(bootstrap_port),
+            "--disaggregation-transfer-backend",
+            backend,
+            "--enable-metrics",
+            *extra,
         ]
-        return cls(mode, port, bootstrap_port, log_dir / f"{mode}-{port}.log", argv,
-                   {**os.environ, **env})
+        return cls(
+            mode, port, bootstrap_port, log_dir / f"{mode}-{port}.log", argv, {**os.environ, **env}
+        )
 
     @property
     def url(self) -> str:
@@ -97,8 +123,11 @@ class SimProc:
         return self
 
     def wait_healthy(self, timeout: float = 30.0) -> SimProc:
-        wait_until(lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
-                   timeout, f"{self.mode} engine on :{self.port}")
+        wait_until(
+            lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
+            timeout,
+            f"{self.mode} engine on :{self.port}",
+        )
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
@@ -131,8 +160,11 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 60.0) -> Gateway:
-        wait_until(lambda: requests.get(f"{self.url}/readiness", timeout=2).status_code == 200,
-                   timeout, "gateway readiness")
+        wait_until(
+            lambda: requests.get(f"{self.url}/readiness", timeout=2).status_code == 200,
+            timeout,
+            "gateway readiness",
+        )
         return self
 
     def stop(self) -> None:
@@ -146,16 +178,36 @@ def smg_binary() -> str | None:
     return shutil.which("smg")
 
 
-def start_gateway(binary: str, prefills: Sequence[SimProc], decodes: Sequence[SimProc],
-                  log_dir: Path, *extra: str) -> Gateway:
+def start_gateway(
+    binary: str, prefills: Sequence[SimProc], decodes: Sequence[SimProc], log_dir: Path, *extra: str
+) -> Gateway:
     """`smg launch --pd-disaggregation` with fast worker discovery and health checks."""
     port, metrics_port = free_port(), free_port()
-    argv = [binary, "launch", "--pd-disaggregation", "--host", "127.0.0.1",
-            "--port", str(port), "--prometheus-port", str(metrics_port),
-            "--prometheus-host", "127.0.0.1", "--worker-startup-check-interval", "1",
-            "--health-check-interval-secs", "1", "--health-success-threshold", "1",
-            "--health-failure-threshold", "1", "--shutdown-grace-period-secs", "1",
-            "--log-level", "warn"]
+    argv = [
+        binary,
+        "launch",
+        "--pd-disaggregation",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(metrics_port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--worker-startup-check-interval",
+        "1",
+        "--health-check-interval-secs",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--shutdown-grace-period-secs",
+        "1",
+        "--log-level",
+        "warn",
+    ]
     for p in prefills:
         argv += ["--prefill", p.url, str(p.bootstrap_port)]
     for d in decodes:
@@ -176,12 +228,25 @@ class PDStack:
 
 
 @contextlib.asynccontextmanager
-async def in_process(mode: str, env: Mapping[str, str], *extra: str,
-                     bootstrap_port: int | None = None) -> AsyncIterator[SimServer]:
+async def in_process(
+    mode: str, env: Mapping[str, str], *extra: str, bootstrap_port: int | None = None
+) -> AsyncIterator[SimServer]:
     """An engine inside the current event loop on a free port, once it is up."""
-    argv = ["--model-path", "/models/sim", "--served-model-name", "sim", "--host", "127.0.0.1",
-            "--port", str(free_port()), "--disaggregation-mode", mode,
-            "--disaggregation-bootstrap-port", str(bootstrap_port or free_port()), *extra]
+    argv = [
+        "--model-path",
+        "/models/sim",
+        "--served-model-name",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--disaggregation-mode",
+        mode,
+        "--disaggregation-bootstrap-port",
+        str(bootstrap_port or free_port()),
+        *extra,
+    ]
     cfg = resolve(argv, env)
     async with running(cfg, configure(cfg.args.log_level, "")) as server:
         while server.status != "up":

@@ -4,7 +4,8 @@ Run with a Python that has sglang (installed with --no-deps), torch (CPU) and
 prometheus-client; the heavy model-config imports are stubbed out because only the
 metric constructors are needed:
 
-    /path/to/sgvenv/bin/python tests/data/extract_sglang_metrics.py > tests/data/sglang_0.5.23_metrics.txt
+    SGVENV/bin/python tests/data/extract_sglang_metrics.py \
+        > tests/data/sglang_0.5.23_metrics.txt
 
 It instantiates the collectors SGLang creates when --enable-metrics is on (scheduler for
 each disaggregation mode, tokenizer, HTTP request metrics, func timer, CPU monitor,
@@ -145,7 +146,7 @@ def main() -> None:
     print("# Extracted by tests/data/extract_sglang_metrics.py from:")
     for src in SOURCES:
         print(f"#   {src}")
-    print("# Scheduler labels: model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+dp_rank");
+    print("# Scheduler labels: model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+dp_rank")
     print("# with --dp-size > 1); tokenizer labels: model_name, engine_type.")
     print("# A family appears on /metrics only once a labelled child has been written.")
     print("# columns: name type labels(comma-separated, sorted) histogram-buckets(or -)")

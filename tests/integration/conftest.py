@@ -36,11 +36,25 @@ FAST_SIM_ENV = {
 def sim_factory(tmp_path: Path) -> Iterator[Callable[..., SimProc]]:
     started: list[SimProc] = []
 
-    def make(mode: str = "null", *, backend: str = "nixl", extra: tuple[str, ...] = (),
-             env: dict[str, str] | None = None, port: int | None = None,
-             bootstrap_port: int | None = None, start: bool = True) -> SimProc:
-        sim = SimProc.create(mode, tmp_path, {**FAST_SIM_ENV, **(env or {})}, backend=backend,
-                             extra=extra, port=port, bootstrap_port=bootstrap_port)
+    def make(
+        mode: str = "null",
+        *,
+        backend: str = "nixl",
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        bootstrap_port: int | None = None,
+        start: bool = True,
+    ) -> SimProc:
+        sim = SimProc.create(
+            mode,
+            tmp_path,
+            {**FAST_SIM_ENV, **(env or {})},
+            backend=backend,
+            extra=extra,
+            port=port,
+            bootstrap_port=bootstrap_port,
+        )
         started.append(sim)
         return sim.start() if start else sim
 
@@ -71,8 +85,9 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
 
 
 @pytest.fixture
-def pd_stack(sim_factory: Callable[..., SimProc],
-             gateway_factory: Callable[..., Gateway]) -> PDStack:
+def pd_stack(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
+) -> PDStack:
     prefill = sim_factory("prefill")
     decode = sim_factory("decode")
     prefill.wait_healthy()

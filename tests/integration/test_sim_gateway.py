@@ -28,28 +28,33 @@ def sse_events(resp: requests.Response) -> list[Any]:
     out: list[Any] = []
     for line in resp.iter_lines(decode_unicode=True):
         if line and line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
 
 
 def chat(url: str, **body: Any) -> requests.Response:
     body = {"model": "sim", "messages": [{"role": "user", "content": "hello there"}], **body}
-    return requests.post(f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT,
-                         stream=bool(body.get("stream")))
+    return requests.post(
+        f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT, stream=bool(body.get("stream"))
+    )
 
 
 def completion_statuses(url: str, n: int) -> list[int]:
     return [
-        requests.post(f"{url}/v1/completions", json={"model": "sim", "prompt": "hi",
-                                                     "max_tokens": 4}, timeout=TIMEOUT).status_code
+        requests.post(
+            f"{url}/v1/completions",
+            json={"model": "sim", "prompt": "hi", "max_tokens": 4},
+            timeout=TIMEOUT,
+        ).status_code
         for _ in range(n)
     ]
 
 
 def test_streamed_chat_and_completions_flow_through_gateway(pd_stack: PDStack) -> None:
-    events = sse_events(chat(pd_stack.url, max_tokens=6, stream=True,
-                             stream_options={"include_usage": True}))
+    events = sse_events(
+        chat(pd_stack.url, max_tokens=6, stream=True, stream_options={"include_usage": True})
+    )
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -60,9 +65,12 @@ def test_streamed_chat_and_completions_flow_through_gateway(pd_stack: PDStack) -
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["completion_tokens"] == 6
 
-    resp = requests.post(f"{pd_stack.url}/v1/completions", timeout=TIMEOUT, stream=True,
-                         json={"model": "sim", "prompt": "once upon", "max_tokens": 5,
-                               "stream": True})
+    resp = requests.post(
+        f"{pd_stack.url}/v1/completions",
+        timeout=TIMEOUT,
+        stream=True,
+        json={"model": "sim", "prompt": "once upon", "max_tokens": 5, "stream": True},
+    )
     events = sse_events(resp)
     assert events[-1] == "[DONE]"
     assert events[-2]["choices"][0]["finish_reason"] == "length"
@@ -71,8 +79,11 @@ def test_streamed_chat_and_completions_flow_through_gateway(pd_stack: PDStack) -
     body = chat(pd_stack.url, max_tokens=3).json()
     assert body["object"] == "chat.completion"
     assert body["usage"]["completion_tokens"] == 3
-    gen = requests.post(f"{pd_stack.url}/generate", timeout=TIMEOUT,
-                        json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}).json()
+    gen = requests.post(
+        f"{pd_stack.url}/generate",
+        timeout=TIMEOUT,
+        json={"text": "hi", "sampling_params": {"max_new_tokens": 4}},
+    ).json()
     assert gen["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
     # Both legs ran: the prefill logged a prefill batch with the PD fields.
     assert "#bootstrap-req: " in pd_stack.prefill.log_text()
@@ -85,8 +96,11 @@ def test_readiness_only_after_both_sides_are_up(
     decode = sim_factory("decode", start=False)
     gateway = gateway_factory([prefill], [decode])
     ready = f"{gateway.url}/readiness"
-    wait_until(lambda: requests.get(ready, timeout=2).status_code == 503, TIMEOUT,
-               "gateway answering not-ready")
+    wait_until(
+        lambda: requests.get(ready, timeout=2).status_code == 503,
+        TIMEOUT,
+        "gateway answering not-ready",
+    )
     prefill.start().wait_healthy()
     # Let the gateway run a few startup checks with only the prefill up.
     deadline = time.monotonic() + 3
@@ -120,23 +134,35 @@ def test_lost_prefill_fails_requests_waiting_for_kv(
     prefill = sim_factory("prefill").wait_healthy()
     decode = sim_factory("decode").wait_healthy()
     # Only the decode leg: its room waits for KV that the prefill never sends.
-    body = {"text": "hi", "sampling_params": {"max_new_tokens": 3},
-            "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
-            "bootstrap_room": 4242}
+    body = {
+        "text": "hi",
+        "sampling_params": {"max_new_tokens": 3},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": 4242,
+    }
     result: dict[str, requests.Response] = {}
-    t = threading.Thread(target=lambda: result.setdefault(
-        "r", requests.post(f"{decode.url}/generate", json=body, timeout=TIMEOUT)))
+    t = threading.Thread(
+        target=lambda: result.setdefault(
+            "r", requests.post(f"{decode.url}/generate", json=body, timeout=TIMEOUT)
+        )
+    )
     t.start()
     room = f"http://127.0.0.1:{prefill.bootstrap_port}/pdsim/rooms/4242?wait=0"
-    wait_until(lambda: requests.get(room, timeout=2).json()["state"] == "pending", TIMEOUT,
-               "the decode to bootstrap its room")
+    wait_until(
+        lambda: requests.get(room, timeout=2).json()["state"] == "pending",
+        TIMEOUT,
+        "the decode to bootstrap its room",
+    )
     prefill.kill(signal.SIGKILL)
     t.join(TIMEOUT)
     resp = result["r"]
     assert resp.status_code == 500
     assert resp.json()["code"] == 500
-    assert "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:" in resp.json()[
-        "message"]
+    assert (
+        "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:"
+        in resp.json()["message"]
+    )
     assert "Lost connection with prefill instance" in decode.log_text()
 
 
@@ -172,39 +198,65 @@ def test_bad_inputs_get_sglang_answers(sim_factory: Callable[..., SimProc]) -> N
     decode = sim_factory("decode").wait_healthy()
     url = decode.url
 
-    r = requests.post(f"{url}/v1/chat/completions", data="{not json", timeout=TIMEOUT,
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        data="{not json",
+        timeout=TIMEOUT,
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 400
     assert r.json()["type"] == "Bad Request" and "json_invalid" in r.json()["message"]
 
     # Unknown fields are ignored, as SGLang's request models allow extras.
-    r = requests.post(f"{url}/v1/chat/completions", timeout=TIMEOUT, json={
-        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "frobnicate": 1,
-        "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
-        "bootstrap_room": 1, "rid": "unknown-fields"})
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        timeout=TIMEOUT,
+        json={
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2,
+            "frobnicate": 1,
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": 1,
+            "rid": "unknown-fields",
+        },
+    )
     assert r.status_code == 500  # the prefill leg never ran: the room times out
     assert "timed out" in r.json()["message"]
 
-    r = requests.post(f"{url}/v1/chat/completions", timeout=TIMEOUT,
-                      json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        timeout=TIMEOUT,
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+    )
     assert r.status_code == 400
     assert r.json()["type"] == "BadRequestError"
     assert r.json()["message"].startswith(
-        "Invalid request: Disaggregated request received without bootstrap room id.")
+        "Invalid request: Disaggregated request received without bootstrap room id."
+    )
 
     started = time.monotonic()
-    r = requests.post(f"{url}/generate", timeout=TIMEOUT, json={
-        "text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 5})
+    r = requests.post(
+        f"{url}/generate",
+        timeout=TIMEOUT,
+        json={"text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 5},
+    )
     assert r.status_code == 500
     assert r.json()["message"].startswith("Decode handshake failed for request rank=0")
     assert r.json()["message"].endswith("KVTransferError(bootstrap_room=5): Aborted by AbortReq.")
     assert time.monotonic() - started < TIMEOUT
 
-    r = requests.post(f"{url}/v1/completions", timeout=TIMEOUT,
-                      json={"prompt": "x", "max_tokens": 100000, "bootstrap_room": 3})
+    r = requests.post(
+        f"{url}/v1/completions",
+        timeout=TIMEOUT,
+        json={"prompt": "x", "max_tokens": 100000, "bootstrap_room": 3},
+    )
     assert r.status_code == 400
     assert r.json() == {
-        "object": "error", "type": "BadRequestError", "param": None, "code": 400,
+        "object": "error",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
         "message": "Requested token count exceeds the model's maximum context length of 8192 "
         "tokens. You requested a total of 100001 tokens: 1 tokens from the input messages and "
         "100000 tokens for the completion. Please reduce the number of tokens in the input "
@@ -222,14 +274,22 @@ def test_sigterm_finishes_inflight_work_and_exits_zero(
     sim_factory: Callable[..., SimProc],
 ) -> None:
     sim = sim_factory("null", env={"PDSIM_SHUTDOWN_TIMEOUT_S": "600"}).wait_healthy()
-    resp = requests.post(f"{sim.url}/v1/completions", stream=True, timeout=TIMEOUT,
-                         json={"prompt": "x", "max_tokens": 1000, "stream": True})
+    resp = requests.post(
+        f"{sim.url}/v1/completions",
+        stream=True,
+        timeout=TIMEOUT,
+        json={"prompt": "x", "max_tokens": 1000, "stream": True},
+    )
     lines = resp.iter_lines(decode_unicode=True)
     next(line for line in lines if line.startswith("data: "))
     assert sim.proc is not None
     sim.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: requests.get(f"{sim.url}/health", timeout=2).status_code == 503,
-               TIMEOUT, "health 503 while stopping", step=0.02)
+    wait_until(
+        lambda: requests.get(f"{sim.url}/health", timeout=2).status_code == 503,
+        TIMEOUT,
+        "health 503 while stopping",
+        step=0.02,
+    )
     rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in rest[-2]

@@ -28,12 +28,33 @@ def test_sglang_defaults() -> None:
 
 
 def test_seed_launch_line() -> None:
-    cfg = resolve([
-        *BASE, "--served-model-name", "dsv4", "--tp-size", "4", "--disaggregation-mode", "decode",
-        "--disaggregation-transfer-backend", "nixl", "--mem-fraction-static", "0.60",
-        "--max-running-requests", "96", "--context-length", "8192", "--page-size", "64",
-        "--kv-cache-dtype", "fp8_e4m3", "--cuda-graph-max-bs-decode", "32", "--enable-metrics",
-    ], {})
+    cfg = resolve(
+        [
+            *BASE,
+            "--served-model-name",
+            "dsv4",
+            "--tp-size",
+            "4",
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-transfer-backend",
+            "nixl",
+            "--mem-fraction-static",
+            "0.60",
+            "--max-running-requests",
+            "96",
+            "--context-length",
+            "8192",
+            "--page-size",
+            "64",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+            "--cuda-graph-max-bs-decode",
+            "32",
+            "--enable-metrics",
+        ],
+        {},
+    )
     assert cfg.engine_type == "decode" and cfg.degraded_enabled
     assert cfg.decode_buckets == [1, 2, 4, 8, 12, 16, 24, 32]
     assert cfg.max_running_requests == 96
@@ -43,8 +64,9 @@ def test_seed_launch_line() -> None:
 
 
 def test_explicit_bucket_list_wins_and_is_capped_by_max_running() -> None:
-    cfg = resolve([*BASE, "--cuda-graph-bs-decode", "16", "8", "64", "--cuda-graph-max-bs-decode",
-                   "128"], {})
+    cfg = resolve(
+        [*BASE, "--cuda-graph-bs-decode", "16", "8", "64", "--cuda-graph-max-bs-decode", "128"], {}
+    )
     assert cfg.decode_buckets == [8, 16, 64]
     cfg = resolve([*BASE, "--cuda-graph-bs-decode", "8", "64", "--max-running-requests", "40"], {})
     assert cfg.decode_buckets == [8, 40]
@@ -68,13 +90,21 @@ def test_rejects_what_sglang_rejects() -> None:
 
 
 def test_knobs_from_env() -> None:
-    k = Knobs.from_env({
-        "PDSIM_STEP_A_MS": "10", "PDSIM_STEP_B_MS": "2", "PDSIM_EAGER_OOM": "1",
-        "PDSIM_TIME_SCALE": "0.1", "PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_MODE": "hang",
-        "PDSIM_DEGRADED_FAIL_RATIO": "0.25", "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
-        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0",
-        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7",
-    }, random_seed=5)
+    k = Knobs.from_env(
+        {
+            "PDSIM_STEP_A_MS": "10",
+            "PDSIM_STEP_B_MS": "2",
+            "PDSIM_EAGER_OOM": "1",
+            "PDSIM_TIME_SCALE": "0.1",
+            "PDSIM_DEGRADED": "on",
+            "PDSIM_DEGRADED_MODE": "hang",
+            "PDSIM_DEGRADED_FAIL_RATIO": "0.25",
+            "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+            "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0",
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7",
+        },
+        random_seed=5,
+    )
     assert (k.step_a_ms, k.step_b_ms, k.eager_oom, k.time_scale) == (10, 2, True, 0.1)
     assert (k.degraded, k.degraded_mode, k.degraded_fail_ratio) == ("on", "hang", 0.25)
     assert k.seed == 5
@@ -85,10 +115,15 @@ def test_knobs_from_env() -> None:
     assert (defaults.step_a_ms, defaults.step_b_ms) == (18.0, 1.05)
 
 
-@pytest.mark.parametrize("env", [
-    {"PDSIM_TIME_SCALE": "0"}, {"PDSIM_DEGRADED_FAIL_RATIO": "2"},
-    {"PDSIM_DEGRADED_MODE": "explode"}, {"PDSIM_STEP_A_MS": "fast"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"PDSIM_TIME_SCALE": "0"},
+        {"PDSIM_DEGRADED_FAIL_RATIO": "2"},
+        {"PDSIM_DEGRADED_MODE": "explode"},
+        {"PDSIM_STEP_A_MS": "fast"},
+    ],
+)
 def test_bad_knobs_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SystemExit):
         Knobs.from_env(env)

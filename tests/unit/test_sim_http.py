@@ -15,11 +15,17 @@ from pdctl.sim.stack import in_process
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0", "PDSIM_SEED": "3"}
 
 
-def run(mode: str, test: Callable[[SimServer, aiohttp.ClientSession], Awaitable[None]],
-        *extra: str, env: dict[str, str] | None = None) -> None:
+def run(
+    mode: str,
+    test: Callable[[SimServer, aiohttp.ClientSession], Awaitable[None]],
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> None:
     async def main() -> None:
-        async with in_process(mode, {**FAST, **(env or {})}, *extra) as server, \
-                aiohttp.ClientSession(server.url) as http:
+        async with (
+            in_process(mode, {**FAST, **(env or {})}, *extra) as server,
+            aiohttp.ClientSession(server.url) as http,
+        ):
             await test(server, http)
 
     asyncio.run(asyncio.wait_for(main(), 30))
@@ -44,9 +50,14 @@ def test_openai_errors() -> None:
 
         status, body = await post(http, "/v1/completions", {"prompt": "x" * 40000})
         assert status == 400
-        assert body == {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                        "message": "The input (10000 tokens) is longer than the model's "
-                                   "context length (8192 tokens)."}
+        assert body == {
+            "object": "error",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+            "message": "The input (10000 tokens) is longer than the model's "
+            "context length (8192 tokens).",
+        }
 
     run("null", t)
 
@@ -54,16 +65,27 @@ def test_openai_errors() -> None:
 def test_generate_errors_and_output() -> None:
     async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
         status, body = await post(http, "/generate", [1, 2])
-        assert (status, body) == (400, {"error": "invalid type: sequence, expected struct "
-                                                  "GenerateRequest"})
-        status, body = await post(http, "/generate", {"text": "hi", "sampling_params": {
-            "max_new_tokens": 9000}})
+        assert (status, body) == (
+            400,
+            {"error": "invalid type: sequence, expected struct GenerateRequest"},
+        )
+        status, body = await post(
+            http, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 9000}}
+        )
         assert status == 400 and body["error"]["message"].startswith(
-            "Requested token count exceeds the model's maximum context length of 8192 tokens.")
+            "Requested token count exceeds the model's maximum context length of 8192 tokens."
+        )
 
-        status, body = await post(http, "/generate", {
-            "text": "hello", "sampling_params": {"max_new_tokens": 5}, "rid": "r1",
-            "unknown_field": True})
+        status, body = await post(
+            http,
+            "/generate",
+            {
+                "text": "hello",
+                "sampling_params": {"max_new_tokens": 5},
+                "rid": "r1",
+                "unknown_field": True,
+            },
+        )
         assert status == 200
         assert len(body["text"].split()) == 5
         meta = body["meta_info"]
@@ -71,8 +93,11 @@ def test_generate_errors_and_output() -> None:
         assert meta["finish_reason"] == {"type": "length", "length": 5}
         assert (meta["prompt_tokens"], meta["completion_tokens"]) == (2, 5)
         # Same seed and rid, same text.
-        _, again = await post(http, "/generate", {
-            "text": "hello", "sampling_params": {"max_new_tokens": 5}, "rid": "r1"})
+        _, again = await post(
+            http,
+            "/generate",
+            {"text": "hello", "sampling_params": {"max_new_tokens": 5}, "rid": "r1"},
+        )
         assert again["text"] == body["text"]
 
     run("null", t)
@@ -80,16 +105,20 @@ def test_generate_errors_and_output() -> None:
 
 def test_streams_end_with_done_and_chat_defaults_to_eos() -> None:
     async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
-        _, text = await post(http, "/generate", {"text": "x", "stream": True,
-                                                  "sampling_params": {"max_new_tokens": 3}})
-        chunks = [c[len("data: "):] for c in text.split("\n\n") if c]
+        _, text = await post(
+            http,
+            "/generate",
+            {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 3}},
+        )
+        chunks = [c[len("data: ") :] for c in text.split("\n\n") if c]
         assert chunks[-1] == "[DONE]"
         last = json.loads(chunks[-2])
         assert last["meta_info"]["finish_reason"]["type"] == "length"
         assert len(last["text"].split()) == 3  # cumulative text, as SGLang streams it
 
-        status, body = await post(http, "/v1/chat/completions",
-                                  {"messages": [{"role": "user", "content": "hi"}]})
+        status, body = await post(
+            http, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+        )
         assert status == 200
         assert body["choices"][0]["finish_reason"] == "stop"
         assert body["usage"]["completion_tokens"] == 16  # PDSIM_OUTPUT_TOKENS
@@ -100,14 +129,25 @@ def test_streams_end_with_done_and_chat_defaults_to_eos() -> None:
 def test_pd_request_without_bootstrap_room() -> None:
     async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
         status, body = await post(http, "/generate", {"text": "x", "rid": "abc"})
-        assert (status, body) == (400, {"error": {"message": (
-            "Invalid request: Disaggregated request received without bootstrap room id. "
-            "req.rid='abc'")}})
+        assert (status, body) == (
+            400,
+            {
+                "error": {
+                    "message": (
+                        "Invalid request: Disaggregated request received without bootstrap "
+                        "room id. req.rid='abc'"
+                    )
+                }
+            },
+        )
         # A stream answers 200 first, then carries the error chunk (serving_chat).
-        status, text = await post(http, "/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        status, text = await post(
+            http,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+        )
         assert status == 200
-        err = json.loads(text.split("\n\n")[0][len("data: "):])
+        err = json.loads(text.split("\n\n")[0][len("data: ") :])
         assert (err["object"], err["type"], err["code"]) == ("error", "BAD_REQUEST", 400)
         assert text.rstrip().endswith("data: [DONE]")
 
