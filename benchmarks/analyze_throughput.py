@@ -1,0 +1,68 @@
+"""How fast `pdctl analyze journal` reads a large decode journal, next to `grep -c`.
+
+Generates a synthetic journal (default 1 GB, sglang 0.5.23 line format) in a temporary
+directory, runs both on the same file, prints MB/s, the ratio and the analyzer's peak RSS
+(which stays flat: the file is streamed in chunks), then removes the file.
+
+    .venv/bin/python benchmarks/analyze_throughput.py [--size-mb 1024] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pdctl.analyze.synth import SynthJournal, write_journal
+
+MB = 1_000_000
+
+
+def timed(cmd: list[str]) -> tuple[float, str, float]:
+    """(seconds, stdout, peak RSS in MB) of one child, measured for that child alone."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) not in (0, 1):  # grep -c exits 1 on no match
+        sys.exit(f"{cmd[0]} failed: {err.decode()}")
+    return elapsed, out.decode(), usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--dir", default="/tmp")
+    args = ap.parse_args()
+    pdctl = str(Path(sys.executable).with_name("pdctl"))
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="pdctl-analyze-bench-") as tmp:
+        path = Path(tmp) / "decode.log"
+        cfg = SynthJournal(max_running=110, prefill_every=0, seed=1)
+        t0 = time.perf_counter()
+        size = write_journal(path, cfg, args.size_mb * MB)
+        print(f"generated {size / MB:,.0f} MB in {time.perf_counter() - t0:.1f} s: {path}")
+
+        # warm the page cache so neither side pays for the disk
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+        grep_s, grep_out, _ = timed(["grep", "-c", "Decode batch", str(path)])
+        ours_s, ours_out, rss_mb = timed(
+            [pdctl, "analyze", "journal", "--file", str(path), "--format", "json"]
+        )
+
+        decode_lines = json.loads(ours_out)["input"]["decode_lines"]
+        assert decode_lines == int(grep_out), (decode_lines, grep_out)
+        grep_rate, ours_rate = size / MB / grep_s, size / MB / ours_s
+        print(f"grep -c 'Decode batch'     {grep_s:7.2f} s  {grep_rate:8.1f} MB/s")
+        print(f"pdctl analyze journal      {ours_s:7.2f} s  {ours_rate:8.1f} MB/s")
+        print(f"ratio pdctl/grep           {ours_rate / grep_rate:7.3f}  ({decode_lines:,} lines)")
+        print(f"pdctl peak RSS             {rss_mb:7.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
