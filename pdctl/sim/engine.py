@@ -236,7 +236,7 @@ class Engine:
             new_seq=len(batch),
             new_token=new_tokens,
             cached_token=0,
-            token_usage=self.pool.usage,
+            token_usage=self.token_usage,
             running_req=0 if prefill_server else len(self.running),
             queue_req=len(self.waiting),
             pending_token=sum(r.prompt_tokens for r in self.waiting),
@@ -278,13 +278,13 @@ class Engine:
         self._tokens_since_log = 0
         self._last_decode_log = now
         decode_server = self.cfg.mode == "decode"
-        num_token = sum(r.prompt_tokens + r.generated for r in self.running if not r.done)
+        num_token = self.tokens_in_use()
         self.log.info(
             decode_line(
                 DecodeStats(
                     running_req=n,
                     num_token=num_token,
-                    token_usage=self.pool.usage,
+                    token_usage=num_token / self.pool.size,
                     cuda_graph=graph,
                     gen_throughput=self.last_gen_throughput,
                     queue_req=len(self.waiting),
@@ -324,10 +324,11 @@ class Engine:
         m.sched_gauge(m.num_queue_reqs, len(self.waiting))
         m.sched_gauge(m.gen_throughput, self.last_gen_throughput)
         m.sched_gauge(m.cache_hit_rate, 0.0)
-        m.sched_gauge(m.token_usage, round(self.pool.usage, 2))
-        m.sched_gauge(m.num_used_tokens, self.pool.used)
-        m.sched_gauge(m.kv_used_tokens, self.pool.used)
-        m.sched_gauge(m.kv_available_tokens, self.pool.size - self.pool.used)
+        used = self.tokens_in_use()
+        m.sched_gauge(m.token_usage, round(used / self.pool.size, 2))
+        m.sched_gauge(m.num_used_tokens, used)
+        m.sched_gauge(m.kv_used_tokens, used)
+        m.sched_gauge(m.kv_available_tokens, self.pool.size - used)
         m.sched_gauge(m.is_cuda_graph, 1.0 if self.last_cuda_graph else 0.0)
         m.sched_gauge(m.utilization, min(len(running) / self.cfg.max_running_requests, 1.0))
         if self.cfg.mode == "prefill":
@@ -353,6 +354,16 @@ class Engine:
             self.pool.size * k.kv_bytes_per_token / 1e9,
         )
         self._update_gauges()
+
+    def tokens_in_use(self) -> int:
+        """KV tokens actually written (reservations cover the output budget in advance)."""
+        live = [r for r in self.running if not r.done]
+        held = [*self.inflight, *self.transfer]
+        return sum(r.prompt_tokens + r.generated for r in live) + sum(r.prompt_tokens for r in held)
+
+    @property
+    def token_usage(self) -> float:
+        return self.tokens_in_use() / self.pool.size
 
     @property
     def busy(self) -> bool:

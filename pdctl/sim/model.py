@@ -96,7 +96,3 @@ class KVPool:
 
     def release(self, tokens: int) -> None:
         self.used = max(self.used - tokens, 0)
-
-    @property
-    def usage(self) -> float:
-        return self.used / self.size if self.size else 0.0

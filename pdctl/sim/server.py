@@ -299,7 +299,7 @@ class SimServer:
                     "last_gen_throughput": e.last_gen_throughput,
                     "num_running_reqs": len(e.running),
                     "num_queue_reqs": len(e.waiting),
-                    "token_usage": round(e.pool.usage, 2),
+                    "token_usage": round(e.token_usage, 2),
                 }
             ],
             version=__version__,
@@ -426,6 +426,13 @@ class SimServer:
         if self.status == "stopping":
             raise web.HTTPServiceUnavailable()
         req = self._new_req(p)
+        need = req.prompt_tokens + req.max_new_tokens
+        if need > self.cfg.kv_pool_tokens:
+            # The sim reserves a request's whole budget up front, so it must fit the pool.
+            raise BadRequest(
+                f"Request {req.rid} exceeds the maximum number of tokens: "
+                f"{need} > {self.cfg.kv_pool_tokens}"
+            )
         self.inflight.add(req)
         if self.metrics:
             self.metrics.tok_inc(self.metrics.num_requests, is_streaming=str(p.stream).lower())

@@ -6,6 +6,7 @@ no assertion depends on how fast this machine is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -166,19 +167,44 @@ def test_lost_prefill_fails_requests_waiting_for_kv(
     assert "Lost connection with prefill instance" in decode.log_text()
 
 
-def test_lone_decode_restart_degrades_the_pair_until_both_restart(pd_stack: PDStack) -> None:
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_lone_restart_degrades_the_pair_until_both_restart(pd_stack: PDStack, side: str) -> None:
     assert set(completion_statuses(pd_stack.url, 6)) == {200}
-    pd_stack.decode.restart().wait_healthy()
+    restarted, survivor = (
+        (pd_stack.decode, pd_stack.prefill)
+        if side == "decode"
+        else (pd_stack.prefill, pd_stack.decode)
+    )
+    restarted.restart().wait_healthy()
     pd_stack.gateway.wait_ready(TIMEOUT)
     statuses = completion_statuses(pd_stack.url, 24)
     assert statuses.count(500) >= 3, statuses  # half fail on average (PDSIM_DEGRADED_FAIL_RATIO)
-    assert "the pair is degraded" in pd_stack.prefill.log_text()
+    assert "the pair is degraded" in survivor.log_text()
     pd_stack.prefill.stop()
     pd_stack.decode.stop()
     pd_stack.prefill.start().wait_healthy()
     pd_stack.decode.start().wait_healthy()
     pd_stack.gateway.wait_ready(TIMEOUT)
     assert set(completion_statuses(pd_stack.url, 24)) == {200}
+
+
+def test_degraded_pair_in_hang_mode_ends_in_timeouts(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
+) -> None:
+    env = {"PDSIM_DEGRADED_MODE": "hang", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    prefill = sim_factory("prefill", env=env).wait_healthy()
+    decode = sim_factory("decode", env=env).wait_healthy()
+    gateway = gateway_factory([prefill], [decode], "--disable-retries").wait_ready()
+    assert set(completion_statuses(gateway.url, 2)) == {200}
+    decode.restart().wait_healthy()
+    gateway.wait_ready(TIMEOUT)
+    r = requests.post(
+        f"{gateway.url}/v1/completions",
+        timeout=TIMEOUT,
+        json={"model": "sim", "prompt": "hi", "max_tokens": 4},
+    )
+    assert r.status_code == 500
+    assert "timed out after" in r.text  # the 40 s (simulated) PD timeouts fired
 
 
 def test_degradation_is_off_for_mooncake(
@@ -294,3 +320,22 @@ def test_sigterm_finishes_inflight_work_and_exits_zero(
     assert rest[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in rest[-2]
     assert sim.proc.wait(TIMEOUT) == 0
+
+
+def test_eager_batch_can_crash_like_the_seeds_oom(sim_factory: Callable[..., SimProc]) -> None:
+    sim = sim_factory(
+        "null", extra=("--cuda-graph-max-bs-decode", "2"), env={"PDSIM_EAGER_OOM": "1"}
+    ).wait_healthy()
+    body = {"prompt": "x", "max_tokens": 500}
+
+    def post() -> None:
+        with contextlib.suppress(requests.RequestException):
+            requests.post(f"{sim.url}/v1/completions", json=body, timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=post) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert sim.proc is not None and sim.proc.wait(TIMEOUT) == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory." in sim.log_text()
