@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -141,6 +142,7 @@ class SimServer:
         r.add_get("/get_model_info", self.model_info)
         r.add_get("/v1/models", self.models)
         r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_get("/v1/loads", self.loads)
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
@@ -343,6 +345,47 @@ class SimServer:
                         "max_model_len": self.cfg.context_length,
                     }
                 ],
+            }
+        )
+
+    async def loads(self, _: web.Request) -> web.Response:
+        """entrypoints/v1_loads.py: one LoadSnapshot per DP rank (the sim has one)."""
+        e, cfg = self.engine, self.cfg
+        used = e.tokens_in_use()
+        load = {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": len(e.running),
+            "num_waiting_reqs": len(e.waiting),
+            "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in e.waiting),
+            "num_used_tokens": used,
+            "num_total_tokens": used,
+            "num_active_tokens": used,
+            "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": cfg.kv_pool_tokens,
+            "max_running_requests": cfg.max_running_requests,
+            "token_usage": round(used / cfg.kv_pool_tokens, 2),
+            "gen_throughput": e.last_gen_throughput,
+            "cache_hit_rate": 0.0,
+            "utilization": min(len(e.running) / cfg.max_running_requests, 1.0),
+            "disaggregation": {
+                "mode": cfg.mode,
+                "prefill_bootstrap_queue_reqs": len(e.bootstrap_queue),
+                "prefill_inflight_queue_reqs": len(e.inflight),
+                "decode_prealloc_queue_reqs": len(e.prealloc),
+                "decode_transfer_queue_reqs": len(e.transfer),
+                "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0,
+                "kv_transfer_latency_ms": 0.0,
+            },
+        }
+        return _json(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": __version__,
+                "accelerator": None,
+                "num_accelerators": cfg.args.tp_size,
+                "loads": [load],
             }
         )
 

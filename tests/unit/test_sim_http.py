@@ -169,6 +169,10 @@ def test_health_info_and_no_metrics_without_flag() -> None:
             assert (await r.json())["disaggregation_mode"] == "decode"
         async with http.get("/metrics") as r:
             assert r.status == 404
+        async with http.get("/v1/loads") as r:
+            load = (await r.json())["loads"][0]
+            assert load["disaggregation"]["mode"] == "decode"
+            assert load["num_running_reqs"] == 0
         async with http.post("/flush_cache") as r:
             assert r.status == 200 and (await r.text()).startswith("Cache flushed.")
         server.status = "stopping"
