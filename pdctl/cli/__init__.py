@@ -7,7 +7,7 @@ import sys
 import click
 
 from pdctl import __version__
-from pdctl.cli import analyze_commands, bench_commands, spec_commands
+from pdctl.cli import analyze_commands, bench_commands, ops_commands, spec_commands
 from pdctl.errors import PdctlError
 
 
@@ -25,7 +25,12 @@ def cli() -> None:
     """
 
 
-for command in [*spec_commands.COMMANDS, *analyze_commands.COMMANDS, *bench_commands.COMMANDS]:
+for command in [
+    *spec_commands.COMMANDS,
+    *analyze_commands.COMMANDS,
+    *bench_commands.COMMANDS,
+    *ops_commands.COMMANDS,
+]:
     cli.add_command(command)
 
 

@@ -1,0 +1,258 @@
+"""`pdctl status | restart | doctor | recover`: operate the running deployment."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+from rich.console import Console
+from rich.live import Live
+
+from pdctl.cli.options import deployment_options, format_option
+from pdctl.errors import PdctlError
+from pdctl.lint import Severity
+from pdctl.ops import lock, source
+from pdctl.ops.context import Ops, Timeouts, real_ops
+from pdctl.ops.doctor import doctor as run_doctor
+from pdctl.ops.recover import RateLimit, RecoveryLog, default_state
+from pdctl.ops.recover import recover as run_recover
+from pdctl.ops.restart import (
+    Report,
+    plan_lines,
+    restart_instance,
+    restart_pairs,
+    restart_router,
+)
+from pdctl.ops.status import collect, tables, to_json
+from pdctl.spec import Role
+from pdctl.topology import PATH as TOPOLOGY_PATH
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LONE_RESTART_REFUSAL = (
+    "refusing to restart the {role} alone: with NIXL the surviving side keeps stale peer "
+    "metadata and the pair stays degraded (requests fail or hang until both restart; the "
+    "seed's production incident). Use --both. --force restarts it alone anyway."
+)
+
+
+def source_options(f: F) -> F:
+    f = deployment_options(f)
+    return click.option(
+        "--topology",
+        "topology_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=lambda: os.environ.get("PDSTACK_TOPOLOGY", str(TOPOLOGY_PATH)),
+        show_default=str(TOPOLOGY_PATH),
+        help="Topology file site.yml wrote on this host; used unless -i/-p are given.",
+    )(f)
+
+
+def _source(topology_path: Path, inventory: Path, profile: Path | None) -> source.Source:
+    ctx = click.get_current_context()
+    explicit = (ctx.get_parameter_source("inventory") is not ParameterSource.DEFAULT
+                or "PDSTACK_INVENTORY" in os.environ or profile is not None)
+    return source.load(Path(topology_path), inventory if explicit else None, profile)
+
+
+def _ops(topology_path: Path, inventory: Path, profile: Path | None,
+         timeouts: Timeouts | None = None) -> Ops:
+    return real_ops(_source(topology_path, inventory, profile), timeouts)
+
+
+@click.command()
+@source_options
+@format_option
+@click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
+              metavar="[SECONDS]", help="Refresh every SECONDS (default 5) until Ctrl-C.")
+@click.option("--canaries", default=3, show_default=True,
+              help="Requests per pair canary (a degraded pair fails only a share).")
+def status(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
+           watch: float | None, canaries: int) -> None:
+    """Every engine, pair and the gateway, probed concurrently.
+
+    Per instance: unit state, PID, uptime, /health, running and queued requests, KV usage,
+    CUDA graph or eager, generation tok/s and the gateway's view. Per pair: a real request
+    through the pair's PD path, with its latency. Exit 0 when everything is healthy, 1 if not.
+
+    \b
+    Examples:
+      pdctl status
+      pdctl status --watch 2
+      pdctl status --format json | jq '.pairs[] | select(.canary.ok | not)'
+    """
+    ops = _ops(topology_path, inventory, profile)
+    if watch is not None and fmt == "table":
+        console = Console()
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                from rich.console import Group
+                live.update(Group(*tables(collect(ops, canaries))), refresh=True)
+                time.sleep(watch)
+    while True:
+        s = collect(ops, canaries)
+        if fmt == "json":
+            click.echo(json.dumps(to_json(s), indent=2))
+        else:
+            for t in tables(s):
+                Console().print(t)
+        if watch is None:
+            sys.exit(0 if s.healthy else 1)
+        time.sleep(watch)
+
+
+def _print_reports(reports: list[Report], fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps([asdict(r) for r in reports], indent=2))
+        return
+    for r in reports:
+        for line in r.lines:
+            click.secho(line, fg="green" if line.startswith("OK") else "red")
+        if not r.ok:
+            click.secho(f"{r.target}: {r.error}", fg="red", err=True)
+            for unit, lines in r.journal.items():
+                click.echo(f"--- journalctl -u {unit} (last {len(lines)} lines)", err=True)
+                for line in lines:
+                    click.echo(f"  {line}", err=True)
+
+
+@click.command()
+@source_options
+@format_option
+@click.option("--both", is_flag=True, help="Restart prefill and decode of each pair together.")
+@click.option("--prefill", is_flag=True, help="Prefill alone: refused without --force.")
+@click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
+@click.option("--router", is_flag=True, help="Restart only the gateway (it holds no state).")
+@click.option("--pair", "pairs", multiple=True, metavar="NAME",
+              help="Pair NAME or HOST/NAME; repeatable.")
+@click.option("--all", "all_pairs", is_flag=True, help="Every pair, one at a time.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Allow --prefill/--decode alone (degrades the pair).")
+@click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
+@click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
+@click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
+def restart(topology_path: Path, inventory: Path, profile: Path | None, fmt: str, both: bool,
+            prefill: bool, decode: bool, router: bool, pairs: tuple[str, ...], all_pairs: bool,
+            yes: bool, force: bool, drain_timeout: float, health_timeout: float,
+            canary_timeout: float) -> None:
+    """Restart PD pairs the safe way: drain, stop both, start both, verify, re-register.
+
+    A pair is restarted as one: the gateway stops routing to it and in-flight requests finish
+    (bounded), both engines stop and start through the pair's systemd target, then /health on
+    both, canary requests through the pair's PD path, and only then the gateway routes to it
+    again. --all rolls pairs one at a time and stops at the first failure. One restart at a
+    time per host (lock /run/pdstack/restart.lock).
+
+    \b
+    Exit codes: 0 done; 1 a pair failed (journal lines follow); 2 bad input or refused;
+    3 another restart holds the lock.
+    \b
+    Examples:
+      pdctl restart --both --pair pd0
+      pdctl restart --both --all --yes
+      pdctl restart --router
+    """
+    sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
+    if sum([both, bool(sides), router]) != 1:
+        raise PdctlError("say what to restart: --both (pairs), --router (the gateway), "
+                         "or --prefill/--decode with --force")
+    if sides and not force:
+        raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
+    timeouts = Timeouts(drain=drain_timeout, health=health_timeout, canary=canary_timeout)
+    ops = _ops(topology_path, inventory, profile, timeouts)
+    if router:
+        r = ops.source.topology.router
+        _confirm(yes, [f"gateway {r.unit} on {r.host} ({r.url})"],
+                 "Restart the gateway? Requests in flight through it fail.")
+        with lock.held("pdctl restart --router"):
+            reports = [restart_router(ops)]
+    else:
+        chosen = ops.source.select(pairs, all_pairs)
+        if sides:
+            insts = [getattr(p, s.value) for p in chosen for s in sides]
+            _confirm(yes, [f"{i.id} ({i.unit})" for i in insts],
+                     "Restart these ALONE? The pairs will be degraded until both restart.")
+            with lock.held("pdctl restart --force (one side)"):
+                reports = [restart_instance(ops, i) for i in insts]
+            click.secho("Warning: the pair is likely degraded now; run pdctl restart --both.",
+                        fg="yellow", err=True)
+        else:
+            for line in plan_lines(ops, chosen):
+                click.echo(line, err=True)
+            _confirm(yes, [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
+                     f"Restart {len(chosen)} pair(s) as above?")
+            with lock.held(f"pdctl restart --both {' '.join(p.id for p in chosen)}"):
+                reports = restart_pairs(ops, chosen)
+    _print_reports(reports, fmt)
+    sys.exit(0 if all(r.ok for r in reports) and len(reports) else 1)
+
+
+def _confirm(yes: bool, targets: list[str], question: str) -> None:
+    click.echo("Targets:", err=True)
+    for t in targets:
+        click.echo(f"  {t}", err=True)
+    if not yes:
+        click.confirm(question, abort=True, err=True)
+
+
+@click.command()
+@source_options
+@format_option
+@click.option("--canaries", default=8, show_default=True,
+              help="Requests per pair canary; a degraded pair fails a share of them.")
+def doctor(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
+           canaries: int) -> None:
+    """Find what is wrong with the running deployment, and what to run about it.
+
+    `pdctl validate` (with -i/-p) plus live checks: degraded pairs (canary fails while both
+    sides answer /health), eager decode batches, KV held while idle, flags of the running
+    processes differing from the rendered ones (drift), failed or restarting units.
+    Exit 0 clean, 1 warnings only, 2 errors.
+    """
+    ops = _ops(topology_path, inventory, profile)
+    findings, _ = run_doctor(ops, canaries)
+    errors = sum(f.severity is Severity.ERROR for f in findings)
+    if fmt == "json":
+        click.echo(json.dumps({"findings": [asdict(f) for f in findings]}, indent=2))
+    elif not findings:
+        click.secho("No problems found.", fg="green")
+    for f in findings if fmt == "table" else []:
+        color = "red" if f.severity is Severity.ERROR else "yellow"
+        click.secho(f"{f.severity.upper()} {f.id} [{f.where}]: {f.message}", fg=color)
+        click.echo(f"    fix: {f.fix}")
+    sys.exit(2 if errors else 1 if findings else 0)
+
+
+@click.command()
+@source_options
+@click.option("--pair", "pair_name", required=True, metavar="NAME", help="Pair NAME or HOST/NAME.")
+@click.option("--max-recoveries", default=RateLimit.max_count, show_default=True,
+              help="Recoveries of one pair allowed within --window.")
+@click.option("--window", default=RateLimit.window_s, show_default=True, type=float,
+              help="Seconds.")
+@click.option("--state", "state_path", type=click.Path(path_type=Path, dir_okay=False),
+              default=default_state, show_default=str(default_state()))
+def recover(topology_path: Path, inventory: Path, profile: Path | None, pair_name: str,
+            max_recoveries: int, window: float, state_path: Path) -> None:
+    """Coordinated restart of a pair after one of its engines failed (run by systemd).
+
+    Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
+    restarts the whole pair (never the failed side alone), at most --max-recoveries times per
+    --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
+    """
+    ops = _ops(topology_path, inventory, profile)
+    (pair,) = ops.source.select((pair_name,), False)
+    rep = run_recover(ops, pair, RateLimit(max_recoveries, window), RecoveryLog(state_path))
+    _print_reports([rep], "table")
+    sys.exit(0 if rep.ok else 1)
+
+
+COMMANDS = [status, restart, doctor, recover]

@@ -1,0 +1,1 @@
+"""Operating a running deployment: status, coordinated restarts, doctor and recovery."""

@@ -1,0 +1,165 @@
+"""`pdctl validate` plus what only the running deployment shows.
+
+Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
+the seed's incident), decode batches running eager, KV usage that stays up while idle,
+running flags that differ from the rendered ones (drift), units failed or restarting.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from pdctl import render
+from pdctl.analyze.logparse import DecodeBatch, parse_line
+from pdctl.errors import PdctlError
+from pdctl.lint import Finding, Severity, lint
+from pdctl.ops.context import Ops
+from pdctl.ops.probe import concurrently
+from pdctl.ops.status import InstanceStatus, Status, collect
+from pdctl.spec import Role
+
+IDLE_KV_USAGE = 0.05  # KV share still held with nothing running or queued
+JOURNAL_LINES = 400
+
+
+def _error(id: str, where: str, message: str, fix: str) -> Finding:
+    return Finding(id, Severity.ERROR, where, message, fix)
+
+
+def _warning(id: str, where: str, message: str, fix: str) -> Finding:
+    return Finding(id, Severity.WARNING, where, message, fix)
+
+
+def unit_findings(s: Status) -> list[Finding]:
+    out: list[Finding] = []
+    for i in s.instances:
+        u, where = i.unit, i.instance.id
+        if u is None:
+            out.append(_error("live-host", where, f"cannot read the unit: {i.unit_error}",
+                              "check that the host is up and reachable over ssh"))
+        elif u.active != "active":
+            out.append(_error("live-unit", where, f"{u.unit} is {u.active} ({u.sub})",
+                              f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}"))
+        elif u.restarts:
+            out.append(_warning("live-restarts", where, f"{u.unit} restarted {u.restarts} "
+                                "times since it was loaded", "read its journal for the cause"))
+    return out
+
+
+def pair_findings(s: Status) -> list[Finding]:
+    out: list[Finding] = []
+    by_pair: dict[str, list[InstanceStatus]] = {}
+    for i in s.instances:
+        by_pair.setdefault(f"{i.instance.host}/{i.instance.pair}", []).append(i)
+    for p in s.pairs:
+        if p.canary.ok:
+            continue
+        sides = by_pair.get(p.id, [])
+        down = [i.instance.name for i in sides if not i.probe.healthy]
+        if down:
+            out.append(_error("live-pair-down", p.id, f"pair canary fails and {', '.join(down)} "
+                              f"does not answer /health: {p.canary.error}",
+                              f"pdctl restart --both --pair {p.id}"))
+        else:
+            out.append(_error(
+                "live-degraded-pair", p.id,
+                f"degraded pair: {p.canary.failed}/{p.canary.sent} canary requests failed "
+                f"while both sides answer /health ({p.canary.error}); typical after one side "
+                "restarted alone", f"run pdctl restart --both --pair {p.id}"))
+    if not s.gateway.ready:
+        out.append(_error("live-gateway", s.gateway.url,
+                          f"gateway not ready: {s.gateway.detail}", "pdctl restart --router"))
+    for i in s.instances:
+        if i.probe.healthy and i.gateway is None:
+            out.append(_warning("live-unregistered", i.instance.id,
+                                "healthy but not registered with the gateway (no traffic)",
+                                f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}"))
+    return out
+
+
+def kv_findings(s: Status) -> list[Finding]:
+    return [
+        _warning("live-kv-idle", i.instance.id,
+                 f"KV usage {i.probe.token_usage:.0%} with no running or queued request: KV "
+                 "held by orphaned requests (prefill keeps it until the bootstrap timeout)",
+                 "check the journal for transfer failures; restart the pair if it stays up")
+        for i in s.instances
+        if i.probe.running == 0 and i.probe.queued == 0
+        and (i.probe.token_usage or 0) > IDLE_KV_USAGE
+    ]
+
+
+def eager_findings(ops: Ops, s: Status) -> list[Finding]:
+    decodes = [i for i in s.instances if i.instance.role is Role.DECODE]
+    journals = concurrently({i.instance.id: partial(_journal, ops, i) for i in decodes})
+    out: list[Finding] = []
+    for i in decodes:
+        batches = [b for b in map(parse_line, journals[i.instance.id])
+                   if isinstance(b, DecodeBatch)]
+        eager = [b for b in batches if b.cuda_graph is False]
+        if eager or i.probe.cuda_graph is False:
+            top = max((b.running for b in eager), default=0)
+            out.append(_warning(
+                "live-eager", i.instance.id,
+                f"{len(eager)}/{len(batches)} recent decode batches ran eager (up to {top} "
+                "running): slow, and eager temporaries can OOM",
+                "raise engine.decode.cuda_graph_max_bs to the batch sizes you see (pdctl plan)"))
+    return out
+
+
+def _journal(ops: Ops, i: InstanceStatus) -> list[str]:
+    try:
+        return ops.systemd(i.instance.host).journal(i.instance.unit, JOURNAL_LINES)
+    except PdctlError:
+        return []
+
+
+def _flags(argv: list[str]) -> dict[str, tuple[str, ...]]:
+    """Launch flags after `-m MODULE` as flag -> values."""
+    if "-m" in argv:
+        argv = argv[argv.index("-m") + 2:]
+    out: dict[str, tuple[str, ...]] = {}
+    flag = None
+    for tok in argv:
+        if tok.startswith("--"):
+            flag = tok
+            out[flag] = ()
+        elif flag is not None:
+            out[flag] = (*out[flag], tok)
+    return out
+
+
+def drift_findings(ops: Ops, s: Status) -> list[Finding]:
+    """Running argv against the rendered launch line (with -i/-p), else the unit's ExecStart
+    (an edited unit whose process was not restarted)."""
+    dep = ops.source.deployment
+    rendered = {i.id: render.launch_args(i, dep) for i in dep.instances} if dep else {}
+    out: list[Finding] = []
+    for i in s.instances:
+        if i.unit is None or not i.unit.main_pid:
+            continue
+        running = ops.systemd(i.instance.host).cmdline(i.unit.main_pid)
+        expected = rendered.get(i.instance.id)
+        source = "the rendered launch line" if expected is not None else "its unit's ExecStart"
+        want = _flags(["-m", "x", *expected] if expected is not None else i.unit.exec_start)
+        have = _flags(running)
+        if not running or not want:
+            continue
+        diffs = sorted(f for f in want.keys() | have.keys() if want.get(f) != have.get(f))
+        if diffs:
+            shown = "; ".join(f"{f}: running {' '.join(have.get(f, ('(absent)',)))}, expected "
+                              f"{' '.join(want.get(f, ('(absent)',)))}" for f in diffs[:5])
+            out.append(_warning("live-drift", i.instance.id,
+                                f"PID {i.unit.main_pid} runs with flags differing from {source}: "
+                                f"{shown}",
+                                "run site.yml (restarts changed pairs together)"))
+    return out
+
+
+def doctor(ops: Ops, canary_count: int = 8) -> tuple[list[Finding], Status]:
+    dep = ops.source.deployment
+    findings = lint(dep) if dep else []
+    s = collect(ops, canary_count)
+    findings += unit_findings(s) + pair_findings(s) + kv_findings(s)
+    findings += eager_findings(ops, s) + drift_findings(ops, s)
+    return findings, s

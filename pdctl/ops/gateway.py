@@ -1,0 +1,95 @@
+"""The gateway's (smg) admin API: its workers, readiness, and taking a pair out and back in.
+
+smg 1.13: `DELETE /workers/{id}` answers 202 and marks the worker `draining` (no new
+requests), then removes it once its in-flight requests are done; `POST /workers` with an URL
+it already holds answers 409, which for us means "already registered".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from pdctl.errors import PdctlError
+
+
+class GatewayError(PdctlError):
+    pass
+
+
+@dataclass(frozen=True)
+class GatewayWorker:
+    id: str
+    url: str
+    type: str  # prefill | decode
+    status: str  # ready | draining | ...
+    healthy: bool
+    load: int  # in-flight requests the gateway has open on it
+
+
+class GatewayAdmin:
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def _call(self, method: str, path: str, **kw: Any) -> requests.Response:
+        try:
+            return requests.request(method, f"{self.url}{path}", timeout=self.timeout, **kw)
+        except requests.RequestException as e:
+            raise GatewayError(f"gateway {self.url}: {type(e).__name__}: {e}") from None
+
+    def workers(self) -> list[GatewayWorker]:
+        r = self._call("GET", "/workers")
+        if r.status_code != 200:
+            raise GatewayError(f"gateway {self.url}: GET /workers answered {r.status_code}")
+        return [
+            GatewayWorker(w["id"], w["url"], w.get("worker_type", "?"), w.get("status", "?"),
+                          bool(w.get("is_healthy")), int(w.get("load") or 0))
+            for w in r.json().get("workers", [])
+        ]
+
+    def readiness(self) -> tuple[bool, str]:
+        r = self._call("GET", "/readiness")
+        return r.status_code == 200, r.text.strip()[:200]
+
+    def remove(self, urls: Iterable[str]) -> None:
+        wanted = set(urls)
+        for w in self.workers():
+            if w.url in wanted:
+                r = self._call("DELETE", f"/workers/{w.id}")
+                if r.status_code not in (200, 202, 404):
+                    raise GatewayError(f"gateway: DELETE /workers/{w.id} ({w.url}) answered "
+                                       f"{r.status_code}: {r.text[:200]}")
+
+    def add(self, url: str, worker_type: str, bootstrap_port: int | None = None) -> None:
+        body: dict[str, Any] = {"url": url, "worker_type": worker_type}
+        if bootstrap_port is not None:
+            body["bootstrap_port"] = bootstrap_port
+        r = self._call("POST", "/workers", json=body)
+        if r.status_code not in (200, 201, 202, 409):
+            raise GatewayError(f"gateway: POST /workers {url} answered {r.status_code}: "
+                               f"{r.text[:200]}")
+
+    def wait(self, pred: Callable[[list[GatewayWorker]], bool], timeout: float,
+             step: float = 0.25) -> bool:
+        """Poll /workers until `pred` holds; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if pred(self.workers()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(step)
+
+
+def gone(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
+    wanted = set(urls)
+    return lambda ws: not any(w.url in wanted for w in ws)
+
+
+def ready(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
+    wanted = set(urls)
+    return lambda ws: wanted <= {w.url for w in ws if w.healthy and w.status == "ready"}

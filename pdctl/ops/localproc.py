@@ -1,0 +1,123 @@
+"""The ops actions over local processes instead of systemd units: for rehearsals, the
+integration tests and benchmarks/restart_*.py.
+
+`LocalUnits` implements the Systemd interface over pdctl.sim.stack processes (started and
+stopped by PID); a pair target names its two units, as `PartOf=`/`Wants=` do on a host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from pdctl.ops.context import Ops, Timeouts
+from pdctl.ops.gateway import GatewayAdmin
+from pdctl.ops.source import Source
+from pdctl.ops.systemd import Systemd, UnitStatus
+from pdctl.sim.stack import Gateway, SimProc
+from pdctl.spec import Role
+from pdctl.topology import GATEWAY_UNIT, Topology, TopologyInstance, TopologyPair, TopologyRouter
+
+HOST = "local"
+
+
+@dataclass
+class LocalPair:
+    name: str
+    prefill: SimProc
+    decode: SimProc
+
+    def unit(self, role: Role) -> str:
+        return f"pdstack-{self.name}-{role.value}.service"
+
+    @property
+    def target(self) -> str:
+        return f"pdstack-{self.name}.target"
+
+
+class LocalUnits:
+    host = HOST
+
+    def __init__(self, pairs: Sequence[LocalPair]) -> None:
+        self.procs: dict[str, SimProc] = {}
+        self.targets: dict[str, list[str]] = {}
+        for p in pairs:
+            self.procs[p.unit(Role.PREFILL)] = p.prefill
+            self.procs[p.unit(Role.DECODE)] = p.decode
+            self.targets[p.target] = [p.unit(Role.PREFILL), p.unit(Role.DECODE)]
+        self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
+        self.jobs: list[tuple[str, str]] = []  # (verb, unit), for tests to inspect
+
+    def _expand(self, units: tuple[str, ...]) -> list[str]:
+        return [u for name in units for u in self.targets.get(name, [name])]
+
+    def _each(self, verb: str, units: tuple[str, ...], fn: Callable[[SimProc], object]) -> None:
+        names = self._expand(units)
+        self.jobs += [(verb, u) for u in names]
+        with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+            list(pool.map(lambda u: fn(self.procs[u]), names))
+
+    def show(self, unit: str) -> UnitStatus:
+        proc = self.procs[unit]
+        p = proc.proc
+        if p is not None and p.poll() is None:
+            return UnitStatus(unit, "loaded", "active", "running", p.pid, None, 0, proc.argv)
+        failed = p is not None and unit not in self.stopped
+        state = ("failed", "failed") if failed else ("inactive", "dead")
+        return UnitStatus(unit, "loaded", *state, 0, None, 0, proc.argv)
+
+    def start(self, *units: str) -> None:
+        self.stopped -= set(self._expand(units))
+        self._each("start", units, lambda s: s.start() if s.proc is None
+                   or s.proc.poll() is not None else None)
+
+    def stop(self, *units: str) -> None:
+        self.stopped |= set(self._expand(units))
+        self._each("stop", units, SimProc.stop)
+
+    def restart(self, *units: str) -> None:
+        self.stop(*units)
+        self.start(*units)
+
+    def reset_failed(self, *units: str) -> None:
+        self.stopped |= set(self._expand(units))
+
+    def journal(self, unit: str, lines: int = 30) -> list[str]:
+        return self.procs[unit].log_text().splitlines()[-lines:]
+
+    def cmdline(self, pid: int) -> list[str]:
+        return next((s.argv for s in self.procs.values() if s.proc and s.proc.pid == pid), [])
+
+
+def _instance(p: LocalPair, role: Role) -> TopologyInstance:
+    sim = p.prefill if role is Role.PREFILL else p.decode
+    name = f"{p.name}-{role.value}"
+    return TopologyInstance(
+        id=f"{HOST}/{name}", host=HOST, name=name, pair=p.name, role=role, unit=p.unit(role),
+        url=sim.url, numa_node=0, gpus=[0],
+        bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
+    )
+
+
+def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
+    return Topology(
+        model="sim",
+        engine="sim",
+        instances=[_instance(p, r) for p in pairs for r in (Role.PREFILL, Role.DECODE)],
+        pairs=[TopologyPair(host=HOST, name=p.name, target=p.target,
+                            prefill=f"{HOST}/{p.name}-prefill", decode=f"{HOST}/{p.name}-decode")
+               for p in pairs],
+        router=TopologyRouter(host=HOST, url=gateway.url,
+                              metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+                              unit=GATEWAY_UNIT),
+    )
+
+
+def local_ops(pairs: Sequence[LocalPair], gateway: Gateway,
+              timeouts: Timeouts | None = None) -> tuple[Ops, LocalUnits]:
+    units = LocalUnits(pairs)
+    systemd: Systemd = units
+    ops = Ops(Source(local_topology(pairs, gateway), None), lambda _host: systemd,
+              GatewayAdmin(gateway.url), timeouts or Timeouts(health=60, canary=30))
+    return ops, units

@@ -1,0 +1,75 @@
+"""Health and load of every engine, probed concurrently with timeouts so one dead host never
+stalls the others."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    url: str
+    health: str  # "ok", an HTTP status, or why it could not be reached
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None  # KV pool usage 0..1
+    cuda_graph: bool | None = None  # last batch ran in a CUDA graph
+    gen_throughput: float | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == "ok"
+
+
+def _gauges(text: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s.value)
+    return out
+
+
+def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
+    try:
+        r = requests.get(f"{url}/health", timeout=timeout)
+        health = "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
+        m = requests.get(f"{url}/metrics", timeout=timeout)
+    except requests.RequestException as e:
+        return EngineProbe(url, f"unreachable ({type(e).__name__})")
+    if m.status_code != 200:
+        return EngineProbe(url, health)
+    g = _gauges(m.text)
+
+    def total(name: str) -> float | None:
+        v = g.get(f"sglang:{name}")
+        return sum(v) if v else None
+
+    usage = g.get("sglang:token_usage")
+    graph = g.get("sglang:is_cuda_graph")
+    return EngineProbe(
+        url,
+        health,
+        running=total("num_running_reqs"),
+        queued=total("num_queue_reqs"),
+        token_usage=max(usage) if usage else None,
+        cuda_graph=bool(min(graph)) if graph else None,
+        gen_throughput=total("gen_throughput"),
+    )
+
+
+def concurrently(calls: dict[K, Callable[[], T]], workers: int = 16) -> dict[K, T]:
+    """Run the calls in threads; each call bounds its own time (HTTP and ssh timeouts)."""
+    if not calls:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(workers, len(calls))) as pool:
+        futures = {k: pool.submit(f) for k, f in calls.items()}
+        return {k: f.result() for k, f in futures.items()}

@@ -1,0 +1,250 @@
+"""The coordinated restart: the pair is the unit of restart.
+
+drain (the gateway stops routing to the pair; in-flight requests finish, bounded) -> stop
+both engines through the pair target -> start both -> wait for /health -> canary through the
+pair's own PD path -> re-register with the gateway. A pair that fails stays out of the
+gateway, so clients never meet it; rolling restarts stop at the first failed pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+from pdctl.errors import PdctlError
+from pdctl.ops import canary, gateway
+from pdctl.ops.context import Ops
+from pdctl.ops.probe import concurrently, probe_engine
+from pdctl.ops.source import Pair
+from pdctl.ops.systemd import Systemd
+from pdctl.spec import Role
+from pdctl.topology import TopologyInstance
+
+PHASES = ("drain", "stop", "start", "health", "canary", "register")
+JOURNAL_LINES = 30
+PROGRESS_EVERY_S = 5.0
+
+
+class StepFailed(PdctlError):
+    def __init__(self, phase: str, message: str) -> None:
+        self.phase = phase
+        super().__init__(f"{phase}: {message}")
+
+
+@dataclass
+class Report:
+    """The outcome for one pair (or the gateway, or one instance)."""
+
+    target: str
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)  # per instance: "OK: ..." / "FAILED: ..."
+    error: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> last lines
+
+
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        phases[name] = round(time.monotonic() - t0, 3)
+
+
+def plan_lines(ops: Ops, pairs: list[Pair], drain: bool = True) -> list[str]:
+    t, gw = ops.timeouts, ops.source.topology.router.url
+    out: list[str] = []
+    for n, p in enumerate(pairs, 1):
+        out += [
+            f"{n}. pair {p.id} ({p.spec.target}): {p.prefill.url} + {p.decode.url}",
+            f"   drain     remove both from the gateway {gw}, wait <= {t.drain:.0f}s for "
+            "in-flight requests" + ("" if drain else " (best effort)"),
+            f"   stop      systemctl stop {p.spec.target} on {p.spec.host} (both engines)",
+            f"   start     systemctl start {p.spec.target}",
+            f"   health    wait <= {t.health:.0f}s for /health on both",
+            f"   canary    {ops.canary_count} requests through this pair's PD path",
+            "   register  add both back to the gateway, wait until it routes to them",
+        ]
+    if len(pairs) > 1:
+        out.append("Pairs restart one at a time; the others keep serving. "
+                   "The first failure stops the roll.")
+    return out
+
+
+def _journal(sd: Systemd, units: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for unit in units:
+        try:
+            out[unit] = sd.journal(unit, JOURNAL_LINES)
+        except PdctlError as e:
+            out[unit] = [f"(journal unavailable: {e})"]
+    return out
+
+
+def _instance_line(sd: Systemd, inst: TopologyInstance, failure: str | None) -> str:
+    try:
+        st = sd.show(inst.unit)
+        state = f"{st.active}/{st.sub}, PID {st.main_pid or '-'}"
+    except PdctlError as e:
+        state = f"state unknown ({e})"
+    health = probe_engine(inst.url).health
+    ok = failure is None and health == "ok"
+    why = "" if failure is None else f"; {failure}"
+    return f"{'OK' if ok else 'FAILED'}: {inst.id} ({inst.unit}) {state}, /health {health}{why}"
+
+
+def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
+    deadline = time.monotonic() + ops.timeouts.health
+    t0 = last = time.monotonic()
+    while True:
+        probes = concurrently({i.name: partial(probe_engine, i.url) for i in pair.instances})
+        if all(p.healthy for p in probes.values()):
+            return
+        for inst in pair.instances:
+            st = sd.show(inst.unit)
+            if st.active in ("failed", "inactive"):
+                raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while "
+                                 "starting")
+        now = time.monotonic()
+        if now >= deadline:
+            waiting = ", ".join(f"{k} {p.health}" for k, p in probes.items() if not p.healthy)
+            raise StepFailed("health", f"not healthy after {ops.timeouts.health:.0f}s: {waiting}")
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            states = ", ".join(f"{k} {p.health}" for k, p in probes.items())
+            ops.say(f"  {pair.id}: waiting for health: {states} [{now - t0:.0f}s]")
+        time.sleep(ops.timeouts.poll)
+
+
+def _canary(ops: Ops, pair: Pair) -> None:
+    """Retry single requests until one passes (the first one pays the KV-path cold start),
+    then `canary_count` must all pass: a degraded pair fails only a share of requests."""
+    deadline = time.monotonic() + ops.timeouts.canary
+    port = pair.prefill.bootstrap_port or 0
+    while True:
+        left = max(deadline - time.monotonic(), 1.0)
+        first = canary.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
+        if first.ok:
+            break
+        if time.monotonic() >= deadline:
+            raise StepFailed("canary", f"no request passed in {ops.timeouts.canary:.0f}s: "
+                             f"{first.error}")
+        time.sleep(ops.timeouts.poll)
+    res = canary.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
+    if not res.ok:
+        raise StepFailed("canary", f"{res.failed}/{res.sent} requests failed: {res.error}")
+
+
+def _register(ops: Ops, pair: Pair) -> None:
+    gw = ops.gateway
+    for inst in pair.instances:
+        port = inst.bootstrap_port if inst.role is Role.PREFILL else None
+        gw.add(inst.url, inst.role.value, port)
+    if not gw.wait(gateway.ready([i.url for i in pair.instances]), ops.timeouts.register):
+        raise StepFailed("register", f"the gateway did not mark both ready within "
+                         f"{ops.timeouts.register:.0f}s")
+
+
+def _drain(ops: Ops, pair: Pair, required: bool) -> None:
+    urls = [i.url for i in pair.instances]
+    try:
+        ops.gateway.remove(urls)
+        drained = ops.gateway.wait(gateway.gone(urls), ops.timeouts.drain)
+    except gateway.GatewayError as e:
+        if required:
+            raise StepFailed("drain", f"{e}; nothing was stopped") from None
+        ops.say(f"  {pair.id}: cannot drain ({e}); going on")
+        return
+    if not drained:
+        ops.say(f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s; "
+                "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)")
+
+
+def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
+    sd = ops.systemd(pair.spec.host)
+    units = [i.unit for i in pair.instances]
+    rep = Report(pair.id)
+    ops.say(f"{pair.id}: restarting {' + '.join(units)}")
+    try:
+        with _timed(rep.phases, "drain"):
+            _drain(ops, pair, drain_required)
+        with _timed(rep.phases, "stop"):
+            sd.stop(pair.spec.target)
+        with _timed(rep.phases, "start"):
+            sd.reset_failed(*units)  # a crashed side starts clean, its failure recorded
+            sd.start(pair.spec.target)
+        with _timed(rep.phases, "health"):
+            _wait_healthy(ops, sd, pair)
+        with _timed(rep.phases, "canary"):
+            _canary(ops, pair)
+        with _timed(rep.phases, "register"):
+            _register(ops, pair)
+    except PdctlError as e:
+        rep.ok, rep.error = False, str(e)
+        rep.journal = _journal(sd, units)
+        if not isinstance(e, StepFailed) or e.phase != "drain":
+            rep.error += " (the pair stays out of the gateway)"
+    rep.lines = [_instance_line(sd, i, None if rep.ok else rep.error) for i in pair.instances]
+    return rep
+
+
+def restart_pairs(ops: Ops, pairs: list[Pair]) -> list[Report]:
+    """One pair at a time; after a failure the remaining pairs are left alone."""
+    reports: list[Report] = []
+    for pair in pairs:
+        reports.append(restart_pair(ops, pair))
+        if not reports[-1].ok:
+            skipped = [p.id for p in pairs[len(reports):]]
+            if skipped:
+                ops.say(f"stopping the roll; untouched: {', '.join(skipped)}")
+            break
+    return reports
+
+
+def restart_router(ops: Ops) -> Report:
+    r = ops.source.topology.router
+    sd = ops.systemd(r.host)
+    rep = Report(r.unit)
+    try:
+        with _timed(rep.phases, "restart"):
+            sd.restart(r.unit)
+        with _timed(rep.phases, "health"):
+            deadline = time.monotonic() + ops.timeouts.register
+            while True:
+                with contextlib.suppress(gateway.GatewayError):
+                    if ops.gateway.readiness()[0]:
+                        break
+                if time.monotonic() >= deadline:
+                    raise StepFailed("health", f"gateway not ready after "
+                                     f"{ops.timeouts.register:.0f}s")
+                time.sleep(ops.timeouts.poll)
+    except PdctlError as e:
+        rep.ok, rep.error = False, str(e)
+        rep.journal = _journal(sd, [r.unit])
+    rep.lines = [f"{'OK' if rep.ok else 'FAILED'}: {r.host}/gateway ({r.unit})"
+                 + ("" if rep.ok else f": {rep.error}")]
+    return rep
+
+
+def restart_instance(ops: Ops, inst: TopologyInstance) -> Report:
+    """One side alone (--force): leaves the pair degraded on NIXL; says so."""
+    sd = ops.systemd(inst.host)
+    rep = Report(inst.id)
+    try:
+        with _timed(rep.phases, "restart"):
+            sd.restart(inst.unit)
+        deadline = time.monotonic() + ops.timeouts.health
+        with _timed(rep.phases, "health"):
+            while not probe_engine(inst.url).healthy:
+                if time.monotonic() >= deadline:
+                    raise StepFailed("health", f"not healthy after {ops.timeouts.health:.0f}s")
+                time.sleep(ops.timeouts.poll)
+    except PdctlError as e:
+        rep.ok, rep.error = False, str(e)
+        rep.journal = _journal(sd, [inst.unit])
+    rep.lines = [_instance_line(sd, inst, rep.error)]
+    return rep

@@ -1,0 +1,83 @@
+"""Where the ops commands learn the deployment, and how pair names resolve.
+
+On a host: the topology file site.yml writes (/etc/pdstack/topology.yaml). On a controller:
+the inventory and profile (-i/-p), which also allow the checks that need the profile
+(`validate` rules and flag drift against the rendered launch lines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdctl import topology
+from pdctl.errors import PdctlError
+from pdctl.spec import Deployment, load_deployment
+from pdctl.topology import Topology, TopologyInstance, TopologyPair
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A pair with its two instances resolved."""
+
+    spec: TopologyPair
+    prefill: TopologyInstance
+    decode: TopologyInstance
+
+    @property
+    def id(self) -> str:
+        return f"{self.spec.host}/{self.spec.name}"
+
+    @property
+    def instances(self) -> tuple[TopologyInstance, TopologyInstance]:
+        return self.prefill, self.decode
+
+
+@dataclass(frozen=True)
+class Source:
+    topology: Topology
+    deployment: Deployment | None  # only from -i/-p
+
+    def pairs(self) -> list[Pair]:
+        by_id = {i.id: i for i in self.topology.instances}
+        return [Pair(p, by_id[p.prefill], by_id[p.decode]) for p in self.topology.pairs]
+
+    def select(self, names: tuple[str, ...], all_pairs: bool) -> list[Pair]:
+        """The named pairs (NAME or HOST/NAME) in deployment order, or all of them."""
+        pairs = self.pairs()
+        if all_pairs:
+            return pairs
+        valid = ", ".join(p.id for p in pairs)
+        if not names:
+            raise PdctlError(f"name a pair with --pair NAME, or use --all (pairs: {valid})")
+        chosen: list[Pair] = []
+        for name in names:
+            hits = [p for p in pairs if name in (p.id, p.spec.name)]
+            if not hits:
+                raise PdctlError(f"unknown pair {name!r}; valid pairs: {valid}")
+            if len(hits) > 1:
+                raise PdctlError(f"pair name {name!r} is on several hosts; use one of: "
+                                 + ", ".join(p.id for p in hits))
+            chosen += [h for h in hits if h not in chosen]
+        return [p for p in pairs if p in chosen]
+
+    def instance(self, name: str) -> TopologyInstance:
+        hits = [i for i in self.topology.instances if name in (i.id, i.name)]
+        if len(hits) != 1:
+            valid = ", ".join(i.id for i in self.topology.instances)
+            what = "ambiguous" if hits else "unknown"
+            raise PdctlError(f"{what} instance {name!r}; valid instances: {valid}")
+        return hits[0]
+
+
+def load(topology_path: Path, inventory: Path | None, profile: Path | None) -> Source:
+    """From -i/-p when given, else the topology file."""
+    if inventory is not None:
+        dep = load_deployment(inventory, profile)
+        return Source(topology.from_deployment(dep), dep)
+    if not topology_path.exists():
+        raise PdctlError(
+            f"no topology file at {topology_path}: this host was not converged. Run site.yml "
+            "(ansible-playbook site.yml), or on a controller pass -i INVENTORY [-p PROFILE]."
+        )
+    return Source(topology.read(topology_path), None)

@@ -1,0 +1,174 @@
+"""One view of the deployment: units, engines, pair canaries, the gateway's view."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.table import Table
+
+from pdctl.errors import PdctlError
+from pdctl.ops.canary import CanaryResult, gateway_canary, pair_canary
+from pdctl.ops.context import Ops
+from pdctl.ops.gateway import GatewayError, GatewayWorker
+from pdctl.ops.probe import EngineProbe, concurrently, probe_engine
+from pdctl.ops.systemd import UnitStatus
+from pdctl.topology import TopologyInstance
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    instance: TopologyInstance
+    unit: UnitStatus | None
+    unit_error: str | None
+    probe: EngineProbe
+    gateway: GatewayWorker | None  # None: not registered
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    id: str
+    target: str
+    canary: CanaryResult
+
+
+@dataclass(frozen=True)
+class GatewayStatus:
+    url: str
+    ready: bool
+    detail: str
+    canary: CanaryResult | None = None  # a request through the gateway (any pair)
+
+
+@dataclass(frozen=True)
+class Status:
+    instances: list[InstanceStatus]
+    pairs: list[PairStatus]
+    gateway: GatewayStatus
+
+    @property
+    def healthy(self) -> bool:
+        gw = self.gateway
+        gateway_ok = gw.ready and gw.canary is not None and gw.canary.ok
+        pairs_ok = all(p.canary.ok for p in self.pairs)
+        engines_ok = all(i.probe.healthy and i.unit is not None and i.unit.active == "active"
+                         for i in self.instances)
+        return gateway_ok and pairs_ok and engines_ok
+
+
+def _unit(ops: Ops, inst: TopologyInstance) -> tuple[UnitStatus | None, str | None]:
+    try:
+        return ops.systemd(inst.host).show(inst.unit), None
+    except PdctlError as e:
+        return None, str(e)
+
+
+def collect(ops: Ops, canary_count: int = 3) -> Status:
+    topo = ops.source.topology
+    pairs = ops.source.pairs()
+    calls: dict[str, Any] = {}
+    for inst in topo.instances:
+        calls[f"unit:{inst.id}"] = lambda i=inst: _unit(ops, i)
+        calls[f"probe:{inst.id}"] = lambda i=inst: probe_engine(i.url)
+    for p in pairs:
+        calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
+            p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count)
+    calls["gateway"] = lambda: _gateway(ops)
+    got = concurrently(calls)
+    gw_status, workers = got["gateway"]
+    by_url = {w.url: w for w in workers}
+    instances = []
+    for i in topo.instances:
+        unit, unit_error = got[f"unit:{i.id}"]
+        instances.append(InstanceStatus(i, unit, unit_error, got[f"probe:{i.id}"],
+                                        by_url.get(i.url)))
+    return Status(
+        instances=instances,
+        pairs=[PairStatus(p.id, p.spec.target, got[f"canary:{p.id}"]) for p in pairs],
+        gateway=gw_status,
+    )
+
+
+def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker]]:
+    url = ops.source.topology.router.url
+    try:
+        ready, detail = ops.gateway.readiness()
+        return GatewayStatus(url, ready, detail, gateway_canary(url)), ops.gateway.workers()
+    except GatewayError as e:
+        return GatewayStatus(url, False, str(e)), []
+
+
+def to_json(s: Status) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "healthy": s.healthy,
+        "instances": [
+            {
+                "id": i.instance.id,
+                "pair": i.instance.pair,
+                "role": i.instance.role.value,
+                "unit": i.instance.unit,
+                "active": i.unit.active if i.unit else None,
+                "sub": i.unit.sub if i.unit else None,
+                "pid": i.unit.main_pid if i.unit else None,
+                "uptime_s": round(now - i.unit.since) if i.unit and i.unit.since else None,
+                "restarts": i.unit.restarts if i.unit else None,
+                "unit_error": i.unit_error,
+                **{k: v for k, v in asdict(i.probe).items() if k != "url"},
+                "url": i.instance.url,
+                "gateway": {"status": i.gateway.status, "healthy": i.gateway.healthy,
+                            "load": i.gateway.load} if i.gateway else None,
+            }
+            for i in s.instances
+        ],
+        "pairs": [{"id": p.id, "target": p.target, "canary": asdict(p.canary)} for p in s.pairs],
+        "gateway": asdict(s.gateway),
+    }
+
+
+def _uptime(u: UnitStatus | None) -> str:
+    if u is None or u.since is None or u.active != "active":
+        return "-"
+    s = int(time.time() - u.since)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _num(v: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def tables(s: Status) -> list[Table]:
+    t = Table(title="Instances", title_justify="left")
+    for col in ("instance", "unit", "PID", "uptime", "/health", "run", "queue", "KV",
+                "graph", "tok/s", "gateway"):
+        t.add_column(col, justify="right" if col in ("PID", "run", "queue", "KV", "tok/s")
+                     else "left")
+    for i in s.instances:
+        u, p, g = i.unit, i.probe, i.gateway
+        state = f"{u.active}/{u.sub}" if u else f"[red]{i.unit_error}[/]"
+        if u and u.active != "active":
+            state = f"[red]{state}[/]"
+        graph = "-" if p.cuda_graph is None else ("graph" if p.cuda_graph else "[red]eager[/]")
+        gw = "[yellow]not registered[/]" if g is None else (
+            f"{g.status}{'' if g.healthy else ' (unhealthy)'}, load {g.load}")
+        t.add_row(i.instance.id, state, str(u.main_pid or "-") if u else "-", _uptime(u),
+                  p.health if p.healthy else f"[red]{p.health}[/]", _num(p.running),
+                  _num(p.queued), _num(p.token_usage, "{:.0%}"), graph,
+                  _num(p.gen_throughput, "{:.1f}"), gw)
+    pt = Table(title="Pairs (a real request through each pair's PD path)", title_justify="left")
+    for col in ("pair", "target", "canary", "latency"):
+        pt.add_column(col)
+    for pr in s.pairs:
+        c = pr.canary
+        verdict = (f"ok {c.sent}/{c.sent}" if c.ok
+                   else f"[red]FAILED {c.failed}/{c.sent}[/]: {c.error}")
+        pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"))
+    gt = Table(title="Gateway", title_justify="left")
+    for col in ("url", "readiness", "request", "latency"):
+        gt.add_column(col)
+    gc = s.gateway.canary
+    gt.add_row(s.gateway.url, ("ready " if s.gateway.ready else "[red]NOT READY[/] ")
+               + s.gateway.detail, "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
+               _num(gc.latency_s if gc else None, "{:.3f}s"))
+    return [t, pt, gt]

@@ -1,0 +1,196 @@
+"""pdctl status/doctor/restart against local sim engines behind the real gateway (smg).
+
+Engines are local processes; `pdctl.ops.localproc.LocalUnits` stands in for systemd
+(start/stop by PID, a pair target names its two units). Everything else is the real code
+path: the gateway admin API, /health, the pair canary, the restart lock.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from pdctl import topology
+from pdctl.ops import lock
+from pdctl.ops.context import Ops
+from pdctl.ops.doctor import doctor
+from pdctl.ops.localproc import LocalPair, LocalUnits, local_ops, local_topology
+from pdctl.ops.restart import restart_instance, restart_pair, restart_pairs
+from pdctl.ops.status import collect
+from pdctl.sim.stack import Gateway, SimProc, wait_until
+
+pytestmark = pytest.mark.gateway
+
+# A degraded pair fails most requests, so an 8-request canary cannot miss it by chance.
+ENV = {"PDSIM_DEGRADED_FAIL_RATIO": "0.8"}
+
+
+@pytest.fixture
+def two_pairs(sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway],
+              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Ops, LocalUnits]:
+    monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
+    pairs = [LocalPair(f"pd{n}", sim_factory("prefill", env=ENV), sim_factory("decode", env=ENV))
+             for n in range(2)]
+    for p in pairs:
+        p.prefill.wait_healthy()
+        p.decode.wait_healthy()
+    gw = gateway_factory([p.prefill for p in pairs], [p.decode for p in pairs],
+                         "--disable-retries").wait_ready()
+    ops, units = local_ops(pairs, gw)
+    ops.say = lambda line: print(line, file=sys.stderr)
+    return ops, units
+
+
+def _registered(ops: Ops) -> set[str]:
+    return {w.url for w in ops.gateway.workers() if w.healthy and w.status == "ready"}
+
+
+@pytest.fixture
+def watch_gateway(two_pairs: tuple[Ops, LocalUnits]) -> Iterator[list[set[str]]]:
+    """Snapshots of the gateway's ready workers, taken every 50 ms."""
+    ops, _ = two_pairs
+    seen: list[set[str]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(_registered(ops))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    yield seen
+    done.set()
+    t.join(5)
+
+
+def test_restart_both_drains_restarts_and_reregisters(
+    two_pairs: tuple[Ops, LocalUnits], watch_gateway: list[set[str]]
+) -> None:
+    ops, units = two_pairs
+    pd0, pd1 = ops.source.pairs()
+    old_pids = {i.unit: units.show(i.unit).main_pid for i in pd0.instances}
+    rep = restart_pair(ops, pd0)
+    assert rep.ok, (rep.error, rep.journal)
+    assert list(rep.phases) == ["drain", "stop", "start", "health", "canary", "register"]
+    assert [line.split(":")[0] for line in rep.lines] == ["OK", "OK"]
+    assert all(units.show(u).main_pid not in (0, pid) for u, pid in old_pids.items())
+    # The gateway stopped routing to pd0 while it restarted, and routes to it again now.
+    pd0_urls = {i.url for i in pd0.instances}
+    assert any(not (pd0_urls & snap) for snap in watch_gateway)
+    assert pd0_urls | {i.url for i in pd1.instances} <= _registered(ops)
+    # pd1 was never touched.
+    assert all(u not in {i.unit for i in pd1.instances} for _, u in units.jobs)
+    assert ("stop", pd0.decode.unit) in units.jobs
+
+
+def test_doctor_finds_degraded_pair_after_lone_decode_restart(
+    two_pairs: tuple[Ops, LocalUnits],
+) -> None:
+    ops, _ = two_pairs
+    pd0 = ops.source.pairs()[0]
+    assert not [f for f in doctor(ops)[0] if f.id.startswith("live-")]
+    assert restart_instance(ops, pd0.decode).ok
+    findings, status = doctor(ops)
+    degraded = [f for f in findings if f.id == "live-degraded-pair"]
+    assert [f.where for f in degraded] == [pd0.id], findings
+    assert f"run pdctl restart --both --pair {pd0.id}" == degraded[0].fix
+    assert all(i.probe.healthy for i in status.instances)  # /health cannot see it
+    assert restart_pair(ops, pd0).ok
+    assert not [f for f in doctor(ops)[0] if f.id.startswith("live-")]
+
+
+def test_second_restart_refuses_while_the_first_holds_the_lock(
+    two_pairs: tuple[Ops, LocalUnits], tmp_path: Path
+) -> None:
+    ops, _ = two_pairs
+    topo_file = tmp_path / "topology.yaml"
+    topology.write(ops.source.topology, topo_file)
+    holding = threading.Event()
+    result: list[bool] = []
+
+    def first() -> None:
+        with lock.held("pdctl restart --both --pair pd0"):
+            holding.set()
+            result.append(restart_pair(ops, ops.source.pairs()[0]).ok)
+
+    t = threading.Thread(target=first)
+    t.start()
+    holding.wait(10)
+    second = subprocess.run(
+        [sys.executable, "-c", "from pdctl.cli import main; main()", "restart", "--both",
+         "--all", "--yes", "--topology", str(topo_file)],
+        capture_output=True, text=True, timeout=60, env=os.environ.copy())
+    t.join(120)
+    assert second.returncode == 3, second.stderr
+    assert f"PID {os.getpid()} pdctl restart --both --pair pd0" in second.stderr
+    assert result == [True]
+
+
+def _load(url: str, stop: threading.Event, outcomes: list[int]) -> None:
+    with requests.Session() as s:
+        while not stop.is_set():
+            try:
+                r = s.post(f"{url}/generate", timeout=30,
+                           json={"text": "load", "sampling_params": {"max_new_tokens": 8}})
+                outcomes.append(r.status_code)
+            except requests.RequestException:
+                outcomes.append(0)
+
+
+def test_restart_all_under_load_fails_no_client_request(
+    two_pairs: tuple[Ops, LocalUnits],
+) -> None:
+    ops, _ = two_pairs
+    stop = threading.Event()
+    outcomes: list[int] = []
+    clients = [threading.Thread(target=_load, args=(ops.source.topology.router.url, stop,
+                                                    outcomes)) for _ in range(4)]
+    for c in clients:
+        c.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
+        reports = restart_pairs(ops, ops.source.pairs())
+        before_end = len(outcomes)
+        wait_until(lambda: len(outcomes) >= before_end + 20, 30, "load after the restarts")
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(60)
+    assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
+    failed = [s for s in outcomes if s != 200]
+    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    assert len(outcomes) > 100
+
+
+def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalUnits]) -> None:
+    ops, units = two_pairs
+    s = collect(ops)
+    assert s.healthy
+    assert {i.instance.id for i in s.instances} == {
+        "local/pd0-prefill", "local/pd0-decode", "local/pd1-prefill", "local/pd1-decode"}
+    assert all(i.gateway is not None and i.gateway.status == "ready" for i in s.instances)
+    pd1 = ops.source.pairs()[1]
+    units.stop(pd1.decode.unit)
+    s = collect(ops)
+    assert not s.healthy
+    (bad,) = [p for p in s.pairs if not p.canary.ok]
+    assert bad.id == pd1.id
+    down = {i.instance.id: i for i in s.instances}[pd1.decode.id]
+    assert down.unit is not None and down.unit.active == "inactive"
+    assert down.probe.health.startswith("unreachable")
+
+
+def test_local_topology_round_trips(two_pairs: tuple[Ops, LocalUnits], tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    topology.write(ops_topology := two_pairs[0].source.topology, path)
+    assert topology.read(path) == ops_topology
+    assert local_topology  # the builder the CLI test above relies on
