@@ -76,16 +76,22 @@ def command(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
     return numa + engine + launch_args(inst, dep)
 
 
-def command_lines(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
-    """`command` with one flag and its values per line, quoted, so unit diffs read flag by flag."""
-    numa, engine = _numa_and_engine(inst, dep, venv)
-    lines = [shlex.join(numa), shlex.join(engine)]
-    for token in launch_args(inst, dep):
+def flag_lines(heads: list[list[str]], args: list[str]) -> list[str]:
+    """A line per head, then one flag and its values per line, quoted, so unit diffs read flag
+    by flag. Values before the first flag stay on the last head's line."""
+    lines = [shlex.join(head) for head in heads]
+    for token in args:
         if token.startswith("--"):
             lines.append(shlex.quote(token))
         else:
             lines[-1] += " " + shlex.quote(token)
     return lines
+
+
+def command_lines(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
+    """`command` split by `flag_lines`."""
+    numa, engine = _numa_and_engine(inst, dep, venv)
+    return flag_lines([numa, engine], launch_args(inst, dep))
 
 
 def environment(inst: Instance, dep: Deployment) -> dict[str, str]:

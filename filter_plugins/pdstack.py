@@ -1,0 +1,132 @@
+"""Ansible's view of the deployment: the pdctl spec and renderer, as plain data.
+
+The roles never derive a flag, a port or a unit name themselves; they template what
+`pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from pdctl import render, topology
+from pdctl.errors import PdctlError
+from pdctl.spec import Deployment, EngineKind, Instance, load_deployment
+
+GATEWAY_BIN = f"{render.VENV}/bin/smg"
+
+
+def profile_path(inventory_file: str, profile: str) -> str:
+    """Relative profiles resolve against the inventory's directory, as pdctl resolves them."""
+    path = Path(profile)
+    return str(path if path.is_absolute() else Path(inventory_file).parent / path)
+
+
+def _instance(inst: Instance) -> dict[str, Any]:
+    # Plain types only: Ansible 2.19 refuses enums and dataclasses in variables.
+    return {
+        "id": inst.id,
+        "name": inst.name,
+        "role": inst.role.value,
+        "pair": inst.pair,
+        "numa_node": inst.numa_node,
+        "gpus": list(inst.gpus),
+        "port": inst.port,
+        "bootstrap_port": inst.bootstrap_port,
+        "unit": inst.unit,
+        "pair_target": inst.pair_target,
+        "url": inst.url,
+    }
+
+
+def _unit_vars(inst: Instance, dep: Deployment) -> dict[str, Any]:
+    ctx = render.unit_context(inst, dep)
+    return {**ctx, "inst": _instance(inst)}
+
+
+def _packages(dep: Deployment) -> dict[str, list[str]]:
+    """pip requirements per role; `pdctl` comes from the wheelhouse (built from this checkout)."""
+    v = dep.profile.versions
+    engine = ["pdctl"]
+    if dep.profile.engine.kind is EngineKind.SGLANG:
+        engine = [f"sglang=={v.sglang}", f"{v.nixl_package}=={v.nixl}", *engine]
+    return {"engine": engine, "gateway": [f"{v.gateway_package}=={v.gateway}"]}
+
+
+def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
+    host = next(h for h in dep.hosts if h.name == host_name)
+    pairs: dict[str, dict[str, Any]] = {}
+    for inst in host.instances:
+        pair = pairs.setdefault(
+            inst.pair, {"pair": inst.pair, "target": inst.pair_target, "units": []}
+        )
+        pair["units"].append(inst.unit)
+    return {
+        "address": host.address,
+        "instances": [_unit_vars(i, dep) for i in host.instances],
+        "pairs": list(pairs.values()),
+        "gpus": sorted({g for i in host.instances for g in i.gpus}),
+        "numa_nodes": sorted({i.numa_node for i in host.instances}),
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[str, Any]:
+    try:
+        dep = load_deployment(Path(inventory_file), Path(profile))
+    except PdctlError as e:
+        raise AnsibleFilterError(f"pdstack: {e}") from None
+    r = dep.profile.router
+    return {
+        "profile": str(dep.profile_path),
+        "engine_kind": dep.profile.engine.kind.value,
+        "model_path": dep.profile.model.path,
+        "packages": _packages(dep),
+        "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
+        "gateway": {
+            "host": dep.router_host,
+            "unit": topology.GATEWAY_UNIT,
+            "url": dep.router_url,
+            "port": r.port,
+            "metrics_port": r.metrics_port,
+            "command_lines": render.flag_lines([[GATEWAY_BIN]], render.router_args(dep)),
+        },
+        "topology": topology.dump(topology.from_deployment(dep)),
+        "layout": {
+            "install_dir": render.INSTALL_DIR,
+            "venv": render.VENV,
+            "config_dir": render.CONFIG_DIR,
+            "state_dir": render.STATE_DIR,
+            "user": render.SERVICE_USER,
+            "topology_file": str(topology.PATH),
+        },
+    }
+
+
+def _mtime(path: str) -> float:
+    p = Path(path)
+    return p.stat().st_mtime if p.exists() else 0.0
+
+
+def pdstack_deployment(inventory_file: str, profile: str) -> dict[str, Any]:
+    """Everything the roles need, for every host: `inventory_file | pdstack_deployment(profile)`.
+
+    Cached, since roles look it up per task; file times in the key make an edited file count.
+    """
+    profile = profile_path(inventory_file, profile)
+    return _load(str(inventory_file), profile, (_mtime(inventory_file), _mtime(profile)))
+
+
+def pdstack_profile_path(inventory_file: str, profile: str) -> str:
+    return profile_path(inventory_file, profile)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "pdstack_deployment": pdstack_deployment,
+            "pdstack_profile_path": pdstack_profile_path,
+        }

@@ -1,0 +1,132 @@
+"""The topology file site.yml writes on every host (/etc/pdstack/topology.yaml).
+
+pdctl on a host reads it instead of the inventory and profile, so it works where Ansible and the
+deployment sources are absent. It holds the whole deployment (every host's pairs and the
+gateway), because a pair's peer and the router may live on another host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pdctl.errors import SpecError
+from pdctl.render import CONFIG_DIR
+from pdctl.spec import Deployment, Instance, Role
+from pdctl.spec.load import key_path
+
+PATH = Path(CONFIG_DIR) / "topology.yaml"
+VERSION = 1
+GATEWAY_UNIT = "pdstack-gateway.service"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopologyInstance(_Frozen):
+    id: str
+    host: str
+    name: str
+    pair: str
+    role: Role
+    unit: str
+    url: str
+    numa_node: int
+    gpus: list[int]
+    bootstrap_port: int | None = None
+
+
+class TopologyPair(_Frozen):
+    host: str
+    name: str
+    target: str
+    prefill: str  # instance ids
+    decode: str
+
+
+class TopologyRouter(_Frozen):
+    host: str
+    url: str
+    metrics_url: str
+    unit: str
+
+
+class Topology(_Frozen):
+    version: int = VERSION
+    model: str  # served model name
+    engine: str  # sglang | sim
+    instances: list[TopologyInstance]
+    pairs: list[TopologyPair]
+    router: TopologyRouter
+
+    def on_host(self, host: str) -> list[TopologyInstance]:
+        return [i for i in self.instances if i.host == host]
+
+
+def _instance(inst: Instance) -> TopologyInstance:
+    return TopologyInstance(
+        id=inst.id,
+        host=inst.host,
+        name=inst.name,
+        pair=inst.pair,
+        role=inst.role,
+        unit=inst.unit,
+        url=inst.url,
+        numa_node=inst.numa_node,
+        gpus=list(inst.gpus),
+        bootstrap_port=inst.bootstrap_port,
+    )
+
+
+def from_deployment(dep: Deployment) -> Topology:
+    router = dep.profile.router
+    return Topology(
+        model=dep.profile.model.served_name,
+        engine=dep.profile.engine.kind.value,
+        instances=[_instance(i) for i in dep.instances],
+        pairs=[
+            TopologyPair(host=p.host, name=p.pair, target=p.pair_target, prefill=p.id, decode=d.id)
+            for p, d in dep.pairs()
+        ],
+        router=TopologyRouter(
+            host=dep.router_host,
+            url=dep.router_url,
+            metrics_url=f"http://{dep.router_address}:{router.metrics_port}/metrics",
+            unit=GATEWAY_UNIT,
+        ),
+    )
+
+
+def dump(topo: Topology) -> str:
+    header = "# Written by site.yml (pdstack); read by pdctl on this host. Do not edit.\n"
+    return header + yaml.safe_dump(topo.model_dump(mode="json"), sort_keys=False)
+
+
+def write(topo: Topology, path: Path = PATH) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(dump(topo))
+    tmp.replace(path)
+
+
+def read(path: Path = PATH) -> Topology:
+    """The topology, or a SpecError naming the file and the bad key."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(
+            str(path), "", f"cannot read: {e.strerror} (site.yml writes it on every host)"
+        ) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), "", f"malformed YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(str(path), "", "a topology file must be a YAML mapping")
+    if data.get("version") != VERSION:
+        raise SpecError(str(path), "version", f"expected {VERSION}, got {data.get('version')!r}")
+    try:
+        return Topology.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise SpecError(str(path), key_path(first["loc"]), first["msg"]) from None
