@@ -77,7 +77,7 @@ def build() -> Dashboard:
             ),
             _gpu("Power", "Power draw.", "watt", f"pdstack_gpu_power_watts{{{GPU}}}"),
             _gpu(
-                "Memory used",
+                "GPU memory used",
                 "Device memory in use (weights, KV pool, graphs, activations).",
                 "percentunit",
                 f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_used_bytes{{{GPU}}}) / "
@@ -149,7 +149,7 @@ def build() -> Dashboard:
                 width=8,
             ),
             Panel(
-                "Memory used",
+                "Host memory used",
                 "Share of host memory not available to new allocations.",
                 "percentunit",
                 [

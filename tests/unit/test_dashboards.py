@@ -58,6 +58,8 @@ def test_dashboard_shape(name: str) -> None:
     assert len(variables) > 1, "a role/instance variable besides the datasource"
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+    titles = [p["title"] for p in panels(board)]
+    assert len(titles) == len(set(titles)), "titles name panels in tests and links"
 
 
 def _panels() -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,400 @@
+"""The monitoring pack against live data: sim prefill + sim decode + the real gateway (smg) +
+pd-exporter + node exporter, scraped by a real Prometheus (Debian's) configured from the
+Prometheus role's own templates. Under load, every PromQL expression of every dashboard panel
+and every rule must parse and return data, unless listed below with the reason it only has
+data under failure. Then induced failures drive the matching alerts to firing: the decode
+stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
+production incident)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import requests
+import yaml
+
+from monitoring.dashboards.render import expressions, render_dashboards
+from monitoring.promql import metric_names, substitute
+from monitoring.rules_source import render_rules
+from pdctl.sim.stack import Gateway, SimProc, free_port, stop_pid, wait_until
+from pdctl.spec import Role
+from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter, dump
+from tests.conftest import ROOT, require_tool
+
+pytestmark = pytest.mark.gateway
+
+HOST = "testhost"
+PAIR = f"{HOST}/pd0"
+TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
+RATE_INTERVAL = "30s"
+# Hold times short enough to watch alerts fire within the test, and SLOs of 1 ms so that the
+# SLO alerts fire on the live latencies.
+RULE_OVERRIDES: dict[str, object] = {
+    **{
+        f"{k}_for": "2s"
+        for k in (
+            "down",
+            "canary",
+            "eager",
+            "kv_usage",
+            "slo",
+            "throttle",
+            "pd_failures",
+            "hang",
+            "kv_leak",
+        )
+    },
+    "ttft_p95_seconds": 0.001,
+    "itl_p95_seconds": 0.001,
+}
+
+# Metric families that exist only after a failure or only on GPU hosts, with the reason.
+FAILURE_ONLY = {
+    "sglang:num_bootstrap_failed_reqs_total": "written at the first failed bootstrap",
+    "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
+    "sglang:num_prefill_retries_total": "written at the first prefill retry",
+    "sglang:num_aborted_requests_total": "written at the first aborted request",
+    "pdstack_gpu_xid_errors_total": "needs NVML (GPU host) and an XID event",
+}
+GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
+# Expressions allowed to return nothing here: (dashboard uid or "rules", panel or rule) ->
+# why. Every alert is silent on a healthy stack except the two that this host really has.
+NO_DATA = {
+    ("pdstack-overview", "Errors"): "aborted requests and 5xx happen only under failure",
+    ("pdstack-pipeline", "Bootstrap failures"): FAILURE_ONLY[
+        "sglang:num_bootstrap_failed_reqs_total"
+    ],
+    ("pdstack-pipeline", "KV transfer failures"): FAILURE_ONLY[
+        "sglang:num_transfer_failed_reqs_total"
+    ],
+    (
+        "pdstack-pipeline",
+        "Prefill retries and aborts",
+    ): "retries and aborts happen only under failure",
+    ("pdstack-gateway", "Failed health checks"): "only when a worker fails a health check",
+    ("rules", "engine:sglang_bootstrap_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
+    ("rules", "engine:sglang_transfer_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
+    **{
+        ("pdstack-gpus", title): GPU_ONLY
+        for title in (
+            "variable gpu_role",
+            "variable numa_node",
+            "SM utilisation",
+            "Memory-controller utilisation",
+            "Power vs limit",
+            "Power",
+            "GPU memory used",
+            "Temperature",
+            "SM clock",
+            "PCIe throughput",
+            "Throttle reasons",
+            "XID errors",
+        )
+    },
+}
+ALERTS_WITH_DATA_HERE = {
+    "PDGPUTelemetryMissing": "no NVML on the test host",
+    "PDDecodeEagerFallback": "the load runs 16 concurrent requests; the decode graphs stop at 8",
+    "PDTTFTSLOBreach": "RULE_OVERRIDES sets a 1 ms SLO",
+    "PDITLSLOBreach": "RULE_OVERRIDES sets a 1 ms SLO",
+}
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        r = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        body = r.json()
+        assert body["status"] == "success", (expr, body)
+        return list(body["data"]["result"])
+
+    def has_series(self, name: str) -> bool:
+        r = requests.get(
+            f"{self.url}/api/v1/series", params={"match[]": f'{{__name__="{name}"}}'}, timeout=10
+        )
+        return bool(r.json()["data"])
+
+    def unseen_names(self, expr: str) -> set[str]:
+        """Metric names the expression selects that Prometheus has no series of, except
+        those explained in FAILURE_ONLY and the GPU readings (no NVML here)."""
+        return {
+            n
+            for n in metric_names(expr)
+            if n not in FAILURE_ONLY
+            and not (n.startswith("pdstack_gpu_") and n != "pdstack_gpu_up")
+            and not self.has_series(n)
+        }
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(requests.get(f"{self.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"])
+
+
+@dataclass
+class Live:
+    prom: Prometheus
+    gateway: Gateway
+    decode: SimProc
+
+
+def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
+    def inst(role: Role, sim: SimProc, numa: int, gpus: list[int]) -> TopologyInstance:
+        name = f"pd0-{role.value}"
+        return TopologyInstance(
+            id=f"{HOST}/{name}",
+            host=HOST,
+            name=name,
+            pair="pd0",
+            role=role,
+            unit=f"pdstack-{name}.service",
+            url=sim.url,
+            numa_node=numa,
+            gpus=gpus,
+            bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
+        )
+
+    return Topology(
+        model="sim",
+        engine="sim",
+        instances=[inst(Role.PREFILL, prefill, 0, [0, 1]), inst(Role.DECODE, decode, 1, [2, 3])],
+        pairs=[
+            TopologyPair(
+                host=HOST,
+                name="pd0",
+                target="pdstack-pd0.target",
+                prefill=f"{HOST}/pd0-prefill",
+                decode=f"{HOST}/pd0-decode",
+            )
+        ],
+        router=TopologyRouter(
+            host=HOST,
+            url=gateway.url,
+            metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+            unit="pdstack-gateway.service",
+        ),
+    )
+
+
+def render_prometheus_config(root: Path, topo: Topology, ports: dict[str, int]) -> Path:
+    """Config, file_sd targets and rules exactly as roles/pdstack_prometheus writes them."""
+    # Ansible's template module trims blocks the same way.
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    (root / "targets").mkdir(parents=True)
+    (root / "rules").mkdir()
+    data = topo.model_dump(mode="json")
+    local = [{"name": HOST, "address": "127.0.0.1"}]
+    files = {
+        "sglang": env.get_template("engines.json.j2").render(topology=data),
+        "smg": env.get_template("gateway.json.j2").render(topology=data),
+        "pd-exporter": env.get_template("hosts.json.j2").render(
+            hosts=local, port=ports["exporter"]
+        ),
+        "node": env.get_template("hosts.json.j2").render(hosts=local, port=ports["node"]),
+    }
+    for job, text in files.items():
+        (root / "targets" / f"{job}.json").write_text(text)
+    (root / "rules" / "pdstack.rules.yml").write_text(render_rules(RULE_OVERRIDES))
+    config = root / "prometheus.yml"
+    config.write_text(
+        env.get_template("prometheus.yml.j2").render(
+            ansible_managed="test",
+            scrape_interval="1s",
+            scrape_timeout="1s",
+            evaluation_interval="1s",
+            rules_dir=root / "rules",
+            targets_dir=root / "targets",
+        )
+    )
+    return config
+
+
+def generate_load(url: str, seconds: float, concurrency: int) -> int:
+    stop = time.monotonic() + seconds
+    done = [0]
+
+    def worker() -> None:
+        session = requests.Session()
+        while time.monotonic() < stop:
+            with contextlib.suppress(requests.RequestException):
+                session.post(
+                    f"{url}/generate",
+                    timeout=30,
+                    json={
+                        "text": "tell me about disaggregated serving",
+                        "sampling_params": {"max_new_tokens": 48, "temperature": 0},
+                    },
+                )
+                done[0] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0]
+
+
+@pytest.fixture
+def live(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway], tmp_path: Path
+) -> Iterator[Live]:
+    promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
+    node_exporter = require_tool("prometheus-node-exporter")
+    env = {"PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    prefill = sim_factory("prefill", env=env)
+    decode = sim_factory(
+        "decode",
+        env=env,
+        extra=(
+            "--cuda-graph-max-bs-decode",
+            "8",
+            "--max-running-requests",
+            "32",
+            "--decode-log-interval",
+            "4",
+        ),
+    )
+    prefill.wait_healthy()
+    decode.wait_healthy()
+    gateway = gateway_factory([prefill], [decode]).wait_ready()
+    topo_file = tmp_path / "topology.yaml"
+    topo = topology(prefill, decode, gateway)
+    topo_file.write_text(dump(topo))
+    ports = {"exporter": free_port(), "node": free_port(), "prometheus": free_port()}
+    procs = [
+        start_process(
+            [
+                sys.executable,
+                "-m",
+                "pdctl.exporter",
+                "--topology",
+                str(topo_file),
+                "--host",
+                HOST,
+                "--port",
+                str(ports["exporter"]),
+                "--canary-interval",
+                "1",
+                "--canary-timeout",
+                "3",
+                "--journal-file",
+                f"pd0-decode={decode.log_path}",
+            ],
+            tmp_path / "exporter.log",
+        ),
+        start_process(
+            [str(node_exporter), f"--web.listen-address=127.0.0.1:{ports['node']}"],
+            tmp_path / "node.log",
+        ),
+    ]
+    try:
+        config = render_prometheus_config(tmp_path / "prom", topo, ports)
+        subprocess.run([str(promtool), "check", "config", str(config)], check=True)
+        prom_url = f"http://127.0.0.1:{ports['prometheus']}"
+        procs.append(
+            start_process(
+                [
+                    str(prometheus),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                ],
+                tmp_path / "prometheus.log",
+            )
+        )
+        wait_until(lambda: requests.get(f"{prom_url}/-/ready", timeout=2).ok, 30, "prometheus")
+        prom = Prometheus(prom_url, procs[-1])
+        wait_until(
+            lambda: len([r for r in prom.query("up") if r["value"][1] == "1"]) == 5,
+            30,
+            "every target up",
+        )
+        yield Live(prom, gateway, decode)
+    finally:
+        for proc in procs:
+            stop_pid(proc)
+
+
+def _firing(prom: Prometheus, name: str, **labels: str) -> bool:
+    return any(
+        a["labels"]["alertname"] == name
+        and a["state"] == "firing"
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+        for a in prom.alerts()
+    )
+
+
+def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
+    assert generate_load(live.gateway.url, seconds=15, concurrency=16) > 20
+    time.sleep(3)  # two more scrapes after the last request
+
+    empty: list[tuple[str, str]] = []
+    unseen: set[str] = set()
+    for text in render_dashboards().values():
+        board = json.loads(text)
+        for variable in board["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"])
+            assert match, variable["query"]
+            series, label = match.groups()
+            if not any(label in r["metric"] for r in live.prom.query(substitute(series))):
+                empty.append((board["uid"], f"variable {variable['name']}"))
+        for title, expr in expressions(board):
+            if not live.prom.query(substitute(expr, RATE_INTERVAL)):
+                empty.append((board["uid"], title))
+            unseen |= live.prom.unseen_names(expr)
+    for rule in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]:
+        for r in rule["rules"]:
+            name, result = r.get("record") or r["alert"], live.prom.query(r["expr"])
+            unseen |= live.prom.unseen_names(r["expr"])
+            if "record" in r and not result:
+                empty.append(("rules", name))
+            if "alert" in r and bool(result) != (name in ALERTS_WITH_DATA_HERE):
+                empty.append(("rules", f"{name} {'fires' if result else 'is silent'}"))
+    assert not unseen, f"metric names Prometheus never saw: {sorted(unseen)}"
+    print("no data (explained):", sorted(set(empty)))
+    unexplained = sorted(set(empty) - set(NO_DATA))
+    assert not unexplained, f"expressions without data: {unexplained}"
+
+    # The alerts this host really has fire through the rule files Prometheus loaded.
+    for alert in ("PDGPUTelemetryMissing", "PDTTFTSLOBreach", "PDITLSLOBreach"):
+        wait_until(lambda a=alert: _firing(live.prom, a), 20, alert)
+    wait_until(
+        lambda: _firing(live.prom, "PDDecodeEagerFallback", engine=f"{HOST}/pd0-decode"),
+        20,
+        "PDDecodeEagerFallback",
+    )
+
+    # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap).
+    live.decode.restart().wait_healthy()
+    wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
+
+    # The decode stopped: its engine is down (and the pair alert yields to it).
+    live.decode.stop()
+    wait_until(
+        lambda: _firing(live.prom, "PDEngineDown", engine=f"{HOST}/pd0-decode"), 30, "PDEngineDown"
+    )
