@@ -22,7 +22,7 @@ from pdctl import topology
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.doctor import doctor
-from pdctl.ops.localproc import LocalPair, LocalUnits, local_ops, local_topology
+from pdctl.ops.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.ops.restart import restart_instance, restart_pair, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.sim.stack import Gateway, SimProc, wait_until
@@ -193,4 +193,3 @@ def test_local_topology_round_trips(two_pairs: tuple[Ops, LocalUnits], tmp_path:
     path = tmp_path / "t.yaml"
     topology.write(ops_topology := two_pairs[0].source.topology, path)
     assert topology.read(path) == ops_topology
-    assert local_topology  # the builder the CLI test above relies on

@@ -1,0 +1,313 @@
+"""pdctl.ops modules with fakes: lock, systemctl parsing and ssh, rate limiter, pair
+selection, plan lines, restart failure handling, doctor findings."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdctl.errors import PdctlError
+from pdctl.ops import doctor, lock, restart, systemd
+from pdctl.ops.canary import CanaryResult
+from pdctl.ops.context import Ops, Timeouts
+from pdctl.ops.gateway import GatewayWorker
+from pdctl.ops.probe import EngineProbe
+from pdctl.ops.recover import RateLimit, RateLimited, RecoveryLog
+from pdctl.ops.source import Source
+from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
+from pdctl.ops.systemd import UnitStatus
+from pdctl.topology import Topology
+
+
+def topo(hosts: tuple[str, ...] = ("node-a",), pairs: tuple[str, ...] = ("pd0", "pd1")) -> Topology:
+    instances, pair_specs = [], []
+    for h, host in enumerate(hosts):
+        for n, name in enumerate(pairs):
+            ids = {}
+            for r, role in enumerate(("prefill", "decode")):
+                ids[role] = f"{host}/{name}-{role}"
+                instances.append({
+                    "id": ids[role], "host": host, "name": f"{name}-{role}", "pair": name,
+                    "role": role, "unit": f"pdstack-{name}-{role}.service",
+                    "url": f"http://10.0.{h}.1:{30000 + 10 * n + r}", "numa_node": 0,
+                    "gpus": [r], "bootstrap_port": 8998 + n if role == "prefill" else None})
+            pair_specs.append({"host": host, "name": name, "target": f"pdstack-{name}.target",
+                               **ids})
+    return Topology.model_validate({
+        "model": "sim", "engine": "sim", "instances": instances, "pairs": pair_specs,
+        "router": {"host": hosts[0], "url": "http://10.0.0.1:8000",
+                   "metrics_url": "http://10.0.0.1:29000/metrics",
+                   "unit": "pdstack-gateway.service"}})
+
+
+# ----- lock ---------------------------------------------------------------------------
+def test_lock_refusal_names_the_holder_and_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "restart.lock"
+    with lock.held("pdctl restart --both --pair pd0", path):
+        with pytest.raises(lock.LockHeld) as e, lock.held("second", path):
+            pass
+        assert "pdctl restart --both --pair pd0" in str(e.value)
+        assert f"PID {__import__('os').getpid()}" in str(e.value)
+        assert e.value.exit_code == 3
+    with pytest.raises(RuntimeError), lock.held("third", path):
+        raise RuntimeError("boom")
+    with lock.held("fourth", path):  # released after the exception
+        pass
+
+
+def test_lock_conflicts_across_processes(tmp_path: Path) -> None:
+    path = tmp_path / "restart.lock"
+    code = ("import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)")
+    with lock.held("holder", path):
+        held = subprocess.run(["python3", "-c", code, str(path)], capture_output=True)
+    free = subprocess.run(["python3", "-c", code, str(path)], capture_output=True)
+    assert held.returncode != 0 and free.returncode == 0
+
+
+# ----- systemd ------------------------------------------------------------------------
+SHOW = """LoadState=loaded
+ActiveState=active
+SubState=running
+MainPID=4242
+ActiveEnterTimestamp=@1764400000
+NRestarts=2
+ExecStart={ path=/usr/bin/numactl ; argv[]=/usr/bin/numactl --cpunodebind=0 \
+/opt/pdstack/venv/bin/python -m pdctl.sim --port 30001 ; ignore_errors=no ; pid=0 }
+"""  # the backslash joins the ExecStart line
+
+
+def test_parse_show() -> None:
+    st = systemd.parse_show("u.service", SHOW)
+    assert (st.active, st.sub, st.main_pid, st.since, st.restarts) == (
+        "active", "running", 4242, 1764400000.0, 2)
+    assert st.exec_start[-4:] == ["-m", "pdctl.sim", "--port", "30001"]
+    stopped = systemd.parse_show("u.service", "ActiveState=inactive\nMainPID=0\n"
+                                 "ActiveEnterTimestamp=\n")
+    assert (stopped.active, stopped.main_pid, stopped.since) == ("inactive", 0, None)
+
+
+@dataclass
+class FakeRun:
+    returncode: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    argv: list[list[str]] = field(default_factory=list)
+
+    def __call__(self, argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        self.argv.append(argv)
+        return subprocess.CompletedProcess(argv, self.returncode, self.stdout, self.stderr)
+
+
+def test_remote_systemctl_goes_through_ssh_and_names_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRun(stdout=SHOW)
+    monkeypatch.setattr(subprocess, "run", fake)
+    sd = systemd.Systemctl("node-b", "root@10.0.1.1")
+    assert sd.show("pdstack-pd0-decode.service").main_pid == 4242
+    sd.stop("pdstack-pd0.target")
+    assert fake.argv[0][:-1] == [*systemd.SSH, "root@10.0.1.1"]
+    assert fake.argv[1][-1] == "systemctl stop pdstack-pd0.target"
+    fake.returncode, fake.stderr = 255, "ssh: connect to host 10.0.1.1 port 22: No route to host"
+    with pytest.raises(systemd.HostError, match=r"node-b: unreachable: .*No route to host"):
+        sd.show("x.service")
+
+
+def test_local_systemctl_runs_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRun(stdout="line 1\nline 2\n")
+    monkeypatch.setattr(subprocess, "run", fake)
+    sd = systemd.Systemctl("here")
+    assert sd.journal("u.service", 2) == ["line 1", "line 2"]
+    assert fake.argv == [["journalctl", "-u", "u.service", "-n", "2", "-o", "cat", "--no-pager"]]
+
+
+def test_loopback_is_local() -> None:
+    assert systemd.is_local("not-this-host", "127.0.0.1")
+    assert not systemd.is_local("not-this-host", "192.0.2.1")  # TEST-NET-1, never ours
+
+
+# ----- recovery rate limit --------------------------------------------------------------
+def test_rate_limit_window(tmp_path: Path) -> None:
+    now = [1000.0]
+    log = RecoveryLog(tmp_path / "state.json", clock=lambda: now[0])
+    limit = RateLimit(max_count=2, window_s=100)
+    log.admit("node-a/pd0", limit)
+    now[0] += 10
+    log.admit("node-a/pd0", limit)
+    log.admit("node-a/pd1", limit)  # other pairs count separately
+    with pytest.raises(RateLimited, match="2 recoveries in the last 100s"):
+        log.admit("node-a/pd0", limit)
+    now[0] += 95  # the first one left the window
+    log.admit("node-a/pd0", limit)
+    assert len(log.recent("node-a/pd0", 100)) == 2
+
+
+def test_rate_limit_survives_a_corrupt_state_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text("{not json")
+    RecoveryLog(path).admit("p", RateLimit(1, 60))
+    assert len(RecoveryLog(path).recent("p", 60)) == 1
+
+
+# ----- selection ------------------------------------------------------------------------
+def test_pair_names_across_hosts() -> None:
+    src = Source(topo(("node-a", "node-b")), None)
+    assert [p.id for p in src.select(("node-b/pd1",), False)] == ["node-b/pd1"]
+    assert len(src.select((), True)) == 4
+    with pytest.raises(PdctlError, match="on several hosts; use one of: node-a/pd0, node-b/pd0"):
+        src.select(("pd0",), False)
+    with pytest.raises(PdctlError, match="unknown instance 'pd7-decode'; valid instances:"):
+        src.instance("pd7-decode")
+
+
+# ----- restart --------------------------------------------------------------------------
+class FakeSystemd:
+    host = "node-a"
+
+    def __init__(self, fail_start: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.jobs: list[tuple[str, tuple[str, ...]]] = []
+        self.fail_start = fail_start
+
+    def show(self, unit: str) -> UnitStatus:
+        active = "failed" if unit in self.fail_start else "active"
+        return UnitStatus(unit, "loaded", active, "x", 0 if active == "failed" else 7, None, 0,
+                          [])
+
+    def start(self, *units: str) -> None:
+        self.jobs.append(("start", units))
+
+    def stop(self, *units: str) -> None:
+        self.jobs.append(("stop", units))
+
+    def restart(self, *units: str) -> None:
+        self.jobs.append(("restart", units))
+
+    def reset_failed(self, *units: str) -> None:
+        self.jobs.append(("reset-failed", units))
+
+    def journal(self, unit: str, lines: int = 30) -> list[str]:
+        return [f"{unit}: RuntimeError: CUDA out of memory"]
+
+    def cmdline(self, pid: int) -> list[str]:
+        return []
+
+
+class FakeGateway:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def remove(self, urls: list[str]) -> None:
+        self.calls += [f"remove {u}" for u in urls]
+
+    def add(self, url: str, kind: str, port: int | None = None) -> None:
+        self.calls.append(f"add {url}")
+
+    def wait(self, pred: Any, timeout: float, step: float = 0.25) -> bool:
+        return True
+
+    def workers(self) -> list[GatewayWorker]:
+        return []
+
+
+def fake_ops(sd: FakeSystemd, gw: FakeGateway) -> Ops:
+    return Ops(Source(topo(), None), lambda _h: sd, gw,  # type: ignore[arg-type]
+               Timeouts(health=0.3, canary=0.3, poll=0.01), say=lambda _l: None)
+
+
+def test_plan_lines_name_every_step() -> None:
+    ops = fake_ops(FakeSystemd(), FakeGateway())
+    text = "\n".join(restart.plan_lines(ops, ops.source.pairs()))
+    assert "1. pair node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
+    assert "systemctl stop pdstack-pd1.target on node-a (both engines)" in text
+    assert "5 requests through this pair's PD path" in text
+    assert "Pairs restart one at a time" in text
+
+
+def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch) -> None:
+    sd, gw = FakeSystemd(fail_start={"pdstack-pd0-decode.service"}), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine",
+                        lambda url: EngineProbe(url, "unreachable (ConnectionError)"))
+    ops = fake_ops(sd, gw)
+    reports = restart.restart_pairs(ops, ops.source.pairs())
+    assert len(reports) == 1 and not reports[0].ok
+    assert "pdstack-pd0-decode.service is failed" in (reports[0].error or "")
+    assert "stays out of the gateway" in (reports[0].error or "")
+    assert reports[0].journal["pdstack-pd0-decode.service"] == [
+        "pdstack-pd0-decode.service: RuntimeError: CUDA out of memory"]
+    assert [line.split(":")[0] for line in reports[0].lines] == ["FAILED", "FAILED"]
+    assert ("stop", ("pdstack-pd0.target",)) in sd.jobs
+    assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
+    assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
+
+
+def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(restart.canary, "pair_canary", lambda *a, **k: CanaryResult(
+        False, 1, 1, None, "decode answered HTTP 500"))
+    ops = fake_ops(sd, gw)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
+    assert not rep.ok and rep.error is not None
+    assert rep.error.startswith("canary: no request passed in 0s: decode answered HTTP 500")
+    assert gw.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
+
+
+def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(restart.canary, "pair_canary",
+                        lambda *a, **k: CanaryResult(True, 1, 0, 0.01))
+    ops = fake_ops(sd, gw)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
+    assert rep.ok and list(rep.phases) == list(restart.PHASES)
+    assert gw.calls[-2:] == ["add http://10.0.0.1:30010", "add http://10.0.0.1:30011"]
+    assert [j for j, _ in sd.jobs] == ["stop", "reset-failed", "start"]
+
+
+# ----- doctor ---------------------------------------------------------------------------
+def _status(canary_ok: bool, decode_health: str = "ok", usage: float = 0.0,
+            active: str = "active") -> Status:
+    t = topo(pairs=("pd0",))
+    insts = []
+    for inst in t.instances:
+        health = decode_health if inst.role.value == "decode" else "ok"
+        unit = UnitStatus(inst.unit, "loaded", active, "running", 9, time.time(), 0, [])
+        probe = EngineProbe(inst.url, health, running=0, queued=0, token_usage=usage)
+        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
+        insts.append(InstanceStatus(inst, unit, None, probe, worker))
+    canary = CanaryResult(canary_ok, 8, 0 if canary_ok else 5, None,
+                          None if canary_ok else "decode answered HTTP 500")
+    return Status(insts, [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
+                  GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)))
+
+
+def test_degraded_pair_versus_pair_down() -> None:
+    (f,) = doctor.pair_findings(_status(False))
+    assert f.id == "live-degraded-pair" and f.where == "node-a/pd0"
+    assert "5/8 canary requests failed while both sides answer /health" in f.message
+    assert f.fix == "run pdctl restart --both --pair node-a/pd0"
+    (f,) = doctor.pair_findings(_status(False, decode_health="HTTP 503"))
+    assert f.id == "live-pair-down" and "pd0-decode does not answer /health" in f.message
+    assert doctor.pair_findings(_status(True)) == []
+
+
+def test_kv_held_while_idle_and_failed_units() -> None:
+    held = doctor.kv_findings(_status(True, usage=0.4))
+    assert [f.where for f in held] == ["node-a/pd0-prefill", "node-a/pd0-decode"]
+    assert "KV usage 40% with no running or queued request" in held[0].message
+    assert doctor.kv_findings(_status(True, usage=0.01)) == []
+    failed = doctor.unit_findings(_status(True, active="failed"))
+    assert {x.id for x in failed} == {"live-unit"}
+
+
+def test_flag_drift_against_the_units_execstart() -> None:
+    assert doctor._flags(["/usr/bin/numactl", "--cpunodebind=0", "python", "-m", "pdctl.sim",
+                          "--port", "1", "--cuda-graph-bs-decode", "8", "16",
+                          "--enable-metrics"]) == {
+        "--port": ("1",), "--cuda-graph-bs-decode": ("8", "16"), "--enable-metrics": ()}
