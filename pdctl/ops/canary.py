@@ -42,11 +42,12 @@ def pair_canary(prefill_url: str, decode_url: str, bootstrap_port: int, count: i
     return CanaryResult(failed == 0, count, failed, worst, error)
 
 
-def gateway_canary(gateway_url: str, timeout: float = 10.0) -> CanaryResult:
+def gateway_canary(gateway_url: str, headers: dict[str, str],
+                   timeout: float = 10.0) -> CanaryResult:
     """One request through the gateway, to whichever pair it picks."""
     t0 = time.monotonic()
     try:
-        r = requests.post(f"{gateway_url}/generate", timeout=timeout,
+        r = requests.post(f"{gateway_url}/generate", timeout=timeout, headers=headers,
                           json={"text": "pdctl canary", "sampling_params": {"max_new_tokens": 1}})
         error = None if r.status_code == 200 else f"gateway HTTP {r.status_code}: {r.text[:200]}"
     except requests.RequestException as e:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from pdctl.ops.gateway import GatewayAdmin
+from pdctl.ops.gateway import GatewayAdmin, api_key
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
 
@@ -56,5 +56,5 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
             cache[host] = for_host(host, addresses.get(host, host))
         return cache[host]
 
-    return Ops(source, systemd_for, GatewayAdmin(source.topology.router.url),
+    return Ops(source, systemd_for, GatewayAdmin(source.topology.router.url, api_key()),
                timeouts or Timeouts())

@@ -7,18 +7,36 @@ it already holds answers 409, which for us means "already registered".
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
 
 from pdctl.errors import PdctlError
+from pdctl.render import CONFIG_DIR
+
+KEY_FILE = Path(CONFIG_DIR) / "gateway.env"  # written by the pdstack_gateway role
+KEY_VAR = "PDSTACK_GATEWAY_API_KEY"
 
 
 class GatewayError(PdctlError):
     pass
+
+
+def api_key() -> str | None:
+    """The gateway's API key: from the environment, else the gateway's env file."""
+    if os.environ.get(KEY_VAR):
+        return os.environ[KEY_VAR]
+    try:
+        lines = KEY_FILE.read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split("=", 1)[1].strip() for line in lines
+                 if line.startswith(f"{KEY_VAR}=")), None)
 
 
 @dataclass(frozen=True)
@@ -32,14 +50,21 @@ class GatewayWorker:
 
 
 class GatewayAdmin:
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 5.0) -> None:
         self.url, self.timeout = url.rstrip("/"), timeout
+        # With --api-key, smg wants it on /workers and on requests (not on /readiness).
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def _call(self, method: str, path: str, **kw: Any) -> requests.Response:
         try:
-            return requests.request(method, f"{self.url}{path}", timeout=self.timeout, **kw)
+            r = requests.request(method, f"{self.url}{path}", timeout=self.timeout,
+                                 headers=self.headers, **kw)
         except requests.RequestException as e:
             raise GatewayError(f"gateway {self.url}: {type(e).__name__}: {e}") from None
+        if r.status_code == 401:
+            raise GatewayError(f"gateway {self.url}: {method} {path} needs the API key: set "
+                               f"PDSTACK_GATEWAY_API_KEY (root reads it from {KEY_FILE})")
+        return r
 
     def workers(self) -> list[GatewayWorker]:
         r = self._call("GET", "/workers")

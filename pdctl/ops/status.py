@@ -94,7 +94,8 @@ def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker]]:
     url = ops.source.topology.router.url
     try:
         ready, detail = ops.gateway.readiness()
-        return GatewayStatus(url, ready, detail, gateway_canary(url)), ops.gateway.workers()
+        canary = gateway_canary(url, ops.gateway.headers)
+        return GatewayStatus(url, ready, detail, canary), ops.gateway.workers()
     except GatewayError as e:
         return GatewayStatus(url, False, str(e)), []
 
