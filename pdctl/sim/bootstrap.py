@@ -28,6 +28,7 @@ from aiohttp import web
 from .model import Clock
 
 PENDING, READY, FAILED = "pending", "ready", "failed"
+ROOM_SWEEP_AT = 1024
 
 
 @dataclass(eq=False)
@@ -46,8 +47,12 @@ class Room:
 
 
 class BootstrapServer:
-    def __init__(self, clock: Clock, log: logging.Logger, degraded_enabled: bool) -> None:
+    def __init__(
+        self, clock: Clock, log: logging.Logger, degraded_enabled: bool, room_ttl_s: float
+    ) -> None:
         self.clock = clock
+        # Rooms nobody polls (the decode died or gave up) are forgotten after this long.
+        self.room_ttl_s = room_ttl_s
         self.log = log
         self.degraded_enabled = degraded_enabled
         self.start_id = uuid.uuid4().hex
@@ -69,6 +74,10 @@ class BootstrapServer:
     def room(self, room: int) -> Room:
         r = self.rooms.get(room)
         if r is None:
+            if len(self.rooms) >= ROOM_SWEEP_AT:
+                cutoff = self.clock.now() - self.room_ttl_s
+                for stale in [k for k, v in self.rooms.items() if v.created < cutoff]:
+                    del self.rooms[stale]
             r = self.rooms[room] = Room(room, self.clock.now())
         return r
 

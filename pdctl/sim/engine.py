@@ -138,6 +138,7 @@ class Engine:
 
     def _finish(self, req: Req) -> None:
         req.done = True
+        req.prefilled.set()  # a prefill leg waiting on it must see the end
         if req in self.waiting:
             self.waiting.remove(req)
         self.transfer.discard(req)

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -130,11 +130,11 @@ class PrefillLeg:
         clock = self.engine.clock
         remaining = self.cfg.knobs.bootstrap_timeout_s - (clock.now() - t0)
         await clock.sleep(remaining)
-        self._fail(
-            req,
-            "transfer",
-            f"Request {req.room} timed out after {clock.now() - t0:.1f}s in KVPoll.Transferring",
+        reason = (
+            f"Request {req.room} timed out after {clock.now() - t0:.1f}s in KVPoll.Transferring"
         )
+        self.boot.room(req.room or 0).conclude(FAILED, reason)
+        self._fail(req, "transfer", reason)
 
 
 # ----------------------------------------------------------------------------------
@@ -147,7 +147,6 @@ class Peer:
     degraded: bool
     rooms: set[int] = field(default_factory=set)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    heartbeat: asyncio.Task[None] | None = None
 
 
 class DecodeLeg:
@@ -158,8 +157,10 @@ class DecodeLeg:
         metrics: SimMetrics | None,
         log: logging.Logger,
         http: aiohttp.ClientSession,
+        spawn: Callable[[Awaitable[Any]], object],
     ) -> None:
         self.cfg, self.engine, self.metrics, self.log, self.http = cfg, engine, metrics, log, http
+        self.spawn = spawn  # background tasks the server cancels on shutdown
         self.session_id = uuid.uuid4().hex
         self.decode_addr = f"{cfg.args.host}:{cfg.args.port}"
         self.peers: dict[str, Peer] = {}
@@ -235,7 +236,7 @@ class DecodeLeg:
             except (aiohttp.ClientError, TimeoutError, KeyError, ValueError):
                 return "Aborted by AbortReq."
             peer = Peer(addr, start_id, degraded=self._stale(addr, start_id))
-            peer.heartbeat = asyncio.create_task(self._heartbeat(peer))
+            self.spawn(self._heartbeat(peer))
             self.peers[addr] = peer
             return peer
 

@@ -120,7 +120,12 @@ class SimServer:
         self.engine = Engine(cfg, self.metrics, log)
         self.status = "starting"
         self.boot = (
-            BootstrapServer(self.engine.clock, log, cfg.degraded_enabled)
+            BootstrapServer(
+                self.engine.clock,
+                log,
+                cfg.degraded_enabled,
+                cfg.knobs.bootstrap_timeout_s + cfg.knobs.waiting_timeout_s,
+            )
             if cfg.mode == "prefill"
             else None
         )
@@ -165,7 +170,9 @@ class SimServer:
         """Weights load + graph capture, then serve."""
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         if self.cfg.mode == "decode":
-            self.decode_leg = DecodeLeg(self.cfg, self.engine, self.metrics, self.log, self.http)
+            self.decode_leg = DecodeLeg(
+                self.cfg, self.engine, self.metrics, self.log, self.http, self.spawn
+            )
         self.log.info("Load weight begin. (simulated: %s)", self.cfg.args.model_path)
         await self.engine.clock.sleep(self.cfg.knobs.startup_delay_s)
         self.spawn(self.engine.run())

@@ -123,11 +123,12 @@ class SimProc:
         return self
 
     def wait_healthy(self, timeout: float = 30.0) -> SimProc:
-        wait_until(
-            lambda: requests.get(f"{self.url}/health", timeout=2).status_code == 200,
-            timeout,
-            f"{self.mode} engine on :{self.port}",
-        )
+        def healthy() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.mode} engine exited: {self.log_text()[-2000:]}")
+            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
+
+        wait_until(healthy, timeout, f"{self.mode} engine on :{self.port}")
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
@@ -159,6 +160,16 @@ class Gateway:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def wait_listening(self, timeout: float = 30.0) -> bool:
+        """Whether smg opened its port (False when it exited first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return True
+            time.sleep(0.05)
+        return False
+
     def wait_ready(self, timeout: float = 60.0) -> Gateway:
         wait_until(
             lambda: requests.get(f"{self.url}/readiness", timeout=2).status_code == 200,
@@ -181,39 +192,29 @@ def smg_binary() -> str | None:
 def start_gateway(
     binary: str, prefills: Sequence[SimProc], decodes: Sequence[SimProc], log_dir: Path, *extra: str
 ) -> Gateway:
-    """`smg launch --pd-disaggregation` with fast worker discovery and health checks."""
-    port, metrics_port = free_port(), free_port()
-    argv = [
-        binary,
-        "launch",
-        "--pd-disaggregation",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-port",
-        str(metrics_port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--worker-startup-check-interval",
-        "1",
-        "--health-check-interval-secs",
-        "1",
-        "--health-success-threshold",
-        "1",
-        "--health-failure-threshold",
-        "1",
-        "--shutdown-grace-period-secs",
-        "1",
-        "--log-level",
-        "warn",
-    ]
+    """`smg launch --pd-disaggregation` with fast worker discovery and health checks.
+
+    A port picked free can be taken by someone else before smg binds it; then smg exits
+    and is started again on fresh ports."""
+    workers: list[str] = []
     for p in prefills:
-        argv += ["--prefill", p.url, str(p.bootstrap_port)]
+        workers += ["--prefill", p.url, str(p.bootstrap_port)]
     for d in decodes:
-        argv += ["--decode", d.url]
-    log_path = log_dir / f"smg-{port}.log"
-    return Gateway(port, metrics_port, log_path, _spawn([*argv, *extra], log_path, None))
+        workers += ["--decode", d.url]
+    for _ in range(3):
+        port, metrics_port = free_port(), free_port()
+        argv = [binary, "launch", "--pd-disaggregation", "--host", "127.0.0.1",
+                "--port", str(port), "--prometheus-port", str(metrics_port),
+                "--prometheus-host", "127.0.0.1", "--worker-startup-check-interval", "1",
+                "--health-check-interval-secs", "1", "--health-success-threshold", "1",
+                "--health-failure-threshold", "1", "--shutdown-grace-period-secs", "1",
+                "--log-level", "warn", *workers, *extra]  # fmt: skip
+        log_path = log_dir / f"smg-{port}.log"
+        gw = Gateway(port, metrics_port, log_path, _spawn(argv, log_path, None))
+        if gw.wait_listening():
+            return gw
+        gw.stop()
+    raise RuntimeError(f"smg did not start: {log_path.read_text(errors='replace')[-2000:]}")
 
 
 @dataclass
