@@ -34,8 +34,10 @@ def plot_journal(report: JournalReport, out: Path) -> None:
         )
     if report.law is not None and rows:
         fit = report.law.fit
-        xs = list(range(1, rows[-1].running + 1))
-        buckets = report.buckets
+        # The law in graph mode only: up to the largest graph, each batch padded to its bucket.
+        top_bs = report.max_graph or rows[-1].running
+        buckets = sorted({*report.buckets, top_bs}) if report.buckets else []
+        xs = list(range(1, top_bs + 1))
         ax.plot(
             xs,
             [1000.0 * x / fit.at(padded(x, buckets) if buckets else x) for x in xs],

@@ -1,7 +1,9 @@
 """One streamed OpenAI-compatible request, timed like sglang.bench_serving times it.
 
 Mirrors `async_request_openai_completions` / `..._chat_completions` in sglang 0.5.23
-(`sglang/benchmark/serving.py`): temperature 0, ignore_eos, max_tokens = the wanted output;
+(`sglang/benchmark/serving.py`): temperature 0, ignore_eos, max_tokens = the wanted output
+(but no `best_of: 1`: the smg 1.13 gateway answers 400 "best_of is not supported when
+stream is enabled" to any streamed request carrying it);
 TTFT is the time to the first chunk carrying text, each later text chunk adds one ITL (the
 gap since the previous text chunk), latency runs to the end of the stream, and the output
 length is the server's `usage.completion_tokens` when a text chunk carries it, else the
@@ -46,7 +48,6 @@ def _payload(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
         body["prompt"] = prompt.text
-        body["best_of"] = 1
     return body
 
 

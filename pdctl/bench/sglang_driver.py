@@ -19,12 +19,18 @@ from pdctl.bench.level import BACKENDS, Level, Target
 from pdctl.errors import PdctlError
 
 STOP_GRACE_S = 10.0
+# bench_serving's completions payload carries `best_of: 1`, which the smg 1.13 gateway
+# rejects on streamed requests (HTTP 400); a null overrides it and passes.
+NO_BEST_OF = '{"best_of": null}'
 LOG_TAIL = 2000
 
 
 def bench_serving_command(
     python: str, target: Target, level: Level, output_file: Path, extra_args: str = ""
 ) -> list[str]:
+    extra = shlex.split(extra_args)
+    if target.endpoint == "completions" and "--extra-request-body" not in extra:
+        extra += ["--extra-request-body", NO_BEST_OF]
     return [
         python, "-m", "sglang.bench_serving",
         "--backend", BACKENDS[target.endpoint],
@@ -39,7 +45,7 @@ def bench_serving_command(
         "--seed", str(level.seed),
         "--output-file", str(output_file),
         "--disable-tqdm",
-        *shlex.split(extra_args),
+        *extra,
     ]  # fmt: skip
 
 

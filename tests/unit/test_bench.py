@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -392,3 +393,64 @@ def test_compare_rejects_non_result_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["bench", "compare", str(bad), str(bad)])
     assert result.exit_code != 0
     assert "not a bench_serving result line" in str(result.exception or result.output)
+
+
+# --- the sglang driver, with a stand-in for `python -m sglang.bench_serving` ----------------
+
+FAKE_BENCH_SERVING = """#!{python}
+import json, sys
+args = sys.argv[sys.argv.index("-m") + 2 :]
+opts = dict(zip(args[::2], args[1::2]))
+with open("{argv_log}", "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if opts.get("--max-concurrency") == "99":
+    print("Traceback: boom", file=sys.stderr)
+    sys.exit(1)
+c = int(opts["--max-concurrency"])
+with open(opts["--output-file"], "a") as f:
+    f.write(json.dumps({{"backend": opts["--backend"], "max_concurrency": c, "completed": 3,
+        "duration": 1.0, "output_throughput": 10.0 * c, "mean_tpot_ms": 40.0 + 30.0 * c,
+        "server_info": {{"decode": []}}}}) + "\\n")
+"""
+
+
+@pytest.fixture
+def fake_sglang_python(tmp_path: Path) -> tuple[Path, Path]:
+    script, argv_log = tmp_path / "python", tmp_path / "argv.jsonl"
+    script.write_text(FAKE_BENCH_SERVING.format(python=sys.executable, argv_log=argv_log))
+    script.chmod(0o755)
+    return script, argv_log
+
+
+def test_sglang_driver_reads_bench_serving_lines(
+    fake_server: FakeServer, fake_sglang_python: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, argv_log = fake_sglang_python
+    out = tmp_path / "sg.jsonl"
+    rows = _sweep(
+        fake_server, build_levels("1,16", None, 256, 128, 1.0, 1), out,
+        driver="sglang", sglang_python=str(python),
+    )  # fmt: skip
+    assert [r["mean_tpot_ms"] for r in rows] == [70.0, 520.0]
+    assert rows[0]["driver"] == "sglang" and rows[0]["num_prompts"] == 8
+    fit = tpot_fit(load(out))
+    assert fit is not None and fit.b == pytest.approx(30.0)
+    argv = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert argv[0][:2] == ["-m", "sglang.bench_serving"]
+
+    def opt(run: int, name: str) -> str:
+        return str(argv[run][argv[run].index(name) + 1])
+
+    assert opt(0, "--backend") == "sglang-oai" and opt(0, "--model") == "fake-model"
+    assert opt(0, "--num-prompts") == "8" and opt(0, "--random-output-len") == "128"
+    assert opt(0, "--extra-request-body") == '{"best_of": null}'  # smg: no best_of + stream
+    assert opt(1, "--num-prompts") == "48" and opt(1, "--max-concurrency") == "16"
+
+
+def test_sglang_driver_failure_shows_its_output(
+    fake_server: FakeServer, fake_sglang_python: tuple[Path, Path]
+) -> None:
+    python, _ = fake_sglang_python
+    with pytest.raises(PdctlError, match="exited 1:\nTraceback: boom"):
+        _sweep(fake_server, build_levels("99", "1", 8, 8, 1.0, 1),
+               driver="sglang", sglang_python=str(python))  # fmt: skip
