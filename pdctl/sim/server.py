@@ -77,9 +77,22 @@ def json_decode_error(e: json.JSONDecodeError) -> web.Response:
     return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
 
 
-def missing_field_error(field: str, body: Any) -> web.Response:
-    errors = [{"type": "missing", "loc": ("body", field), "msg": "Field required", "input": body}]
+def validation_error(kind: str, loc: tuple[str, ...], msg: str, value: Any) -> web.Response:
+    """A pydantic validation failure as SGLang reshapes FastAPI's RequestValidationError."""
+    errors = [{"type": kind, "loc": loc, "msg": msg, "input": value}]
     return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
+
+
+def _as_int(value: Any) -> int | None:
+    """An integer request field, None when it is not one (strings of digits pass, as in
+    pydantic's lax mode)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
 
 
 @dataclass
@@ -525,10 +538,6 @@ class SimServer:
                     is_streaming=stream,
                 )
 
-    async def _read_json(self, request: web.Request) -> Any:
-        raw = await request.read()
-        return json.loads(raw)
-
     def _meta(self, req: Req, finish: Event | None) -> dict[str, Any]:
         reason: dict[str, Any] | None = None
         if isinstance(finish, Finish):
@@ -552,7 +561,7 @@ class SimServer:
     # ----- /generate -----------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await self._read_json(request)
+            body = json.loads(await request.read())
         except json.JSONDecodeError as e:
             return json_decode_error(e)
         if not isinstance(body, dict):
@@ -572,12 +581,20 @@ class SimServer:
                 },
                 status=400,
             )
+        max_new = sp.get("max_new_tokens", 128)
+        if _as_int(max_new) is None or isinstance(max_new, str):
+            # The JSON contract check (api/v1 GenerateRequest) answers in serde's words.
+            kind = f'string "{max_new}"' if isinstance(max_new, str) else type(max_new).__name__
+            return _json({"error": f"invalid type: {kind}, expected i64"}, status=400)
+        if text is not None:
+            prompt_tokens = count_tokens(str(text))
+        else:
+            first = ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], list) else ids
+            prompt_tokens = len(first) if isinstance(first, list) else 1
         host, port, room = _pd_fields(body)
         p = Parsed(
-            prompt_tokens=count_tokens(str(text))
-            if text is not None
-            else len(_first([ids]) or [1]),
-            max_new_tokens=int(sp.get("max_new_tokens", 128)),
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=int(max_new),
             stream=bool(body.get("stream", False)),
             rid=str(_first(body.get("rid")) or uuid.uuid4().hex),
             bootstrap_host=host,
@@ -635,29 +652,35 @@ class SimServer:
         self, request: web.Request, required: str
     ) -> dict[str, Any] | web.Response:
         try:
-            body = await self._read_json(request)
+            body = json.loads(await request.read())
         except json.JSONDecodeError as e:
             return json_decode_error(e)
         if not isinstance(body, dict):
-            errors = [
-                {
-                    "type": "model_attributes_type",
-                    "loc": ("body",),
-                    "msg": "Input should be a valid dictionary or object to extract fields from",
-                    "input": body,
-                }
-            ]
-            return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
+            return validation_error(
+                "model_attributes_type",
+                ("body",),
+                "Input should be a valid dictionary or object to extract fields from",
+                body,
+            )
         if required not in body:
-            return missing_field_error(required, body)
+            return validation_error("missing", ("body", required), "Field required", body)
         return body
 
-    def _openai_parsed(self, body: dict[str, Any], prompt_tokens: int, max_tokens: Any) -> Parsed:
+    def _openai_parsed(
+        self, body: dict[str, Any], prompt_tokens: int, field: str, max_tokens: Any
+    ) -> Parsed | web.Response:
+        if max_tokens is not None and _as_int(max_tokens) is None:
+            return validation_error(
+                "int_parsing",
+                ("body", field),
+                "Input should be a valid integer, unable to parse string as an integer",
+                max_tokens,
+            )
         host, port, room = _pd_fields(body)
         opts = body.get("stream_options") or {}
         return Parsed(
             prompt_tokens=prompt_tokens,
-            max_new_tokens=int(max_tokens) if max_tokens is not None else None,
+            max_new_tokens=_as_int(max_tokens),
             stream=bool(body.get("stream", False)),
             rid=str(body.get("rid") or uuid.uuid4().hex),
             bootstrap_host=host,
@@ -674,7 +697,9 @@ class SimServer:
             return body
         prompt = _first(body["prompt"])
         tokens = len(prompt) if isinstance(prompt, list) else count_tokens(str(prompt))
-        p = self._openai_parsed(body, tokens, body.get("max_tokens", 16))
+        p = self._openai_parsed(body, tokens, "max_tokens", body.get("max_tokens", 16))
+        if isinstance(p, web.Response):
+            return p
         return await self._openai_run(request, p, "text_completion", "cmpl")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -683,23 +708,19 @@ class SimServer:
             return body
         messages = body["messages"]
         if not isinstance(messages, list):
-            errors = [
-                {
-                    "type": "list_type",
-                    "loc": ("body", "messages"),
-                    "msg": "Input should be a valid list",
-                    "input": messages,
-                }
-            ]
-            return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
+            return validation_error(
+                "list_type", ("body", "messages"), "Input should be a valid list", messages
+            )
         # Chat template stand-in: "<role>: <content>\n" per message.
         prompt = "".join(
             f"{m.get('role', '')}: {m.get('content', '')}\n"
             for m in messages
             if isinstance(m, dict)
         )
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        p = self._openai_parsed(body, count_tokens(prompt), max_tokens)
+        field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        p = self._openai_parsed(body, count_tokens(prompt), field, body.get(field))
+        if isinstance(p, web.Response):
+            return p
         return await self._openai_run(request, p, "chat.completion", "chatcmpl")
 
     async def _openai_run(

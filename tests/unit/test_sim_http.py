@@ -45,6 +45,11 @@ def test_openai_errors() -> None:
         assert body["object"] == "error" and body["type"] == "Bad Request" and body["code"] == 400
         assert "'type': 'json_invalid'" in body["message"]
 
+        status, body = await post(
+            http, "/v1/chat/completions", {"messages": [], "max_tokens": "many"}
+        )
+        assert status == 400 and "'type': 'int_parsing'" in body["message"]
+
         status, body = await post(http, "/v1/chat/completions", {"model": "sim"})
         assert status == 400 and "'loc': ('body', 'messages')" in body["message"]
 
@@ -69,6 +74,11 @@ def test_generate_errors_and_output() -> None:
             400,
             {"error": "invalid type: sequence, expected struct GenerateRequest"},
         )
+        # The JSON contract check's wording (verified against sglang.api.v1.api_types).
+        status, body = await post(
+            http, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "x"}}
+        )
+        assert (status, body) == (400, {"error": 'invalid type: string "x", expected i64'})
         status, body = await post(
             http, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 9000}}
         )
