@@ -108,7 +108,6 @@ class BootstrapServer:
                 "enable_kv_cache_sharding": False,
                 "prefill_http_port": data.get("prefill_http_port"),
                 "decode_allocation_policy": "early",
-                "pdsim_start_id": self.start_id,
             }
             return web.Response(text="OK", status=200)
         if request.method != "GET":
