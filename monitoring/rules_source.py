@@ -36,4 +36,4 @@ def render_rules(overrides: dict[str, Any] | None = None) -> str:
         autoescape=False,
     )
     values = {**default_thresholds(), **(overrides or {})}
-    return GENERATED_HEADER + env.from_string(body).render(values)
+    return GENERATED_HEADER + env.from_string(body).render(t=values)

@@ -205,14 +205,14 @@ def render_prometheus_config(root: Path, topo: Topology, ports: dict[str, int]) 
     (root / "targets").mkdir(parents=True)
     (root / "rules").mkdir()
     data = topo.model_dump(mode="json")
-    local = [{"name": HOST, "address": "127.0.0.1"}]
+    local = {"target_hosts": [HOST], "hostvars": {HOST: {"ansible_host": "127.0.0.1"}}}
     files = {
         "sglang": env.get_template("engines.json.j2").render(topology=data),
         "smg": env.get_template("gateway.json.j2").render(topology=data),
         "pd-exporter": env.get_template("hosts.json.j2").render(
-            hosts=local, port=ports["exporter"]
+            **local, target_port=ports["exporter"]
         ),
-        "node": env.get_template("hosts.json.j2").render(hosts=local, port=ports["node"]),
+        "node": env.get_template("hosts.json.j2").render(**local, target_port=ports["node"]),
     }
     for job, text in files.items():
         (root / "targets" / f"{job}.json").write_text(text)

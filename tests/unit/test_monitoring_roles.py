@@ -1,0 +1,142 @@
+"""The monitoring roles' templates: Ansible renders the rule template exactly as
+`python -m monitoring.build` does, the Prometheus configuration generated for the reference
+deployment passes promtool, and the Grafana provisioning keeps its fixed uid and read-only
+flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render_rules
+from pdctl.spec import load_deployment
+from pdctl.topology import from_deployment
+from tests.conftest import ROOT, require_tool
+
+PROMETHEUS_TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
+GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
+
+
+def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> None:
+    """The `#jinja2:` header must make Ansible's template module use [[ ]] as well."""
+    overrides = {"ttft_p95_seconds": 3.5}
+    out = tmp_path / "rules.yml"
+    extra = json.dumps({"t": {**default_thresholds(), **overrides}})
+    src = ROOT / "monitoring" / "rules" / "pdstack.rules.yml.j2"
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-m",
+            "template",
+            "-a",
+            f"src={src} dest={out}",
+            "-e",
+            extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert GENERATED_HEADER + out.read_text() == render_rules(overrides)
+
+
+@pytest.fixture
+def reference_config(tmp_path: Path) -> Path:
+    dep = load_deployment(ROOT / "inventory.ini")
+    topo = from_deployment(dep).model_dump(mode="json")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(PROMETHEUS_TEMPLATES),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    targets, rules = tmp_path / "file_sd", tmp_path / "rules"
+    targets.mkdir()
+    rules.mkdir()
+    hosts = {
+        "target_hosts": [h.name for h in dep.hosts],
+        "hostvars": {h.name: {} for h in dep.hosts},
+    }
+    for job, template, kw in (
+        ("sglang", "engines.json.j2", {"topology": topo}),
+        ("smg", "gateway.json.j2", {"topology": topo}),
+        ("pd-exporter", "hosts.json.j2", {**hosts, "target_port": 9840}),
+        ("node", "hosts.json.j2", {**hosts, "target_port": 9100}),
+    ):
+        (targets / f"{job}.json").write_text(env.get_template(template).render(**kw))
+    (rules / "pdstack.rules.yml").write_text(render_rules())
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        env.get_template("prometheus.yml.j2").render(
+            ansible_managed="test",
+            scrape_interval="15s",
+            scrape_timeout="10s",
+            evaluation_interval="15s",
+            rules_dir=rules,
+            targets_dir=targets,
+        )
+    )
+    return config
+
+
+def test_reference_deployment_config_passes_promtool(reference_config: Path) -> None:
+    promtool = require_tool("promtool")
+    result = subprocess.run(
+        [str(promtool), "check", "config", str(reference_config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_reference_targets_carry_the_labels_rules_join_on(reference_config: Path) -> None:
+    targets = reference_config.parent / "file_sd"
+    engines = json.loads((targets / "sglang.json").read_text())
+    assert {g["labels"]["engine"] for g in engines} == {
+        "gpu-node-1/pd0-prefill",
+        "gpu-node-1/pd0-decode",
+    }
+    assert {g["labels"]["pair"] for g in engines} == {"gpu-node-1/pd0"}
+    assert [g["targets"] for g in engines] == [["gpu-node-1:30000"], ["gpu-node-1:30001"]]
+    (gateway,) = json.loads((targets / "smg.json").read_text())
+    assert gateway["targets"] == ["gpu-node-1:29000"]
+    for job in ("pd-exporter", "node"):
+        groups = json.loads((targets / f"{job}.json").read_text())
+        assert all(set(g["labels"]) == {"host"} for g in groups), "no label pd-exporter sets"
+
+
+def test_sglang_names_are_stored_with_their_colon(reference_config: Path) -> None:
+    (engines,) = [
+        j
+        for j in yaml.safe_load(reference_config.read_text())["scrape_configs"]
+        if j["job_name"] == "sglang"
+    ]
+    (relabel,) = engines["metric_relabel_configs"]
+    assert relabel == {
+        "source_labels": ["__name__"],
+        "regex": "sglang_(.+)",
+        "target_label": "__name__",
+        "replacement": "sglang:$1",
+    }
+
+
+def test_grafana_provisioning_is_read_only_with_a_fixed_uid() -> None:
+    role_vars = yaml.safe_load(GRAFANA_VARS.read_text())
+    (ds,) = role_vars["_pdstack_grafana_datasource"]["datasources"]
+    assert ds["uid"] == "pdstack-prometheus" and ds["editable"] is False
+    (provider,) = role_vars["_pdstack_grafana_dashboard_provider"]["providers"]
+    assert provider["allowUiUpdates"] is False and provider["type"] == "file"
+    defaults = yaml.safe_load((GRAFANA_VARS.parent.parent / "defaults" / "main.yml").read_text())
+    assert "pdstack_grafana_admin_password" not in defaults, "no default password"
+    assert defaults["pdstack_grafana_anonymous_access"] is False
