@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -150,6 +151,7 @@ class SimServer:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.inflight: set[Req] = set()
         self.started_at = time.time()
+        self._rids = random.Random(cfg.knobs.seed)
         self.app = web.Application(middlewares=[self._http_metrics], client_max_size=64 * 2**20)
         r = self.app.router
         r.add_get("/health", self.health)
@@ -167,6 +169,10 @@ class SimServer:
         r.add_post("/v1/chat/completions", self.chat)
         if self.metrics:
             r.add_get("/metrics", self.metrics_endpoint)
+
+    def _new_rid(self) -> str:
+        """Request ids from the seed: the same request sequence gives the same texts."""
+        return uuid.UUID(int=self._rids.getrandbits(128), version=4).hex
 
     @property
     def url(self) -> str:
@@ -596,7 +602,7 @@ class SimServer:
             prompt_tokens=prompt_tokens,
             max_new_tokens=int(max_new),
             stream=bool(body.get("stream", False)),
-            rid=str(_first(body.get("rid")) or uuid.uuid4().hex),
+            rid=str(_first(body.get("rid")) or self._new_rid()),
             bootstrap_host=host,
             bootstrap_port=port,
             bootstrap_room=room,
@@ -682,7 +688,7 @@ class SimServer:
             prompt_tokens=prompt_tokens,
             max_new_tokens=_as_int(max_tokens),
             stream=bool(body.get("stream", False)),
-            rid=str(body.get("rid") or uuid.uuid4().hex),
+            rid=str(body.get("rid") or self._new_rid()),
             bootstrap_host=host,
             bootstrap_port=port,
             bootstrap_room=room,

@@ -199,3 +199,19 @@ def test_health_is_503_while_starting() -> None:
             assert r.status == 503
 
     run("null", t)
+
+
+def test_same_seed_same_request_sequence_same_text() -> None:
+    texts: list[list[str]] = []
+
+    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+        out = []
+        for _ in range(3):
+            _, body = await post(http, "/v1/completions", {"prompt": "hi", "max_tokens": 6})
+            out.append(body["choices"][0]["text"])
+        texts.append(out)
+
+    run("null", t)
+    run("null", t)
+    assert texts[0] == texts[1]
+    assert len(set(texts[0])) == 3
