@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .args import SimConfig
+from .args import GIB, SimConfig
 from .bootstrap import BootstrapServer
 from .engine import Abort, Engine, Event, Finish, Req, Token
 from .metrics import SimMetrics
@@ -192,22 +192,57 @@ class SimServer:
             self.decode_leg = DecodeLeg(
                 self.cfg, self.engine, self.metrics, self.log, self.http, self.spawn
             )
-        self.log.info("Load weight begin. (simulated: %s)", self.cfg.args.model_path)
-        await self.engine.clock.sleep(self.cfg.knobs.startup_delay_s)
+        await self._load_and_capture()
         self.spawn(self.engine.run())
         self.engine.publish_static_metrics()
         if self.boot is not None:
             await self._register_prefill_rank()
-        self.log.info(
-            "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "
-            "max_running_requests=%d, context_len=%d",
-            self.cfg.kv_pool_tokens,
-            self.cfg.chunked_prefill_size,
-            self.cfg.max_running_requests,
-            self.cfg.context_length,
-        )
         self.status = "up"
         self.log.info("The server is fired up and ready to roll!")
+
+    async def _load_and_capture(self) -> None:
+        """SGLang's startup lines (model_runner.py, cuda_graph_setup.py, scheduler.py) over
+        PDSIM_STARTUP_DELAY_S: 60% loading weights, 40% capturing decode graphs (a prefill
+        server captures none: cuda_graph_hook disables them for its role)."""
+        cfg, k, clock = self.cfg, self.cfg.knobs, self.engine.clock
+        avail = k.gpu_mem_gib - 0.5
+        self.log.info("Load weight begin. avail mem=%.2f GB", avail)
+        await clock.sleep(0.6 * k.startup_delay_s)
+        avail -= k.weights_gib
+        self.log.info(
+            "Load weight end. elapsed=%.2f s, type=PdSimForCausalLM, avail mem=%.2f GB, "
+            "mem usage=%.2f GB.",
+            0.6 * k.startup_delay_s,
+            avail,
+            k.weights_gib,
+        )
+        avail -= cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB
+        if cfg.mode != "prefill":
+            self.log.info(
+                "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+                "avail mem=%.2f GB",
+                avail,
+            )
+            await clock.sleep(0.4 * k.startup_delay_s)
+            graph_gib = min(max(avail - 0.5, 0.0), 0.5 + 0.02 * max(cfg.decode_buckets))
+            avail -= graph_gib
+            self.log.info(
+                "Capture target decode CUDA graph end. bs=%s, elapsed=%.2f s, "
+                "mem usage=%.2f GB, avail mem=%.2f GB.",
+                cfg.decode_buckets,
+                0.4 * k.startup_delay_s,
+                graph_gib,
+                avail,
+            )
+        self.log.info(
+            "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "
+            "max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
+            cfg.kv_pool_tokens,
+            cfg.chunked_prefill_size,
+            cfg.max_running_requests,
+            cfg.context_length,
+            avail,
+        )
 
     async def _register_prefill_rank(self) -> None:
         a = self.cfg.args
