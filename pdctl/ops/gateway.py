@@ -1,8 +1,8 @@
 """The gateway's (smg) admin API: its workers, readiness, and taking a pair out and back in.
 
 smg 1.13: `DELETE /workers/{id}` answers 202 and marks the worker `draining` (no new
-requests), then removes it once its in-flight requests are done; `POST /workers` with an URL
-it already holds answers 409, which for us means "already registered".
+requests; `load` counts the ones still in flight), then removes it a few seconds later.
+`POST /workers` with an URL it still holds answers 409: taken as "already registered".
 """
 
 from __future__ import annotations
@@ -113,6 +113,14 @@ class GatewayAdmin:
 def gone(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
     wanted = set(urls)
     return lambda ws: not any(w.url in wanted for w in ws)
+
+
+def drained(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
+    """Removed, or draining with nothing in flight (smg takes ~5 s more to remove an idle
+    worker; waiting for that would only lengthen every rolling restart)."""
+    wanted = set(urls)
+    return lambda ws: all(w.status == "draining" and w.load == 0
+                          for w in ws if w.url in wanted)
 
 
 def ready(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:

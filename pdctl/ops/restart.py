@@ -23,7 +23,7 @@ from pdctl.ops.systemd import Systemd
 from pdctl.spec import Role
 from pdctl.topology import TopologyInstance
 
-PHASES = ("drain", "stop", "start", "health", "canary", "register")
+PHASES = ("drain", "stop", "start", "health", "canary", "verify", "register")
 JOURNAL_LINES = 30
 PROGRESS_EVERY_S = 5.0
 
@@ -66,7 +66,8 @@ def plan_lines(ops: Ops, pairs: list[Pair], drain: bool = True) -> list[str]:
             f"   stop      systemctl stop {p.spec.target} on {p.spec.host} (both engines)",
             f"   start     systemctl start {p.spec.target}",
             f"   health    wait <= {t.health:.0f}s for /health on both",
-            f"   canary    {ops.canary_count} requests through this pair's PD path",
+            "   canary    a request through this pair's PD path (retried until it passes)",
+            f"   verify    {ops.canary_count} more; every one must pass",
             "   register  add both back to the gateway, wait until it routes to them",
         ]
     if len(pairs) > 1:
@@ -120,9 +121,8 @@ def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
         time.sleep(ops.timeouts.poll)
 
 
-def _canary(ops: Ops, pair: Pair) -> None:
-    """Retry single requests until one passes (the first one pays the KV-path cold start),
-    then `canary_count` must all pass: a degraded pair fails only a share of requests."""
+def _first_canary(ops: Ops, pair: Pair) -> None:
+    """Retry single requests until one passes (the first one pays the KV-path cold start)."""
     deadline = time.monotonic() + ops.timeouts.canary
     port = pair.prefill.bootstrap_port or 0
     while True:
@@ -134,17 +134,27 @@ def _canary(ops: Ops, pair: Pair) -> None:
             raise StepFailed("canary", f"no request passed in {ops.timeouts.canary:.0f}s: "
                              f"{first.error}")
         time.sleep(ops.timeouts.poll)
+
+
+def _verify(ops: Ops, pair: Pair) -> None:
+    """`canary_count` requests must all pass: a degraded pair fails only a share of them."""
+    port = pair.prefill.bootstrap_port or 0
     res = canary.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
     if not res.ok:
-        raise StepFailed("canary", f"{res.failed}/{res.sent} requests failed: {res.error}")
+        raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 
 
 def _register(ops: Ops, pair: Pair) -> None:
     gw = ops.gateway
+    urls = [i.url for i in pair.instances]
+    # smg answers 409 while the drained entries are still being removed.
+    if not gw.wait(gateway.gone(urls), ops.timeouts.register):
+        raise StepFailed("register", "the gateway still lists the drained workers after "
+                         f"{ops.timeouts.register:.0f}s")
     for inst in pair.instances:
         port = inst.bootstrap_port if inst.role is Role.PREFILL else None
         gw.add(inst.url, inst.role.value, port)
-    if not gw.wait(gateway.ready([i.url for i in pair.instances]), ops.timeouts.register):
+    if not gw.wait(gateway.ready(urls), ops.timeouts.register):
         raise StepFailed("register", f"the gateway did not mark both ready within "
                          f"{ops.timeouts.register:.0f}s")
 
@@ -153,7 +163,7 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
     urls = [i.url for i in pair.instances]
     try:
         ops.gateway.remove(urls)
-        drained = ops.gateway.wait(gateway.gone(urls), ops.timeouts.drain)
+        drained = ops.gateway.wait(gateway.drained(urls), ops.timeouts.drain)
     except gateway.GatewayError as e:
         if required:
             raise StepFailed("drain", f"{e}; nothing was stopped") from None
@@ -180,7 +190,9 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
         with _timed(rep.phases, "health"):
             _wait_healthy(ops, sd, pair)
         with _timed(rep.phases, "canary"):
-            _canary(ops, pair)
+            _first_canary(ops, pair)
+        with _timed(rep.phases, "verify"):
+            _verify(ops, pair)
         with _timed(rep.phases, "register"):
             _register(ops, pair)
     except PdctlError as e:

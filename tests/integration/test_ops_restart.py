@@ -80,7 +80,8 @@ def test_restart_both_drains_restarts_and_reregisters(
     old_pids = {i.unit: units.show(i.unit).main_pid for i in pd0.instances}
     rep = restart_pair(ops, pd0)
     assert rep.ok, (rep.error, rep.journal)
-    assert list(rep.phases) == ["drain", "stop", "start", "health", "canary", "register"]
+    assert list(rep.phases) == ["drain", "stop", "start", "health", "canary", "verify",
+                                "register"]
     assert [line.split(":")[0] for line in rep.lines] == ["OK", "OK"]
     assert all(units.show(u).main_pid not in (0, pid) for u, pid in old_pids.items())
     # The gateway stopped routing to pd0 while it restarted, and routes to it again now.

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pdctl.errors import PdctlError
-from pdctl.ops import doctor, lock, restart, systemd
+from pdctl.ops import doctor, gateway, lock, restart, systemd
 from pdctl.ops.canary import CanaryResult
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayWorker
@@ -225,7 +225,7 @@ def test_plan_lines_name_every_step() -> None:
     text = "\n".join(restart.plan_lines(ops, ops.source.pairs()))
     assert "1. pair node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
     assert "systemctl stop pdstack-pd1.target on node-a (both engines)" in text
-    assert "5 requests through this pair's PD path" in text
+    assert "verify    5 more; every one must pass" in text
     assert "Pairs restart one at a time" in text
 
 
@@ -311,3 +311,69 @@ def test_flag_drift_against_the_units_execstart() -> None:
                           "--port", "1", "--cuda-graph-bs-decode", "8", "16",
                           "--enable-metrics"]) == {
         "--port": ("1",), "--cuda-graph-bs-decode": ("8", "16"), "--enable-metrics": ()}
+
+
+def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+
+    def half(*_a: Any, **_k: Any) -> CanaryResult:
+        count = _a[3] if len(_a) > 3 else _k.get("count", 1)
+        if count == 1:
+            return CanaryResult(True, 1, 0, 0.01)
+        return CanaryResult(False, count, 3, 0.01, "decode answered HTTP 500")
+
+    monkeypatch.setattr(restart.canary, "pair_canary", half)
+    ops = fake_ops(sd, gw)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
+    assert not rep.ok and (rep.error or "").startswith("verify: 3/5 requests failed")
+    assert not any(c.startswith("add") for c in gw.calls)
+
+
+# ----- gateway admin --------------------------------------------------------------------
+def test_gateway_key_from_env_or_the_gateway_env_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env_file = tmp_path / "gateway.env"
+    env_file.write_text("# managed\nPDSTACK_GATEWAY_API_KEY=k-from-file\n")
+    monkeypatch.setattr(gateway, "KEY_FILE", env_file)
+    monkeypatch.delenv(gateway.KEY_VAR, raising=False)
+    assert gateway.api_key() == "k-from-file"
+    monkeypatch.setenv(gateway.KEY_VAR, "k-from-env")
+    assert gateway.api_key() == "k-from-env"
+    monkeypatch.delenv(gateway.KEY_VAR)
+    env_file.unlink()
+    assert gateway.api_key() is None
+
+
+@dataclass
+class FakeResponse:
+    status_code: int
+    body: Any = None
+    text: str = ""
+
+    def json(self) -> Any:
+        return self.body
+
+
+def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, str, dict[str, str]]] = []
+    answers = [FakeResponse(200, {"workers": [
+        {"id": "w1", "url": "http://a:1", "worker_type": "decode", "status": "ready",
+         "is_healthy": True, "load": 2}]}), FakeResponse(202), FakeResponse(401)]
+
+    def fake_request(method: str, url: str, headers: dict[str, str], **_: Any) -> FakeResponse:
+        seen.append((method, url, headers))
+        return answers.pop(0)
+
+    monkeypatch.setattr(gateway.requests, "request", fake_request)
+    gw = gateway.GatewayAdmin("http://gw:8000/", api_key="sekrit")
+    gw.remove(["http://a:1", "http://not-registered:2"])
+    assert [(m, u) for m, u, _ in seen] == [("GET", "http://gw:8000/workers"),
+                                            ("DELETE", "http://gw:8000/workers/w1")]
+    assert seen[0][2] == {"Authorization": "Bearer sekrit"}
+    with pytest.raises(gateway.GatewayError, match="needs the API key: set "
+                       "PDSTACK_GATEWAY_API_KEY"):
+        gw.workers()

@@ -1,0 +1,184 @@
+"""Downtime of `pdctl restart --both` for one pair, next to its lower bound and a naive
+sequential restart, and failed client requests while `--all` rolls two pairs under load.
+
+Local processes: sim engines (real wall-clock time, startup delays 8 s prefill and 12 s
+decode by default) behind the real gateway (smg); systemd is stood in for by
+pdctl.ops.localproc (start/stop by PID). Downtime runs from the first stop to the first
+successful request through the pair's PD path; its lower bound is the slower startup.
+Prints figures; it is not a pass/fail test.
+
+    .venv/bin/python benchmarks/restart_both.py [--prefill-startup 8] [--decode-startup 12]
+                                                [--clients 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from pdctl.ops.canary import pair_canary
+from pdctl.ops.context import Timeouts
+from pdctl.ops.localproc import LocalPair, local_ops
+from pdctl.ops.restart import restart_pair, restart_pairs
+from pdctl.ops.source import Pair
+from pdctl.sim.stack import Gateway, SimProc, smg_binary, start_gateway
+
+GATEWAY_ARGS = ("--disable-retries",)  # every engine failure reaches the client
+
+
+def first_success(pair: Pair, timeout: float = 120.0) -> float:
+    """Monotonic time of the first request that passes through the pair's PD path."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pair_canary(pair.prefill.url, pair.decode.url, pair.prefill.bootstrap_port or 0,
+                       timeout=10).ok:
+            return time.monotonic()
+        time.sleep(0.05)
+    raise TimeoutError("the pair never served a request")
+
+
+def wait_healthy(sims: list[SimProc]) -> None:
+    for s in sims:
+        s.wait_healthy(120)
+
+
+@contextmanager
+def stack(n_pairs: int, args: argparse.Namespace, log_dir: Path) -> Iterator[
+        tuple[list[LocalPair], Gateway]]:
+    pairs = [
+        LocalPair(f"pd{n}",
+                  SimProc.create("prefill", log_dir, {"PDSIM_STARTUP_DELAY_S":
+                                                      str(args.prefill_startup)}),
+                  SimProc.create("decode", log_dir, {"PDSIM_STARTUP_DELAY_S":
+                                                     str(args.decode_startup)}))
+        for n in range(n_pairs)
+    ]
+    sims = [s for p in pairs for s in (p.prefill, p.decode)]
+    binary = smg_binary()
+    if binary is None:
+        raise SystemExit("smg is not installed (scripts/setup.sh)")
+    gw: Gateway | None = None
+    try:
+        for s in sims:
+            s.start()
+        wait_healthy(sims)
+        gw = start_gateway(binary, [p.prefill for p in pairs], [p.decode for p in pairs],
+                           log_dir, *GATEWAY_ARGS).wait_ready()
+        yield pairs, gw
+    finally:
+        if gw is not None:
+            gw.stop()
+        for s in sims:
+            s.stop()
+
+
+def coordinated(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    with stack(1, args, log_dir) as (pairs, gw):
+        ops, _ = local_ops(pairs, gw, Timeouts(health=120, canary=60, poll=0.1))
+        ops.say = lambda _line: None
+        (pair,) = ops.source.pairs()
+        rep = restart_pair(ops, pair)
+        if not rep.ok:
+            raise SystemExit(f"restart --both failed: {rep.error}")
+        p = rep.phases
+        # The first stop to the first request through the pair ("canary" ends there).
+        return {"phases_s": p, "downtime_s": p["stop"] + p["start"] + p["health"] + p["canary"]}
+
+
+def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Stop both, start prefill, wait, start decode, wait, restart the gateway."""
+    with stack(1, args, log_dir) as (pairs, gw):
+        ops, units = local_ops(pairs, gw)
+        (pair,) = ops.source.pairs()
+        t0 = time.monotonic()
+        units.stop(pair.spec.target)
+        units.start(pair.prefill.unit)
+        pairs[0].prefill.wait_healthy(120)
+        units.start(pair.decode.unit)
+        pairs[0].decode.wait_healthy(120)
+        gw.stop()
+        binary = smg_binary()
+        assert binary is not None
+        new_gw = start_gateway(binary, [pairs[0].prefill], [pairs[0].decode], log_dir,
+                               *GATEWAY_ARGS)
+        try:
+            new_gw.wait_ready(120)
+            return {"downtime_s": first_success(pair) - t0}
+        finally:
+            new_gw.stop()
+
+
+def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
+    with requests.Session() as s:
+        while not stop.is_set():
+            try:
+                r = s.post(f"{url}/generate", timeout=60,
+                           json={"text": "load", "sampling_params": {"max_new_tokens": 16}})
+                outcomes.append(r.status_code)
+            except requests.RequestException:
+                outcomes.append(0)
+
+
+def rolling_under_load(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    with stack(2, args, log_dir) as (pairs, gw):
+        ops, _ = local_ops(pairs, gw, Timeouts(health=120, canary=60, poll=0.1))
+        ops.say = lambda _line: None
+        stop = threading.Event()
+        outcomes: list[int] = []
+        clients = [threading.Thread(target=_client, args=(gw.url, stop, outcomes))
+                   for _ in range(args.clients)]
+        for c in clients:
+            c.start()
+        t0 = time.monotonic()
+        try:
+            reports = restart_pairs(ops, ops.source.pairs())
+        finally:
+            elapsed = time.monotonic() - t0
+            stop.set()
+            for c in clients:
+                c.join(120)
+        return {"pairs_ok": [r.ok for r in reports], "seconds": round(elapsed, 1),
+                "requests": len(outcomes), "failed": sum(s != 200 for s in outcomes),
+                "phases_s": [r.phases for r in reports]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prefill-startup", type=float, default=8.0)
+    ap.add_argument("--decode-startup", type=float, default=12.0)
+    ap.add_argument("--clients", type=int, default=4, help="concurrent clients under load")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    bound = max(args.prefill_startup, args.decode_startup)
+    with tempfile.TemporaryDirectory(prefix="restart-bench-") as d:
+        log_dir = Path(d)
+        both = coordinated(args, log_dir)
+        seq = naive(args, log_dir)
+        load = rolling_under_load(args, log_dir)
+    out = {"lower_bound_s": bound, "restart_both": both, "naive_sequential": seq,
+           "restart_all_under_load": load}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"startup delays: prefill {args.prefill_startup:.0f}s, decode "
+          f"{args.decode_startup:.0f}s; lower bound max(startup) = {bound:.1f}s")
+    print("restart --both phases (s): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in both["phases_s"].items()))
+    for name, r in (("restart --both", both), ("naive sequential", seq)):
+        print(f"{name:18} downtime {r['downtime_s']:6.2f}s  "
+              f"downtime / lower bound {r['downtime_s'] / bound:.2f}")
+    print(f"restart --all, 2 pairs, {args.clients} clients: {load['seconds']}s, "
+          f"{load['requests']} requests, {load['failed']} failed, pairs ok {load['pairs_ok']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""pdctl status/doctor/restart and automatic recovery on a real systemd host.
+
+A host of its own ("pdops", not the session host test_site.py starts from fresh), converged by
+site.yml with the sim profile; pdctl runs on the host from the deployed venv, reading the
+topology file site.yml wrote. Processes are signalled by PID only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from fixtures_site import SIM_PROFILE, Site, build_wheelhouse, wait_ready
+
+from pdctl import render
+
+if TYPE_CHECKING:
+    from conftest import TestHost
+
+pytestmark = pytest.mark.e2e
+
+PDCTL = f"{render.VENV}/bin/pdctl"
+RECOVER_UNIT = "/etc/systemd/system/pdstack-recover@.service"
+CANARIES = "--canaries 12"  # a degraded sim pair fails half its requests: 12 cannot all pass
+
+
+def _install_recovery(host: TestHost, pairs: list[dict[str, Any]]) -> None:
+    """The recovery unit and each engine's OnFailure=, unless site.yml installed them."""
+    if host.ssh(f"test -e {RECOVER_UNIT}").returncode == 0:
+        return
+    unit = render._jinja().get_template("recover@.service.j2").render(
+        ansible_managed=render.MANAGED, venv=render.VENV, host=host.name)
+    host.ssh(f"cat > {RECOVER_UNIT}", input=unit, check=True)
+    for pair in pairs:
+        for engine in pair["units"]:
+            host.ssh(f"mkdir -p /etc/systemd/system/{engine}.d && printf '[Unit]\\n"
+                     f"OnFailure=pdstack-recover@{pair['pair']}.service\\n' > "
+                     f"/etc/systemd/system/{engine}.d/recover.conf", check=True)
+    host.ssh("systemctl daemon-reload", check=True)
+
+
+@pytest.fixture(scope="module")
+def ops_site(testhost_factory: Callable[..., TestHost]) -> Site:
+    host = testhost_factory("pdops")
+    site = Site(host, build_wheelhouse(SIM_PROFILE, host.inventory))
+    site.run().assert_ok()
+    dep = site.deployment()
+    _install_recovery(host, dep["hosts"][host.name]["pairs"])
+    wait_ready(dep["gateway"]["url"])
+    return site
+
+
+def pdctl(host: TestHost, args: str) -> tuple[int, str, str]:
+    r = host.ssh(f"{PDCTL} {args}", timeout=600)
+    return r.returncode, r.stdout, r.stderr
+
+
+def status(host: TestHost) -> dict[str, Any]:
+    code, out, err = pdctl(host, f"status --format json {CANARIES}")
+    assert out, err
+    result: dict[str, Any] = json.loads(out)
+    assert code == (0 if result["healthy"] else 1)
+    return result
+
+
+def main_pids(host: TestHost, units: list[str]) -> list[int]:
+    out = host.ssh(f"systemctl show -p MainPID --value {' '.join(units)}", check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(1)
+
+
+def test_healthy_after_converge(ops_site: Site) -> None:
+    s = status(ops_site.host)
+    assert s["healthy"], s
+    assert {i["active"] for i in s["instances"]} == {"active"}
+    assert all(i["gateway"]["status"] == "ready" for i in s["instances"])
+
+
+def test_lone_decode_restart_is_degraded_until_restart_both(ops_site: Site) -> None:
+    host = ops_site.host
+    pair = f"{host.name}/pd0"
+    host.ssh("systemctl restart pdstack-pd0-decode.service", check=True)
+    wait_for(lambda: all(i["health"] == "ok" for i in status(host)["instances"]), 60,
+             "the decode to answer /health")
+    s = status(host)
+    (p,) = s["pairs"]
+    assert not p["canary"]["ok"], s  # both answer /health, the PD path is broken
+    code, out, _ = pdctl(host, f"doctor {CANARIES}")
+    assert code == 2
+    assert f"ERROR live-degraded-pair [{pair}]: degraded pair" in out
+    assert f"fix: run pdctl restart --both --pair {pair}" in out
+
+    code, out, err = pdctl(host, "restart --both --pair pd0 --yes")
+    assert code == 0, err
+    assert f"OK: {pair}-prefill" in out and f"OK: {pair}-decode" in out
+    assert status(host)["healthy"]
+    code, out, _ = pdctl(host, f"doctor {CANARIES}")
+    assert "ERROR" not in out, out
+
+
+def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
+    host = ops_site.host
+    units = ["pdstack-pd0-prefill.service", "pdstack-pd0-decode.service"]
+    before = main_pids(host, units)
+    since = host.ssh("date '+%Y-%m-%d %H:%M:%S'", check=True).stdout.strip()
+    host.ssh(f"kill -9 {before[1]}", check=True)  # by PID, never by pattern
+
+    def recovered() -> bool:
+        after = main_pids(host, units)
+        done = host.ssh("systemctl show -p ActiveState --value pdstack-recover@pd0.service")
+        return all(after) and not set(after) & set(before) and done.stdout.strip() == "inactive"
+
+    wait_for(recovered, 180, "pdstack-recover@pd0 to restart the pair")
+    journal = host.ssh(f"journalctl -u pdstack-recover@pd0.service --since '{since}' -o cat",
+                       check=True).stdout
+    assert f"{host.name}/pd0: restarting {units[0]} + {units[1]}" in journal
+    assert f"OK: {host.name}/pd0-prefill" in journal and f"OK: {host.name}/pd0-decode" in journal
+    # No lone restart: the decode started once, after the pair target was stopped.
+    events = host.ssh(f"journalctl --since '{since}' -o cat -u {units[1]} -u pdstack-pd0.target "
+                      "| grep -E '^(Started|Stopped|Starting|Stopping) '", check=True).stdout
+    started_decode = [e for e in events.splitlines() if e.startswith("Started") and "decode" in e]
+    assert len(started_decode) == 1, events
+    assert status(host)["healthy"]
