@@ -71,7 +71,8 @@ class Nvml:
             return False
         self.ready = True
         self.log.report("nvml", None)
-        self._start_xid_watch()
+        if self._xid_thread is None:
+            self._start_xid_watch()
         return True
 
     def read(self) -> tuple[list[GpuReading], list[str]]:

@@ -57,27 +57,23 @@ class DecodeStats:
             self.step_s.observe(batch.running / batch.gen_throughput)
 
 
-def journal_lines(unit: str, stop: threading.Event) -> Iterator[str]:
-    """New lines of a systemd unit, from now on (`journalctl -f -o cat`)."""
+def start_journalctl(unit: str) -> subprocess.Popen[str]:
+    """`journalctl -f -o cat` of a systemd unit: its new lines from now on."""
     if shutil.which("journalctl") is None:
         raise OSError("journalctl not found (not a systemd host?)")
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         ["journalctl", "-f", "-o", "cat", "-n", "0", "-u", unit],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         errors="replace",
     )
+
+
+def process_lines(proc: subprocess.Popen[str], unit: str) -> Iterator[str]:
     assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if stop.is_set():
-                return
-            yield line
-        raise OSError(f"journalctl for {unit} exited with {proc.wait()}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
+    yield from proc.stdout
+    raise OSError(f"journalctl for {unit} exited with {proc.wait()}")
 
 
 def file_lines(path: Path, stop: threading.Event, poll_s: float = 0.2) -> Iterator[str]:
@@ -108,6 +104,7 @@ class DecodeJournal:
         self.retry_s = retry_s
         self.error: str | None = None
         self._stats = DecodeStats()
+        self._proc: subprocess.Popen[str] | None = None  # journalctl, stopped by PID
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -121,7 +118,8 @@ class DecodeJournal:
     def _lines(self) -> Iterator[str]:
         if self.target.file is not None:
             return file_lines(self.target.file, self._stop)
-        return journal_lines(self.target.unit, self._stop)
+        self._proc = start_journalctl(self.target.unit)
+        return process_lines(self._proc, self.target.unit)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -134,6 +132,8 @@ class DecodeJournal:
                             self._stats.add(batch)
             except OSError as e:
                 self.error = str(e)
+            finally:
+                self._end_journalctl()
             self.log.report(f"journal {self.target.engine}", self.error)
             self._stop.wait(self.retry_s)
 
@@ -147,6 +147,14 @@ class DecodeJournal:
                 mine.counts, mine.total = list(theirs.counts), theirs.total
             return copy
 
+    def _end_journalctl(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=5)
+
     def stop(self) -> None:
         self._stop.set()
+        # Ends the blocking read of journalctl's output, so the thread can finish.
+        self._end_journalctl()
         self._thread.join(timeout=6)
