@@ -99,7 +99,7 @@ class Engine:
         """Decode server: wait for KV pool space for the whole request (prealloc queue)."""
         self.prealloc.append(req)
         try:
-            while not req.done and not self._can_admit(req, req.prompt_tokens + req.max_new_tokens):
+            while not req.done and not self._can_admit(req.prompt_tokens + req.max_new_tokens):
                 self._prealloc_changed.clear()
                 await self._prealloc_changed.wait()
             if req.done:  # cancelled while waiting for space
@@ -110,11 +110,10 @@ class Engine:
         finally:
             self.prealloc.remove(req)
 
-    def start_decoding(self, req: Req, first_token: bool = True) -> None:
+    def start_decoding(self, req: Req) -> None:
         """Decode server: the KV arrived; the prefill's first token goes out now."""
         self.transfer.discard(req)
-        if first_token:
-            self._emit(req, req.text.next_token())
+        self._emit(req, req.text.next_token())
         if not req.done:
             self.running.append(req)
             self._wake.set()
@@ -132,7 +131,7 @@ class Engine:
         if not req.done:
             self._finish(req)
 
-    def _can_admit(self, req: Req, tokens: int) -> bool:
+    def _can_admit(self, tokens: int) -> bool:
         busy = len(self.running) + len(self.transfer) + len(self.inflight)
         return busy < self.cfg.max_running_requests and self.pool.used + tokens <= self.pool.size
 
@@ -195,7 +194,7 @@ class Engine:
             need = req.prompt_tokens + (0 if prefill_only else req.max_new_tokens)
             if batch and req.prompt_tokens > budget:
                 break
-            if not self._can_admit(req, need):
+            if not self._can_admit(need):
                 break
             self.waiting.popleft()
             self.pool.try_reserve(need)
