@@ -281,15 +281,16 @@ class SimMetrics:
         self.num_aborted_requests = Counter(
             "sglang:num_aborted_requests", "Number of requests aborted.", tl, registry=r
         )
-        self.cached_tokens = Counter(
-            "sglang:cached_tokens",
-            "Number of cached prompt tokens by source.",
-            [*tl, "cache_source"],
-            registry=r,
-        )
         self.prompt_tokens_histogram = Histogram(
             "sglang:prompt_tokens_histogram",
             "Histogram of prompt token length.",
+            tl,
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.uncached_prompt_tokens_histogram = Histogram(
+            "sglang:uncached_prompt_tokens_histogram",
+            "Histogram of uncached (compute) prompt token length.",
             tl,
             buckets=TOKEN_COUNT_BUCKETS,
             registry=r,

@@ -538,8 +538,6 @@ class SimServer:
                 f"{need} > {self.cfg.kv_pool_tokens}"
             )
         self.inflight.add(req)
-        if self.metrics:
-            self.metrics.tok_inc(self.metrics.num_requests, is_streaming=str(p.stream).lower())
         self._dispatch(req, p)
         return req
 
@@ -564,8 +562,9 @@ class SimServer:
         now = self.engine.clock.now()
         m.tok_inc(m.prompt_tokens, req.prompt_tokens, is_streaming=stream)
         m.tok_inc(m.generation_tokens, req.generated, is_streaming=stream)
-        m.tok_inc(m.cached_tokens, 0, cache_source="total")
+        m.tok_inc(m.num_requests, is_streaming=stream)
         m.tok_observe(m.prompt_tokens_histogram, req.prompt_tokens)
+        m.tok_observe(m.uncached_prompt_tokens_histogram, req.prompt_tokens)  # no prefix cache
         m.tok_observe(m.generation_tokens_histogram, req.generated)
         m.tok_observe(m.e2e_request_latency, now - req.created, is_streaming=stream)
         if req.first_token_at is not None:
