@@ -12,7 +12,6 @@ from rich.console import Console
 from pdctl.bench import results
 from pdctl.bench.compare import as_dict, compare
 from pdctl.bench.level import Target, build_levels
-from pdctl.bench.sweep import SweepOptions, run_sweep
 from pdctl.bench.view import QuietProgress, RichProgress, compare_table, fit_line, sweep_table
 from pdctl.cli.options import deployment_options, format_option
 from pdctl.spec import Role, load_deployment
@@ -149,6 +148,9 @@ def sweep(
       pdctl bench sweep --driver sglang --sglang-python /opt/pdstack/venv/bin/python \\
           --concurrency 64 --output-len 128
     """
+    # aiohttp and numpy load here, not at `pdctl` start-up: other commands need neither.
+    from pdctl.bench.sweep import SweepOptions, run_sweep
+
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
     target = _target(url, metrics_urls, inventory, profile, model, endpoint)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)
