@@ -7,6 +7,7 @@ The roles never derive a flag, a port or a unit name themselves; they template w
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +125,20 @@ def pdstack_profile_path(inventory_file: str, profile: str) -> str:
     return profile_path(inventory_file, profile)
 
 
+def pdstack_unit_verify(unit: str) -> str:
+    """A `validate:` command for a unit file: systemd-analyze wants the file under its unit
+    name, and Ansible hands it a temporary file (`%s`)."""
+    script = (
+        'd=$(mktemp -d) && cp "$1" "$d/$0" && systemd-analyze verify "$d/$0"; '
+        'r=$?; rm -rf "$d"; exit $r'
+    )
+    return f"/bin/sh -c {shlex.quote(script)} {shlex.quote(unit)} %s"
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
+            "pdstack_unit_verify": pdstack_unit_verify,
         }

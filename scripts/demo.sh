@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The demo (`make demo`, after scripts/setup.sh): a local systemd test host, site.yml with the
+# GPU-free sim profile, a chat completion through the gateway over the PD path, and the units'
+# status. Run as root. `make demo-down` removes the host.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+NAME=pdtest  # deploy/testhost/testhost's default, what `make demo-down` takes down
+PROFILE=$ROOT/deploy/profiles/sim.yml
+STATE=$ROOT/deploy/testhost/state
+INVENTORY=$STATE/$NAME/inventory.ini
+KEY_FILE=$STATE/demo-api-key
+PLAYBOOK_TIMEOUT=${PDSTACK_DEMO_PLAYBOOK_TIMEOUT:-1200}
+READY_TIMEOUT=${PDSTACK_DEMO_READY_TIMEOUT:-180}
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
+# ssh joins its arguments into one remote command line: quote each one.
+on_host() { deploy/testhost/testhost ssh --name "$NAME" -- "$(printf '%q ' "$@")"; }
+
+[[ -x .venv/bin/ansible-playbook ]] || die "no .venv: run scripts/setup.sh first (or make demo)"
+
+step "Booting the systemd test host '$NAME' (Debian, systemd-nspawn)"
+if deploy/testhost/testhost status --name "$NAME" >/dev/null 2>&1; then
+  echo "already up: converging it again (site.yml is idempotent)"
+else
+  deploy/testhost/testhost up --name "$NAME"
+fi
+
+# The gateway's API key: a secret variable, kept out of the repository and the unit file.
+mkdir -p "$STATE"
+[[ -s $KEY_FILE ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$KEY_FILE")
+API_KEY=$(cat "$KEY_FILE")
+
+step "ansible-playbook site.yml (profile: deploy/profiles/sim.yml)"
+echo "preflight -> PD engines (pair target per prefill/decode) -> gateway; the first run builds"
+echo "the wheelhouse the host installs from (cached in /var/cache/pdstack/wheelhouse)"
+start=$(date +%s)
+timeout "$PLAYBOOK_TIMEOUT" .venv/bin/ansible-playbook site.yml -i "$INVENTORY" \
+  -e "pdstack_profile=$PROFILE" -e "pdstack_gateway_api_key=$API_KEY" \
+  || die "site.yml failed (exit $?); see the output above"
+echo "converged in $(( $(date +%s) - start ))s"
+
+# pdctl on the host reads the topology file site.yml wrote; no inventory needed there.
+read_topology() {
+  on_host /opt/pdstack/venv/bin/python -c "from pdctl import topology; t = topology.read(); $1"
+}
+GATEWAY=$(read_topology 'print(t.router.url)')
+UNITS=$(read_topology 'print(" ".join([p.target for p in t.pairs] + [i.unit for i in t.instances] + [t.router.unit]))')
+
+step "Waiting for the gateway at $GATEWAY to see a healthy prefill and decode (timeout ${READY_TIMEOUT}s)"
+deadline=$(( $(date +%s) + READY_TIMEOUT ))
+until curl -fsS -m 5 "$GATEWAY/readiness" >/dev/null 2>&1; do
+  (( $(date +%s) < deadline )) || die "gateway not ready after ${READY_TIMEOUT}s; on the host: journalctl -u pdstack-gateway"
+  printf '.'
+  sleep 2
+done
+echo " ready: $(curl -fsS -m 5 "$GATEWAY/readiness")"
+
+step "A chat completion through the gateway (prefill and decode over the PD path)"
+echo "POST $GATEWAY/v1/chat/completions"
+curl -fsS -m 60 "$GATEWAY/v1/chat/completions" \
+  -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \
+  -d '{"model": "sim-model", "messages": [{"role": "user", "content": "Hello from the demo"}], "max_tokens": 24}' \
+  | .venv/bin/python -m json.tool
+
+step "Status of the units on the host"
+# systemctl status exits 3 when a unit is inactive; the printout is what matters here.
+on_host systemctl status --no-pager --lines=3 $UNITS || true
+
+cat <<EOF
+
+Done. Next:
+  deploy/testhost/testhost ssh --name $NAME      a root shell on the host (units: $UNITS)
+  curl -H "Authorization: Bearer \$(cat $KEY_FILE)" $GATEWAY/v1/models
+  make demo-down                                  remove the test host
+EOF

@@ -1,0 +1,127 @@
+"""Running site.yml against test hosts: the wheelhouse (built once per session) and a runner
+that reads Ansible's recap."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+
+if TYPE_CHECKING:
+    from conftest import TestHost
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_PROFILE = ROOT / "deploy" / "profiles" / "sim.yml"
+API_KEY = "e2e-test-key"
+CONVERGE_TIMEOUT = 600
+
+
+def filter_plugin() -> ModuleType:
+    """filter_plugins/pdstack.py, the roles' view of the deployment (not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Run:
+    result: subprocess.CompletedProcess[str]
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.result.stdout + self.result.stderr
+
+    @property
+    def recap(self) -> dict[str, int]:
+        """Counters of the PLAY RECAP line (one host)."""
+        match = re.search(r"^\S+\s+:\s+(ok=.*)$", self.result.stdout, re.M)
+        assert match, f"no PLAY RECAP in:\n{self.output[-4000:]}"
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+    def assert_ok(self) -> None:
+        assert self.result.returncode == 0, self.output[-6000:]
+
+    def changed_tasks(self) -> list[str]:
+        """Names of the tasks that reported a change, in order, once each."""
+        names: dict[str, None] = {}
+        task = ""
+        for line in self.result.stdout.splitlines():
+            if line.startswith(("TASK [", "RUNNING HANDLER [")):
+                task = line.split("[", 1)[1].rsplit("]", 1)[0]
+            elif line.startswith("changed:"):
+                names[task] = None
+        return list(names)
+
+
+@dataclass
+class Site:
+    """site.yml against one test host with the sim profile and the session's wheelhouse."""
+
+    host: TestHost
+    wheelhouse: Path
+    profile: Path = SIM_PROFILE
+
+    def run(self, *args: str, profile: Path | None = None) -> Run:
+        start = time.monotonic()
+        result = self.host.ansible_playbook(
+            "site.yml",
+            "-e", f"pdstack_profile={profile or self.profile}",
+            "-e", f"pdstack_wheelhouse={self.wheelhouse}",
+            "-e", f"pdstack_gateway_api_key={API_KEY}",
+            *args,
+            timeout=CONVERGE_TIMEOUT,
+        )  # fmt: skip
+        return Run(result, time.monotonic() - start)
+
+    def deployment(self) -> dict[str, Any]:
+        return filter_plugin().pdstack_deployment(str(self.host.inventory), str(self.profile))
+
+
+def build_wheelhouse(profile: Path, inventory: Path) -> Path:
+    """deploy/wheelhouse.sh for the profile's packages, as site.yml would run it (cached)."""
+    packages = filter_plugin().pdstack_deployment(str(inventory), str(profile))["packages"]
+    reqs = [p for p in packages["engine"] + packages["gateway"] if p != "pdctl"]
+    result = subprocess.run(
+        [str(ROOT / "deploy" / "wheelhouse.sh"), *reqs],
+        env={**os.environ, "PDSTACK_PYTHON": sys.executable},
+        text=True, capture_output=True, timeout=1800, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return Path(result.stdout.strip())
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
+    """Until the gateway reports a healthy prefill and decode (its /readiness)."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            r = requests.get(f"{url}/readiness", timeout=5)
+            if r.status_code == 200:
+                return
+            last = f"{r.status_code} {r.text[:200]}"
+        except requests.RequestException as e:
+            last = str(e)
+        time.sleep(1)
+    pytest.fail(f"gateway {url} not ready after {timeout:.0f}s: {last}")
+
+
+@pytest.fixture(scope="session", name="site")
+def site_fixture(testhost: TestHost) -> Iterator[Site]:
+    yield Site(testhost, build_wheelhouse(SIM_PROFILE, testhost.inventory))

@@ -1,0 +1,242 @@
+"""site.yml against a real systemd host with the sim profile.
+
+The tests share one test host and run in file order: --check on the fresh host, the first
+converge, the second run, then checks of the converged host, then the preflight failures
+(which must leave the converged host exactly as it was).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+import yaml
+from fixtures_site import API_KEY, SIM_PROFILE, Run, Site, site_fixture, wait_ready  # noqa: F401
+
+from pdctl import topology
+from pdctl.render import render_instance
+from pdctl.spec import load_deployment
+
+if TYPE_CHECKING:
+    from conftest import TestHost
+
+pytestmark = pytest.mark.e2e
+
+# Everything site.yml writes or starts, as one comparable text.
+SNAPSHOT = (
+    "sha256sum /etc/pdstack/* /etc/systemd/system/pdstack-* 2>&1; "
+    "systemctl show -p Id -p MainPID -p ActiveState "
+    "pdstack-pd0-prefill.service pdstack-pd0-decode.service pdstack-gateway.service"
+)
+_runs: dict[str, Run] = {}
+
+
+def _units(site: Site) -> list[str]:
+    dep = site.deployment()
+    host = dep["hosts"][site.host.name]
+    return (
+        [i["inst"]["unit"] for i in host["instances"]]
+        + [p["target"] for p in host["pairs"]]
+        + [dep["gateway"]["unit"]]
+    )
+
+
+def _main_pids(host: TestHost, units: list[str]) -> dict[str, str]:
+    out = host.ssh(f"systemctl show -p MainPID --value {' '.join(units)}", check=True).stdout
+    return dict(zip(units, out.split(), strict=True))
+
+
+def _completion(site: Site, **headers: str) -> requests.Response:
+    url = site.deployment()["gateway"]["url"]
+    return requests.post(
+        f"{url}/v1/chat/completions",
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 8,
+        },
+        headers=headers,
+        timeout=60,
+    )
+
+
+def _engine_requests(url: str) -> float:
+    """Requests an engine served, apart from probes and scrapes."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r'sglang:http_requests_total\{endpoint="([^"]+)"[^}]*\} (\S+)', line)
+        if m and m.group(1) not in ("/metrics", "/health", "/health_generate"):
+            total += float(m.group(2))
+    return total
+
+
+def test_check_mode_on_a_fresh_host(site: Site) -> None:
+    before = site.host.ssh("ls /etc/pdstack /opt/pdstack 2>&1; ls /etc/systemd/system").stdout
+    assert "pdstack-" not in before, "the test host is not fresh (reused?)"
+    run = site.run("--check")
+    run.assert_ok()
+    assert run.recap["failed"] == 0
+    after = site.host.ssh("ls /etc/pdstack /opt/pdstack 2>&1; ls /etc/systemd/system").stdout
+    assert after == before, "--check changed the host"
+
+
+def test_converges(site: Site) -> None:
+    run = site.run()
+    _runs["converge"] = run
+    run.assert_ok()
+    assert run.recap["changed"] > 0
+    print(f"converge: {run.seconds:.0f}s")
+
+
+def test_second_run_changes_nothing(site: Site) -> None:
+    run = site.run()
+    _runs["second"] = run
+    run.assert_ok()
+    assert run.recap["changed"] == 0, f"changed: {run.changed_tasks()}"
+    print(f"second run: {run.seconds:.0f}s")
+
+
+def test_every_unit_active_and_verified(site: Site) -> None:
+    units = _units(site)
+    active = site.host.ssh(f"systemctl is-active {' '.join(units)}")
+    assert active.stdout.split() == ["active"] * len(units), active.stdout
+    paths = " ".join(f"/etc/systemd/system/{u}" for u in units)
+    verify = site.host.ssh(f"systemd-analyze verify {paths}")
+    assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+
+
+def test_installed_units_are_what_pdctl_renders(site: Site) -> None:
+    """One renderer: the unit site.yml installed is `pdctl render`'s, header aside."""
+    dep = load_deployment(site.host.inventory, site.profile)
+    for inst in dep.instances:
+        installed = site.host.ssh(f"cat /etc/systemd/system/{inst.unit}", check=True).stdout
+        rendered = render_instance(inst, dep).unit
+
+        def body(text: str) -> str:
+            return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
+        assert body(installed) == body(rendered), inst.unit
+
+
+def test_secrets_and_env_file_modes(site: Site) -> None:
+    out = site.host.ssh("stat -c '%n %a %U:%G' /etc/pdstack/*.env", check=True).stdout
+    modes = dict(line.split(" ", 1) for line in out.splitlines())
+    assert modes.pop("/etc/pdstack/gateway.env") == "600 root:root"
+    assert modes and set(modes.values()) == {"640 root:pdstack"}
+    unit = site.host.ssh("cat /etc/systemd/system/pdstack-gateway.service", check=True).stdout
+    assert API_KEY not in unit
+
+
+def test_topology_file_reads_back_on_the_host(site: Site) -> None:
+    dep = load_deployment(site.host.inventory, site.profile)
+    text = site.host.ssh(f"cat {topology.PATH}", check=True).stdout
+    assert topology.Topology.model_validate(yaml.safe_load(text)) == topology.from_deployment(dep)
+    # pdctl installed on the host reads it without an inventory.
+    read = site.host.ssh(
+        "/opt/pdstack/venv/bin/python -c "
+        "'from pdctl import topology; t = topology.read(); print(t.router.url, len(t.pairs))'",
+        check=True,
+    )
+    assert read.stdout.split() == [dep.router_url, "1"]
+
+
+def test_completion_flows_through_the_gateway_over_the_pd_path(site: Site) -> None:
+    dep = site.deployment()
+    wait_ready(dep["gateway"]["url"])
+    assert _completion(site).status_code == 401, "the gateway answered without its API key"
+    urls = [i["inst"]["url"] for i in dep["hosts"][site.host.name]["instances"]]
+    before = [_engine_requests(u) for u in urls]
+    r = _completion(site, Authorization=f"Bearer {API_KEY}")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"].strip()
+    assert body["usage"]["completion_tokens"] > 0
+    after = [_engine_requests(u) for u in urls]
+    # The gateway in PD mode sends each request to the prefill and the decode.
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_stopping_the_pair_target_stops_both_engines(site: Site) -> None:
+    dep = site.deployment()
+    host = dep["hosts"][site.host.name]
+    pair = host["pairs"][0]
+    try:
+        site.host.ssh(f"systemctl stop {pair['target']}", check=True)
+        states = site.host.ssh(f"systemctl is-active {' '.join(pair['units'])}").stdout.split()
+        assert states == ["inactive"] * len(pair["units"])
+    finally:
+        site.host.ssh(f"systemctl start {pair['target']}", check=True)
+    wait_ready(dep["gateway"]["url"])
+
+
+def test_a_changed_env_restarts_the_whole_pair_not_the_gateway(site: Site, tmp_path: Path) -> None:
+    profile = yaml.safe_load(SIM_PROFILE.read_text())
+    profile["sim"]["PDSIM_SEED"] = 2
+    changed = tmp_path / "sim-seed2.yml"
+    changed.write_text(yaml.safe_dump(profile))
+    services = [u for u in _units(site) if u.endswith(".service")]
+    before = _main_pids(site.host, services)
+    run = site.run(profile=changed)
+    run.assert_ok()
+    assert run.changed_tasks() == [
+        "pdstack_engine : Write the engine environment files",
+        "pdstack_engine : Restart changed PD pairs",
+    ]
+    after = _main_pids(site.host, services)
+    gateway = site.deployment()["gateway"]["unit"]
+    assert all(after[u] != before[u] for u in services if u != gateway), (before, after)
+    assert after[gateway] == before[gateway]
+    wait_ready(site.deployment()["gateway"]["url"])
+
+
+def _edit(profile: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    out = copy.deepcopy(profile)
+    change(out)
+    return out
+
+
+def _pair(p: dict[str, Any]) -> dict[str, Any]:
+    pair: dict[str, Any] = p["layout"]["pairs"][0]
+    return pair
+
+
+BAD_PROFILES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "bad profile": (lambda p: p["engine"].update(tunning={}), "unknown key"),
+    "overlapping GPUs": (lambda p: _pair(p)["decode"].update(gpus=[0]), "gpu-overlap"),
+    "port clash": (lambda p: _pair(p)["decode"].update(port=8998), "port-collision"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROFILES))
+def test_preflight_failure_stops_before_the_host_changes(
+    site: Site, tmp_path: Path, case: str
+) -> None:
+    change, message = BAD_PROFILES[case]
+    profile = tmp_path / "bad.yml"
+    profile.write_text(yaml.safe_dump(_edit(yaml.safe_load(SIM_PROFILE.read_text()), change)))
+    before = site.host.ssh(SNAPSHOT).stdout
+    run = site.run(profile=profile)
+    assert run.result.returncode != 0
+    assert "pdctl" in run.output and message in run.output, run.output[-4000:]
+    assert "TASK [pdstack_engine" not in run.result.stdout, "the play went past preflight"
+    assert site.host.ssh(SNAPSHOT).stdout == before
+
+
+def test_preflight_refuses_a_host_without_systemd(
+    site: Site, testhost_factory: Callable[..., TestHost]
+) -> None:
+    bare = testhost_factory("pdnosysd", init="none")
+    started = time.monotonic()
+    run = Site(bare, site.wheelhouse).run()
+    assert run.result.returncode != 0
+    assert "not systemd" in run.output, run.output[-4000:]
+    assert "TASK [pdstack_engine" not in run.result.stdout
+    assert bare.ssh("ls /etc/pdstack /opt/pdstack 2>&1").stdout.count("No such file") == 2
+    print(f"no-systemd preflight: {time.monotonic() - started:.0f}s")

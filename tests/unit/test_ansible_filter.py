@@ -1,0 +1,113 @@
+"""filter_plugins/pdstack.py: what the roles template, for the shipped and example inventories."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pdctl.lint import Severity, lint
+from pdctl.render import render_instance, router_args
+from pdctl.spec import load_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
+REFERENCE = ROOT / "deploy" / "profiles" / "reference.yml"
+
+
+def _plugin() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+filters = _plugin()
+
+
+def test_two_hosts_validate_clean() -> None:
+    dep = load_deployment(TWO_HOSTS)
+    errors = [f for f in lint(dep) if f.severity is Severity.ERROR]
+    assert errors == []
+    assert [h.name for h in dep.hosts] == ["gpu-node-1", "gpu-node-2"]
+
+
+def test_two_hosts_every_host_its_own_pairs() -> None:
+    data = filters.pdstack_deployment(str(TWO_HOSTS), "../profiles/reference.yml")
+    for name, address in (("gpu-node-1", "10.0.0.11"), ("gpu-node-2", "10.0.0.12")):
+        host = data["hosts"][name]
+        assert [p["target"] for p in host["pairs"]] == ["pdstack-pd0.target"]
+        assert {i["inst"]["id"] for i in host["instances"]} == {
+            f"{name}/pd0-prefill",
+            f"{name}/pd0-decode",
+        }
+        # Engines bind the host's own address (the bootstrap server too: decodes reach it there).
+        for inst in host["instances"]:
+            assert f"--host {address}" in inst["command_lines"]
+            assert inst["env"]["CUDA_VISIBLE_DEVICES"] in ("0,1,2,3", "4,5,6,7")
+        assert host["gpus"] == list(range(8)) and host["numa_nodes"] == [0, 1]
+
+
+def test_two_hosts_one_gateway_over_all_pairs() -> None:
+    data = filters.pdstack_deployment(str(TWO_HOSTS), "../profiles/reference.yml")
+    gateway = data["gateway"]
+    assert gateway["host"] == "gpu-node-1" and gateway["url"] == "http://10.0.0.11:8000"
+    lines = gateway["command_lines"]
+    assert lines[0] == "/opt/pdstack/venv/bin/smg launch"
+    assert lines.count("--pd-disaggregation") == 1
+    assert [line for line in lines if line.startswith(("--prefill", "--decode"))] == [
+        "--prefill http://10.0.0.11:30000 8998",
+        "--decode http://10.0.0.11:30001",
+        "--prefill http://10.0.0.12:30000 8998",
+        "--decode http://10.0.0.12:30001",
+    ]
+    # The same tokens `pdctl render` prints: one source of gateway flags.
+    dep = load_deployment(TWO_HOSTS)
+    assert shlex.split(" ".join(lines))[1:] == router_args(dep)
+
+
+def test_unit_context_is_the_renderers() -> None:
+    dep = load_deployment(TWO_HOSTS)
+    data = filters.pdstack_deployment(str(TWO_HOSTS), str(REFERENCE))
+    for inst in dep.instances:
+        ctx = next(i for i in data["hosts"][inst.host]["instances"] if i["inst"]["id"] == inst.id)
+        rendered = render_instance(inst, dep)
+        assert ctx["command"] == rendered.command
+        assert ctx["env"] == rendered.environment
+        assert ctx["env_file"] == rendered.env_file
+
+
+def test_packages_per_engine_kind() -> None:
+    ref = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(REFERENCE))["packages"]
+    assert ref == {
+        "engine": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"],
+        "gateway": ["smg==1.13.0"],
+    }
+    sim = filters.pdstack_deployment(str(ROOT / "inventory.ini"), "deploy/profiles/sim.yml")
+    assert sim["packages"]["engine"] == ["pdctl"]
+
+
+def test_bad_profile_is_an_ansible_error(tmp_path: Path) -> None:
+    from ansible.errors import AnsibleFilterError
+
+    bad = tmp_path / "bad.yml"
+    bad.write_text("model: [\n")
+    with pytest.raises(AnsibleFilterError, match="malformed YAML"):
+        filters.pdstack_deployment(str(TWO_HOSTS), str(bad))
+
+
+def test_unit_verify_command_runs_systemd_analyze_on_the_unit_name() -> None:
+    cmd = filters.pdstack_unit_verify("pdstack-pd0.target")
+    assert cmd.endswith(" %s")
+    # Ansible substitutes the temporary file for %s and splits with shlex (no shell).
+    argv = shlex.split(cmd % "/tmp/ansible-tmp/source")
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3:] == [
+        "pdstack-pd0.target",
+        "/tmp/ansible-tmp/source",
+    ]
