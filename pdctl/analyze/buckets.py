@@ -34,7 +34,7 @@ class SawtoothDrop:
 
 
 def find_sawtooth(
-    table: DecodeTable, min_lines: int = 3, min_drop: float = 0.02
+    table: DecodeTable, min_lines: int = 5, min_drop: float = 0.02
 ) -> list[SawtoothDrop]:
     """Falls in graph-mode tok/s between adjacent batch sizes with enough lines each."""
     tps = {

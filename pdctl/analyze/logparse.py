@@ -15,9 +15,10 @@ Verified against sglang 0.5.23 `srt/managers/scheduler_components/metrics_report
   speculative decoding adds `accept len`, MFU metrics append `est. …` fields.
 Older releases wrote `Decode batch. #running-req: …` (a period) and may lack the graph flag.
 
-The scanner works on large chunks with `re.finditer` instead of a Python loop per line: that is
-what makes multi-GB journals cheap. Lines carrying a marker that the pattern cannot read
-(truncated, garbled, an unknown layout) are counted, never fatal.
+The scanner runs one `findall` per 4 MB chunk instead of a Python loop over lines (lines that
+are not batch lines cost no Python at all): that is what keeps multi-GB journals cheap.
+Lines carrying a marker that the pattern cannot read (truncated, garbled, an unknown layout)
+are counted as the difference between marker count and matches, never fatal.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,41 @@ def test_journalctl_command_local_and_ssh() -> None:
     remote = journalctl_command("d.service", "gpu1", "2026-11-29 10:00", None)
     assert remote[:4] == ["ssh", "-o", "BatchMode=yes", "gpu1"]
     assert remote[4] == "journalctl -u d.service -o cat --no-pager --since '2026-11-29 10:00'"
+
+
+@pytest.fixture
+def fake_journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`journalctl` and `ssh` stand-ins on PATH that record their argv and print a journal."""
+    log = tmp_path / "journal.log"
+    log.write_text("".join(journal_lines(SynthJournal(max_running=40, seed=9), 3000)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("journalctl", "ssh"):
+        script = bin_dir / name
+        script.write_text(
+            f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/argv\n'
+            f'case "$*" in *missing*) echo "No such unit" >&2; exit 1;; esac\ncat {log}\n'
+        )
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_cli_reads_journalctl_locally_and_over_ssh(fake_journalctl: Path) -> None:
+    for extra in ([], ["-H", "gpu1"]):
+        result = CliRunner().invoke(
+            cli,
+            ["analyze", "journal", "-u", "pdstack-pair0-decode.service", "--since", "-1h",
+             "--format", "json", *extra],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["input"]["decode_lines"] == 3000
+    argv = (fake_journalctl / "argv").read_text().splitlines()
+    assert argv[0] == "journalctl -u pdstack-pair0-decode.service -o cat --no-pager --since -1h"
+    assert argv[1].startswith("ssh -o BatchMode=yes gpu1 journalctl -u pdstack-pair0-decode")
+
+
+def test_cli_journalctl_failure_is_reported(fake_journalctl: Path) -> None:
+    result = CliRunner().invoke(cli, ["analyze", "journal", "-u", "missing.service"])
+    assert result.exit_code != 0
+    assert "exited 1: No such unit" in str(result.exception)
