@@ -33,6 +33,20 @@ class Progress(Protocol):
     def end_level(self) -> None: ...
 
 
+class NoProgress:
+    def start_level(self, level: Level, total: int | None) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+    def end_level(self) -> None:
+        pass
+
+
+NO_PROGRESS = NoProgress()
+
+
 @dataclass(frozen=True)
 class SweepOptions:
     driver: str = "builtin"  # builtin | sglang
@@ -119,7 +133,7 @@ async def run_sweep(
     target: Target,
     levels: Sequence[Level],
     opts: SweepOptions,
-    progress: Progress,
+    progress: Progress = NO_PROGRESS,
     output_file: Path | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []

@@ -60,17 +60,6 @@ class RichProgress:
             self._task = None
 
 
-class QuietProgress:
-    def start_level(self, level: Level, total: int | None) -> None:
-        pass
-
-    def advance(self) -> None:
-        pass
-
-    def end_level(self) -> None:
-        pass
-
-
 def _num(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 

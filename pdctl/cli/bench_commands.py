@@ -12,7 +12,7 @@ from rich.console import Console
 from pdctl.bench import results
 from pdctl.bench.compare import as_dict, compare
 from pdctl.bench.level import Target, build_levels
-from pdctl.bench.view import QuietProgress, RichProgress, compare_table, fit_line, sweep_table
+from pdctl.bench.view import RichProgress, compare_table, fit_line, sweep_table
 from pdctl.cli.options import deployment_options, format_option
 from pdctl.spec import Role, load_deployment
 
@@ -154,13 +154,11 @@ def sweep(
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
     target = _target(url, metrics_urls, inventory, profile, model, endpoint)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)
+    # With --format json the progress goes to stderr and stdout stays one JSON document.
     console = Console(stderr=fmt == "json")
-    if fmt == "json":
-        rows = asyncio.run(run_sweep(target, levels, opts, QuietProgress(), output_file))
-    else:
-        console.print(f"Sweep against {target.url}: canary, then C = {concurrency}")
-        with RichProgress(console) as progress:
-            rows = asyncio.run(run_sweep(target, levels, opts, progress, output_file))
+    console.print(f"Sweep against {target.url}: canary, then C = {concurrency}")
+    with RichProgress(console) as progress:
+        rows = asyncio.run(run_sweep(target, levels, opts, progress, output_file))
     fit = results.tpot_fit(rows)
     if plot is not None:
         from pdctl.bench.plot import plot_sweep  # matplotlib only when a plot is asked for

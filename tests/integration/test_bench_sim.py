@@ -21,7 +21,6 @@ from pdctl.analyze.report import analyze_stream
 from pdctl.bench.level import Target, build_levels
 from pdctl.bench.results import load, tpot_fit
 from pdctl.bench.sweep import SweepOptions, run_sweep
-from pdctl.bench.view import QuietProgress
 from pdctl.cli import cli
 from pdctl.sim.stack import Gateway, SimProc
 
@@ -56,7 +55,7 @@ def test_sweep_recovers_the_sims_step_law(
     levels = build_levels("1,4,8,16", "3,8,16,32", 64, 32, 1.0, seed=1)
     target = Target(gateway.url, "", "completions", (decode.url + "/metrics",))
     opts = SweepOptions(timeout_s=120, sample_interval_s=0.2)
-    rows = asyncio.run(run_sweep(target, levels, opts, QuietProgress(), out))
+    rows = asyncio.run(run_sweep(target, levels, opts, output_file=out))
 
     assert [r["max_concurrency"] for r in load(out)] == [1, 4, 8, 16]
     for r in rows:

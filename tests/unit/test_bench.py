@@ -28,7 +28,6 @@ from pdctl.bench.prompts import random_prompts
 from pdctl.bench.results import load, tpot_fit, write_atomic
 from pdctl.bench.sampler import parse_sample
 from pdctl.bench.sweep import SweepOptions, run_sweep
-from pdctl.bench.view import QuietProgress
 from pdctl.cli import cli
 from pdctl.errors import PdctlError
 from tests.conftest import CACHE, require_path
@@ -231,7 +230,7 @@ def _sweep(
 ) -> list[dict]:
     target = Target(server.url, "", kw.pop("endpoint", "completions"), (server.url + "/metrics",))
     opts = SweepOptions(sample_interval_s=0.05, **kw)
-    return asyncio.run(run_sweep(target, levels, opts, QuietProgress(), out))
+    return asyncio.run(run_sweep(target, levels, opts, output_file=out))
 
 
 def test_builtin_driver_timings_against_fake_server(
