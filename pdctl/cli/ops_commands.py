@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 
 from pdctl.cli.options import deployment_options, format_option
@@ -91,10 +91,8 @@ def status(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
     """
     ops = _ops(topology_path, inventory, profile)
     if watch is not None and fmt == "table":
-        console = Console()
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                from rich.console import Group
+        with Live(console=Console(), auto_refresh=False) as live:
+            while True:  # until Ctrl-C
                 live.update(Group(*tables(collect(ops, canaries))), refresh=True)
                 time.sleep(watch)
     while True:
@@ -192,7 +190,7 @@ def restart(topology_path: Path, inventory: Path, profile: Path | None, fmt: str
             with lock.held(f"pdctl restart --both {' '.join(p.id for p in chosen)}"):
                 reports = restart_pairs(ops, chosen)
     _print_reports(reports, fmt)
-    sys.exit(0 if all(r.ok for r in reports) and len(reports) else 1)
+    sys.exit(0 if all(r.ok for r in reports) else 1)
 
 
 def _confirm(yes: bool, targets: list[str], question: str) -> None:
