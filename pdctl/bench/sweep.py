@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -141,12 +141,7 @@ async def run_sweep(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if not target.model:
-            target = Target(
-                target.url,
-                await resolve_model(session, target.url),
-                target.endpoint,
-                target.metrics_urls,
-            )
+            target = replace(target, model=await resolve_model(session, target.url))
         await canary(session, target)
         for level in levels:
             rows.append(await _run_one(session, target, level, opts, progress))

@@ -6,6 +6,7 @@ import ast
 import asyncio
 import json
 import math
+import os
 import socket
 import sys
 import threading
@@ -405,6 +406,10 @@ with open("{argv_log}", "a") as f:
 if opts.get("--max-concurrency") == "99":
     print("Traceback: boom", file=sys.stderr)
     sys.exit(1)
+if opts.get("--max-concurrency") == "98":  # hangs: the level timeout must stop it
+    import os, time
+    open("{argv_log}.pid", "w").write(str(os.getpid()))
+    time.sleep(60)
 c = int(opts["--max-concurrency"])
 with open(opts["--output-file"], "a") as f:
     f.write(json.dumps({{"backend": opts["--backend"], "max_concurrency": c, "completed": 3,
@@ -453,3 +458,17 @@ def test_sglang_driver_failure_shows_its_output(
     with pytest.raises(PdctlError, match="exited 1:\nTraceback: boom"):
         _sweep(fake_server, build_levels("99", "1", 8, 8, 1.0, 1),
                driver="sglang", sglang_python=str(python))  # fmt: skip
+
+
+def test_sglang_driver_level_timeout_stops_the_child(
+    fake_server: FakeServer, fake_sglang_python: tuple[Path, Path]
+) -> None:
+    python, argv_log = fake_sglang_python
+    start = time.monotonic()
+    with pytest.raises(PdctlError, match="did not finish in 2 s"):
+        _sweep(fake_server, build_levels("98", "1", 8, 8, 1.0, 1),
+               driver="sglang", sglang_python=str(python), timeout_s=2.0)  # fmt: skip
+    assert time.monotonic() - start < 20
+    pid = int(Path(f"{argv_log}.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # terminated and reaped, not left behind
