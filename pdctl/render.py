@@ -101,6 +101,13 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
         **inst.tuning.env,
     }
     if dep.profile.engine.kind is EngineKind.SIM:
+        # The sim sizes its KV pool like the GPU the profile declares; explicit knobs win.
+        model, hardware = dep.profile.model, dep.host(inst.host).hardware
+        env.update(
+            PDSIM_GPU_MEM_GIB=f"{hardware.gpu_memory_mib / 1024:.2f}",
+            PDSIM_WEIGHTS_GIB=str(model.weights_gib_per_gpu),
+            PDSIM_KV_BYTES_PER_TOKEN=str(model.kv_bytes_per_token),
+        )
         env.update({k: str(v) for k, v in dep.profile.sim.items()})
     return env
 

@@ -66,6 +66,9 @@ class Deployment:
     def instances(self) -> list[Instance]:
         return [i for h in self.hosts for i in h.instances]
 
+    def host(self, name: str) -> HostSpec:
+        return next(h for h in self.hosts if h.name == name)
+
     def pairs(self) -> list[tuple[Instance, Instance]]:
         """(prefill, decode) per pair, in inventory then layout order."""
         by_pair: dict[tuple[str, str], dict[Role, Instance]] = {}
