@@ -16,7 +16,12 @@ from pdctl.cli.options import format_option
 
 @click.group()
 def analyze() -> None:
-    """Analyse engine logs (decode journal analytics)."""
+    """Analyse what the engines logged: decode scaling, step-time law, CUDA-graph buckets.
+
+    \b
+    Example:
+      pdctl analyze journal -u pdstack-pd0-decode.service --since -1d --plot decode.png
+    """
 
 
 @analyze.command()
@@ -58,10 +63,10 @@ def journal(
 
     \b
     Examples:
-      pdctl analyze journal -u pdstack-pair0-decode.service --since -1d
-      pdctl analyze journal -u pdstack-pair0-decode.service -H gpu1 --plot decode.png
+      pdctl analyze journal -u pdstack-pd0-decode.service --since -1d
+      pdctl analyze journal -u pdstack-pd0-decode.service -H gpu1 --plot decode.png
       pdctl analyze journal --file decode.log.gz --format json
-      journalctl -u pdstack-pair0-decode -o cat | pdctl analyze journal --file -
+      journalctl -u pdstack-pd0-decode -o cat | pdctl analyze journal --file -
     """
     if (unit is None) == (path is None):
         raise click.UsageError("give exactly one of -u/--unit and --file")

@@ -19,7 +19,14 @@ from pdctl.spec import Role, load_deployment
 
 @click.group()
 def bench() -> None:
-    """Benchmark the serving path (concurrency sweeps, before/after comparison)."""
+    """Load the PD path and measure it like sglang.bench_serving; compare runs.
+
+    \b
+    Example (before and after a change):
+      pdctl bench sweep --output-file before.jsonl --plot before.png
+      pdctl bench sweep --output-file after.jsonl --plot after.png
+      pdctl bench compare before.jsonl after.jsonl
+    """
 
 
 def _target(

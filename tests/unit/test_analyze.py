@@ -271,14 +271,14 @@ def test_cli_reads_journalctl_locally_and_over_ssh(fake_journalctl: Path) -> Non
     for extra in ([], ["-H", "gpu1"]):
         result = CliRunner().invoke(
             cli,
-            ["analyze", "journal", "-u", "pdstack-pair0-decode.service", "--since", "-1h",
+            ["analyze", "journal", "-u", "pdstack-pd0-decode.service", "--since", "-1h",
              "--format", "json", *extra],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         assert json.loads(result.output)["input"]["decode_lines"] == 3000
     argv = (fake_journalctl / "argv").read_text().splitlines()
-    assert argv[0] == "journalctl -u pdstack-pair0-decode.service -o cat --no-pager --since -1h"
-    assert argv[1].startswith("ssh -o BatchMode=yes gpu1 journalctl -u pdstack-pair0-decode")
+    assert argv[0] == "journalctl -u pdstack-pd0-decode.service -o cat --no-pager --since -1h"
+    assert argv[1].startswith("ssh -o BatchMode=yes gpu1 journalctl -u pdstack-pd0-decode")
 
 
 def test_cli_journalctl_failure_is_reported(fake_journalctl: Path) -> None:
