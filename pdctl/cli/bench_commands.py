@@ -29,7 +29,7 @@ def bench() -> None:
     """
 
 
-def _target(
+def sweep_target(
     url: str | None,
     metrics_urls: tuple[str, ...],
     inventory: Path,
@@ -159,7 +159,7 @@ def sweep(
     from pdctl.bench.sweep import SweepOptions, run_sweep
 
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
-    target = _target(url, metrics_urls, inventory, profile, model, endpoint)
+    target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)
     # With --format json the progress goes to stderr and stdout stays one JSON document.
     console = Console(stderr=fmt == "json")

@@ -30,7 +30,9 @@ from pdctl.bench.results import load, tpot_fit, write_atomic
 from pdctl.bench.sampler import parse_sample
 from pdctl.bench.sweep import SweepOptions, run_sweep
 from pdctl.cli import cli
+from pdctl.cli.bench_commands import sweep_target
 from pdctl.errors import PdctlError
+from pdctl.spec import Role, load_deployment
 from tests.conftest import CACHE, require_path
 
 # --- metric definitions, by hand ------------------------------------------------------------
@@ -472,3 +474,21 @@ def test_sglang_driver_level_timeout_stops_the_child(
     pid = int(Path(f"{argv_log}.pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # terminated and reaped, not left behind
+
+
+def test_default_target_is_the_deployments_gateway_and_decodes(tmp_path: Path) -> None:
+    profile = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "sim.yml"
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(
+        "[pd_hosts]\nhost-a ansible_host=10.0.0.5\n[router]\nhost-a\n"
+        f"[all:vars]\npdstack_profile={profile}\n"
+    )
+    dep = load_deployment(inventory)
+    target = sweep_target(None, (), inventory, None, None, "completions")
+    assert target.url == dep.router_url
+    decodes = [i for i in dep.instances if i.role == Role.DECODE]
+    assert target.metrics_urls == tuple(f"{i.url}/metrics" for i in decodes)
+    # an explicit URL samples its own /metrics unless told otherwise
+    assert sweep_target("http://h:1/", (), inventory, None, "m", "chat").metrics_urls == (
+        "http://h:1/metrics",
+    )
