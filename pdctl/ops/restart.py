@@ -2,15 +2,16 @@
 
 drain (the gateway stops routing to the pair; in-flight requests finish, bounded) -> stop
 both engines through the pair target -> start both -> wait for /health -> canary through the
-pair's own PD path -> re-register with the gateway. A pair that fails stays out of the
-gateway, so clients never meet it; rolling restarts stop at the first failed pair.
+pair's own PD path, then verify with more -> re-register with the gateway. A pair that fails
+stays out of the gateway, so clients never meet it; rolling restarts stop at the first
+failed pair.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -55,14 +56,14 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = round(time.monotonic() - t0, 3)
 
 
-def plan_lines(ops: Ops, pairs: list[Pair], drain: bool = True) -> list[str]:
+def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
     t, gw = ops.timeouts, ops.source.topology.router.url
     out: list[str] = []
     for n, p in enumerate(pairs, 1):
         out += [
             f"{n}. pair {p.id} ({p.spec.target}): {p.prefill.url} + {p.decode.url}",
             f"   drain     remove both from the gateway {gw}, wait <= {t.drain:.0f}s for "
-            "in-flight requests" + ("" if drain else " (best effort)"),
+            "in-flight requests",
             f"   stop      systemctl stop {p.spec.target} on {p.spec.host} (both engines)",
             f"   start     systemctl start {p.spec.target}",
             f"   health    wait <= {t.health:.0f}s for /health on both",
@@ -217,6 +218,24 @@ def restart_pairs(ops: Ops, pairs: list[Pair]) -> list[Report]:
     return reports
 
 
+def _until(ops: Ops, ok: Callable[[], bool], timeout: float, failure: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() >= deadline:
+            raise StepFailed("health", f"{failure} after {timeout:.0f}s")
+        time.sleep(ops.timeouts.poll)
+
+
+def _gateway_ready(ops: Ops) -> Callable[[], bool]:
+    def ready() -> bool:
+        try:
+            return ops.gateway.readiness()[0]
+        except gateway.GatewayError:
+            return False  # restarting: not listening yet
+
+    return ready
+
+
 def restart_router(ops: Ops) -> Report:
     r = ops.source.topology.router
     sd = ops.systemd(r.host)
@@ -225,15 +244,7 @@ def restart_router(ops: Ops) -> Report:
         with _timed(rep.phases, "restart"):
             sd.restart(r.unit)
         with _timed(rep.phases, "health"):
-            deadline = time.monotonic() + ops.timeouts.register
-            while True:
-                with contextlib.suppress(gateway.GatewayError):
-                    if ops.gateway.readiness()[0]:
-                        break
-                if time.monotonic() >= deadline:
-                    raise StepFailed("health", f"gateway not ready after "
-                                     f"{ops.timeouts.register:.0f}s")
-                time.sleep(ops.timeouts.poll)
+            _until(ops, _gateway_ready(ops), ops.timeouts.register, "gateway not ready")
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, [r.unit])
@@ -249,12 +260,9 @@ def restart_instance(ops: Ops, inst: TopologyInstance) -> Report:
     try:
         with _timed(rep.phases, "restart"):
             sd.restart(inst.unit)
-        deadline = time.monotonic() + ops.timeouts.health
         with _timed(rep.phases, "health"):
-            while not probe_engine(inst.url).healthy:
-                if time.monotonic() >= deadline:
-                    raise StepFailed("health", f"not healthy after {ops.timeouts.health:.0f}s")
-                time.sleep(ops.timeouts.poll)
+            _until(ops, lambda: probe_engine(inst.url).healthy, ops.timeouts.health,
+                   "not healthy")
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, [inst.unit])

@@ -214,6 +214,12 @@ class FakeGateway:
     def workers(self) -> list[GatewayWorker]:
         return []
 
+    def readiness(self) -> tuple[bool, str]:
+        self.calls.append("readiness")
+        if self.calls.count("readiness") < 3:  # not listening yet while it restarts
+            raise gateway.GatewayError("connection refused")
+        return True, "ready"
+
 
 def fake_ops(sd: FakeSystemd, gw: FakeGateway) -> Ops:
     return Ops(Source(topo(), None), lambda _h: sd, gw,  # type: ignore[arg-type]
@@ -377,3 +383,22 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
     with pytest.raises(gateway.GatewayError, match="needs the API key: set "
                        "PDSTACK_GATEWAY_API_KEY"):
         gw.workers()
+
+
+def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    rep = restart.restart_router(fake_ops(sd, gw))
+    assert rep.ok and rep.lines == ["OK: node-a/gateway (pdstack-gateway.service)"]
+    assert sd.jobs == [("restart", ("pdstack-gateway.service",))]
+    assert gw.calls.count("readiness") == 3
+
+
+def test_lone_restart_times_out_with_the_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    sd = FakeSystemd()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "HTTP 503"))
+    ops = fake_ops(sd, FakeGateway())
+    rep = restart.restart_instance(ops, ops.source.instance("node-a/pd0-decode"))
+    assert not rep.ok and rep.error == "health: not healthy after 0s"
+    assert sd.jobs == [("restart", ("pdstack-pd0-decode.service",))]
+    assert rep.lines[0].startswith("FAILED: node-a/pd0-decode")
+    assert list(rep.journal) == ["pdstack-pd0-decode.service"]
