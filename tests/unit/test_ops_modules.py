@@ -402,3 +402,23 @@ def test_lone_restart_times_out_with_the_journal(monkeypatch: pytest.MonkeyPatch
     assert sd.jobs == [("restart", ("pdstack-pd0-decode.service",))]
     assert rep.lines[0].startswith("FAILED: node-a/pd0-decode")
     assert list(rep.journal) == ["pdstack-pd0-decode.service"]
+
+
+def test_drift_between_the_running_process_and_its_units_execstart() -> None:
+    class Drifted(FakeSystemd):
+        def cmdline(self, pid: int) -> list[str]:
+            return ["/opt/pdstack/venv/bin/python", "-m", "pdctl.sim", "--port", "30001",
+                    "--cuda-graph-max-bs-decode", "32"]
+
+    s = _status(True)
+    unit = s.instances[1].unit
+    assert unit is not None
+    execstart = ["/usr/bin/numactl", "--cpunodebind=0", "/opt/pdstack/venv/bin/python", "-m",
+                 "pdctl.sim", "--port", "30001", "--cuda-graph-max-bs-decode", "64"]
+    s.instances[1] = InstanceStatus(s.instances[1].instance,
+                                    UnitStatus(**{**unit.__dict__, "exec_start": execstart}),
+                                    None, s.instances[1].probe, s.instances[1].gateway)
+    (f,) = doctor.drift_findings(fake_ops(Drifted(), FakeGateway()), s)
+    assert f.id == "live-drift" and f.where == "node-a/pd0-decode"
+    assert ("--cuda-graph-max-bs-decode: running 32, expected 64" in f.message
+            and "its unit's ExecStart" in f.message)
