@@ -37,6 +37,7 @@ def sweep_target(
     model: str | None,
     endpoint: str,
 ) -> Target:
+    """Where requests go and which engine /metrics are sampled, from options or deployment."""
     if url is None:
         dep = load_deployment(inventory, profile)
         url = dep.router_url
