@@ -8,12 +8,16 @@ topology file site.yml wrote. Processes are signalled by PID only.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fixtures_site import SIM_PROFILE, Site, build_wheelhouse, wait_ready
+import requests
+import yaml
+from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
 
 from pdctl import render
 
@@ -131,3 +135,55 @@ def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
     started_decode = [e for e in events.splitlines() if e.startswith("Started") and "decode" in e]
     assert len(started_decode) == 1, events
     assert status(host)["healthy"]
+
+
+def _two_pairs(path: Path) -> Path:
+    profile = yaml.safe_load(SIM_PROFILE.read_text())
+    pd0 = profile["layout"]["pairs"][0]
+    profile["layout"]["pairs"].append({
+        "name": "pd1",
+        "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
+        "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
+    })
+    profile["hardware"].update(gpu_count=4, numa_gpus={0: [0, 1, 2, 3]})
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path
+
+
+def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
+    with requests.Session() as s:
+        s.headers["Authorization"] = f"Bearer {API_KEY}"
+        while not stop.is_set():
+            try:
+                r = s.post(f"{url}/generate", timeout=60,
+                           json={"text": "load", "sampling_params": {"max_new_tokens": 8}})
+                outcomes.append(r.status_code)
+            except requests.RequestException:
+                outcomes.append(0)
+
+
+def test_restart_all_of_two_pairs_under_load_fails_no_request(ops_site: Site,
+                                                               tmp_path: Path) -> None:
+    host = ops_site.host
+    ops_site.run(profile=_two_pairs(tmp_path / "two-pairs.yml")).assert_ok()
+    url = ops_site.deployment()["gateway"]["url"]
+    wait_ready(url)
+    assert status(host)["healthy"]
+    stop = threading.Event()
+    outcomes: list[int] = []
+    clients = [threading.Thread(target=_client, args=(url, stop, outcomes)) for _ in range(4)]
+    for c in clients:
+        c.start()
+    try:
+        time.sleep(3)
+        code, out, err = pdctl(host, "restart --both --all --yes")
+        time.sleep(3)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(120)
+    assert code == 0, err
+    assert out.count("OK: ") == 4, out
+    failed = [s for s in outcomes if s != 200]
+    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    assert len(outcomes) > 50
