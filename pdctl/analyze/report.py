@@ -149,6 +149,13 @@ def render(report: JournalReport, console: Console) -> None:
             else ""
         )
     )
+    if (p := t.prefill).lines:
+        seen = p.new_tokens + p.cached_tokens
+        hit = f"{100 * p.cached_tokens / seen:.1f}%" if seen else "-"
+        console.print(
+            f"Prefill: {p.new_tokens:,} new tokens, {p.cached_tokens:,} cached ({hit} hit), "
+            f"mean input {_fmt(p.mean_input_tps)} tok/s, longest queue {p.max_queue}"
+        )
     if not t.decode_lines and not t.prefill.lines:
         console.print(
             "[yellow]No `Decode batch` or `Prefill batch` lines: is this an SGLang engine's "

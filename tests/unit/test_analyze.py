@@ -226,6 +226,7 @@ def test_cli_table_from_stdin(journal_gz: Path) -> None:
     assert "Graph-bucket sawtooth" in result.output
     assert "Eager overflow" in result.output
     assert "Recommended: --cuda-graph-bs-decode" in result.output
+    assert "Prefill: 128,000 new tokens, 0 cached (0.0% hit)" in result.output
 
 
 def test_cli_needs_one_source() -> None:
