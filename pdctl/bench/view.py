@@ -69,7 +69,7 @@ def _server(row: dict[str, Any], key: str, stat: str, digits: int) -> str:
 
 
 def sweep_table(rows: Sequence[dict[str, Any]]) -> Table:
-    t = Table(title="Concurrency sweep", title_justify="left")
+    t = Table(title="Concurrency sweep", title_justify="left", caption_justify="left")
     cols = (
         "C", "done", "out tok/s", "req/s", "TTFT mean", "TTFT p50", "TTFT p99",
         "TPOT mean", "TPOT p50", "ITL p99", "e2e p50", "srv running", "graph", "KV use",
