@@ -71,6 +71,10 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
         "pairs": list(pairs.values()),
         "gpus": sorted({g for i in host.instances for g in i.gpus}),
         "numa_nodes": sorted({i.numa_node for i in host.instances}),
+        "ports": sorted(
+            {i.port for i in host.instances}
+            | {i.bootstrap_port for i in host.instances if i.bootstrap_port}
+        ),
     }
 
 

@@ -229,6 +229,26 @@ def test_preflight_failure_stops_before_the_host_changes(
     assert site.host.ssh(SNAPSHOT).stdout == before
 
 
+def test_preflight_refuses_ports_held_by_another_service(site: Site) -> None:
+    gateway = site.deployment()["gateway"]
+    port = gateway["port"]
+    site.host.ssh(
+        f"systemctl stop {gateway['unit']} && "
+        f"systemd-run --unit=pdsquatter python3 -m http.server {port} && "
+        f"for i in $(seq 100); do ss -Htln | grep -q ':{port} ' && break; sleep 0.1; done",
+        check=True,
+    )
+    try:
+        before = site.host.ssh(SNAPSHOT).stdout
+        run = site.run()
+        assert run.result.returncode != 0
+        assert f"{port} pdsquatter.service" in run.output, run.output[-4000:]
+        assert "TASK [pdstack_engine" not in run.result.stdout
+        assert site.host.ssh(SNAPSHOT).stdout == before
+    finally:
+        site.host.ssh(f"systemctl stop pdsquatter; systemctl start {gateway['unit']}", check=True)
+
+
 def test_preflight_refuses_a_host_without_systemd(
     site: Site, testhost_factory: Callable[..., TestHost]
 ) -> None:
