@@ -159,6 +159,10 @@ def sweep(
     # aiohttp and numpy load here, not at `pdctl` start-up: other commands need neither.
     from pdctl.bench.sweep import SweepOptions, run_sweep
 
+    for path, option in ((output_file, "--output-file"), (plot, "--plot")):
+        # Fail now, not after the first level has run for half an hour.
+        if path is not None and not path.resolve().parent.is_dir():
+            raise click.BadParameter(f"{path.parent} is not a directory", param_hint=option)
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
     target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)

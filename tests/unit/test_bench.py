@@ -497,3 +497,10 @@ def test_default_target_is_the_deployments_gateway_and_decodes(tmp_path: Path) -
     assert sweep_target("http://h:1/", (), inventory, None, "m", "chat").metrics_urls == (
         "http://h:1/metrics",
     )
+
+
+def test_sweep_refuses_an_output_file_it_could_not_write(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "out.jsonl"
+    args = ["bench", "sweep", "--url", "http://127.0.0.1:9", "--output-file", str(missing)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "is not a directory" in result.output
