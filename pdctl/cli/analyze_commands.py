@@ -14,6 +14,14 @@ from pdctl.analyze.sources import file_window, open_file, open_journal
 from pdctl.cli.options import format_option
 
 
+def new_file(_: click.Context, __: click.Parameter, value: Path | None) -> Path | None:
+    """Option callback for an output file: its directory must exist before the work starts
+    (a plot that cannot be written should not cost a multi-GB read, or a benchmark run)."""
+    if value is not None and not value.resolve().parent.is_dir():
+        raise click.BadParameter(f"{value.parent} is not a directory")
+    return value
+
+
 @click.group()
 def analyze() -> None:
     """Analyse what the engines logged: decode scaling, step-time law, CUDA-graph buckets.
@@ -41,7 +49,10 @@ def analyze() -> None:
 )
 @format_option
 @click.option(
-    "--plot", type=click.Path(path_type=Path, dir_okay=False), help="Write a PNG plot here."
+    "--plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=new_file,
+    help="Write a PNG plot here.",
 )
 def journal(
     unit: str | None,

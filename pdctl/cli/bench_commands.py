@@ -13,6 +13,7 @@ from pdctl.bench import results
 from pdctl.bench.compare import as_dict, compare
 from pdctl.bench.level import Target, build_levels
 from pdctl.bench.view import RichProgress, compare_table, fit_line, sweep_table
+from pdctl.cli.analyze_commands import new_file
 from pdctl.cli.options import deployment_options, format_option
 from pdctl.spec import Role, load_deployment
 
@@ -107,11 +108,13 @@ def sweep_target(
 @click.option(
     "--output-file",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=new_file,
     help="JSON lines, one per level (rewritten atomically after each level).",
 )
 @click.option(
     "--plot",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=new_file,
     help="PNG: output tok/s and TPOT against concurrency.",
 )
 @format_option
@@ -159,10 +162,6 @@ def sweep(
     # aiohttp and numpy load here, not at `pdctl` start-up: other commands need neither.
     from pdctl.bench.sweep import SweepOptions, run_sweep
 
-    for path, option in ((output_file, "--output-file"), (plot, "--plot")):
-        # Fail now, not after the first level has run for half an hour.
-        if path is not None and not path.resolve().parent.is_dir():
-            raise click.BadParameter(f"{path.parent} is not a directory", param_hint=option)
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
     target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)

@@ -229,6 +229,14 @@ def test_cli_table_from_stdin(journal_gz: Path) -> None:
     assert "Prefill: 128,000 new tokens, 0 cached (0.0% hit)" in result.output
 
 
+def test_cli_refuses_a_plot_it_could_not_write(journal_gz: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "missing" / "x.png"
+    result = CliRunner().invoke(
+        cli, ["analyze", "journal", "--file", str(journal_gz), f"--plot={bad}"]
+    )
+    assert result.exit_code == 2 and "is not a directory" in result.output
+
+
 def test_cli_needs_one_source() -> None:
     result = CliRunner().invoke(cli, ["analyze", "journal"])
     assert result.exit_code == 2 and "exactly one of" in result.output
