@@ -9,7 +9,7 @@ import bisect
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from pdctl.analyze.logparse import DecodeBatch, parse_line
 from pdctl.exporter.statelog import StateLog
 
 RUNNING_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 128, 160, 192, 256)
+CURSOR_PREFIX = "-- cursor: "
 STEP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 
@@ -57,23 +58,25 @@ class DecodeStats:
             self.step_s.observe(batch.running / batch.gen_throughput)
 
 
-def start_journalctl(unit: str) -> subprocess.Popen[str]:
-    """`journalctl -f -o cat` of a systemd unit: its new lines from now on."""
+def read_journal(unit: str, cursor: str | None, first: bool) -> tuple[list[str], str | None]:
+    """The unit's lines after `cursor` (none on the first read: from now on) and the new cursor."""
     if shutil.which("journalctl") is None:
         raise OSError("journalctl not found (not a systemd host?)")
-    return subprocess.Popen(
-        ["journalctl", "-f", "-o", "cat", "-n", "0", "-u", unit],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-    )
-
-
-def process_lines(proc: subprocess.Popen[str], unit: str) -> Iterator[str]:
-    assert proc.stdout is not None
-    yield from proc.stdout
-    raise OSError(f"journalctl for {unit} exited with {proc.wait()}")
+    argv = ["journalctl", "-u", unit, "-o", "cat", "--show-cursor", "-q", "--no-pager"]
+    if cursor is not None:
+        argv += ["--after-cursor", cursor]
+    elif first:
+        argv += ["-n", "0"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=60)
+    except subprocess.TimeoutExpired as e:
+        raise OSError(f"journalctl -u {unit} timed out") from e
+    if out.returncode != 0:
+        raise OSError(f"journalctl -u {unit}: {out.stderr.strip() or f'exit {out.returncode}'}")
+    lines = out.stdout.splitlines()
+    if lines and lines[-1].startswith(CURSOR_PREFIX):
+        cursor = lines.pop()[len(CURSOR_PREFIX) :]
+    return lines, cursor
 
 
 def file_lines(path: Path, stop: threading.Event, poll_s: float = 0.2) -> Iterator[str]:
@@ -98,13 +101,15 @@ class JournalTarget:
 class DecodeJournal:
     """Follows one decode engine's log in a thread; restarts the reader after a failure."""
 
-    def __init__(self, target: JournalTarget, log: StateLog, retry_s: float = 10.0) -> None:
+    def __init__(
+        self, target: JournalTarget, log: StateLog, poll_s: float = 5.0, retry_s: float = 10.0
+    ) -> None:
         self.target = target
         self.log = log
+        self.poll_s = poll_s
         self.retry_s = retry_s
         self.error: str | None = None
         self._stats = DecodeStats()
-        self._proc: subprocess.Popen[str] | None = None  # journalctl, stopped by PID
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -115,27 +120,33 @@ class DecodeJournal:
         self._thread.start()
         return self
 
-    def _lines(self) -> Iterator[str]:
-        if self.target.file is not None:
-            return file_lines(self.target.file, self._stop)
-        self._proc = start_journalctl(self.target.unit)
-        return process_lines(self._proc, self.target.unit)
+    def _consume(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            batch = parse_line(line)
+            if isinstance(batch, DecodeBatch):
+                with self._lock:
+                    self._stats.add(batch)
 
     def _run(self) -> None:
+        """Polls the journal with a cursor (not `journalctl -f`: under the unit's
+        ProtectKernelTunables/ProtectControlGroups it followed nothing on the test host);
+        after a failure the cursor is kept, so no line is lost or counted twice."""
+        cursor, first = None, True
         while not self._stop.is_set():
             try:
-                for line in self._lines():
-                    self.error = None
-                    batch = parse_line(line)
-                    if isinstance(batch, DecodeBatch):
-                        with self._lock:
-                            self._stats.add(batch)
+                if self.target.file is not None:
+                    self._consume(file_lines(self.target.file, self._stop))
+                else:
+                    lines, cursor = read_journal(self.target.unit, cursor, first)
+                    first = False
+                    self._consume(lines)
+                self.error = None
             except OSError as e:
                 self.error = str(e)
-            finally:
-                self._end_journalctl()
+            if self._stop.is_set():
+                return
             self.log.report(f"journal {self.target.engine}", self.error)
-            self._stop.wait(self.retry_s)
+            self._stop.wait(self.retry_s if self.error else self.poll_s)
 
     def stats(self) -> DecodeStats:
         with self._lock:
@@ -147,14 +158,6 @@ class DecodeJournal:
                 mine.counts, mine.total = list(theirs.counts), theirs.total
             return copy
 
-    def _end_journalctl(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=5)
-
     def stop(self) -> None:
         self._stop.set()
-        # Ends the blocking read of journalctl's output, so the thread can finish.
-        self._end_journalctl()
         self._thread.join(timeout=6)
