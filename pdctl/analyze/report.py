@@ -104,21 +104,23 @@ def analyze_table(
 ) -> JournalReport:
     sawtooth = find_sawtooth(table)
     # The falls mark captured sizes; so does a stated max (an inferred one may sit below it).
-    buckets = sorted({d.boundary for d in sawtooth} | ({max_graph} if max_graph else set()))
+    stated = {max_graph} if max_graph else set()
+    buckets = sorted({d.boundary for d in sawtooth} | stated) if sawtooth else []
     max_graph = max_graph if max_graph is not None else table.max_graph_running
     return JournalReport(
         table=table,
         counts=counts,
         max_graph=max_graph,
         sawtooth=sawtooth,
-        buckets=buckets if sawtooth else [],
-        law=step_time_law(table, buckets if sawtooth else ()),
+        buckets=buckets,
+        law=step_time_law(table, buckets),
         overflow=eager_overflow(table, max_graph),
         recommended=recommend_buckets(table, max_graph),
     )
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    """Thousands separators, fixed digits, `-` for a missing value (tables of both commands)."""
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
@@ -133,9 +135,9 @@ def render(report: JournalReport, console: Console) -> None:
         table.add_row(
             f"{r.running}{' ▼' if r.running in marks else ''}",
             str(r.lines),
-            _fmt(r.mean_tps),
-            _fmt(r.tps_per_request, 2),
-            _fmt(step),
+            fmt_num(r.mean_tps),
+            fmt_num(r.tps_per_request, 2),
+            fmt_num(step),
             f"[red]{r.eager_lines}[/red]" if r.eager_lines else "0",
         )
     console.print(table)
@@ -154,7 +156,7 @@ def render(report: JournalReport, console: Console) -> None:
         hit = f"{100 * p.cached_tokens / seen:.1f}%" if seen else "-"
         console.print(
             f"Prefill: {p.new_tokens:,} new tokens, {p.cached_tokens:,} cached ({hit} hit), "
-            f"mean input {_fmt(p.mean_input_tps)} tok/s, longest queue {p.max_queue}"
+            f"mean input {fmt_num(p.mean_input_tps)} tok/s, longest queue {p.max_queue}"
         )
     if not t.decode_lines and not t.prefill.lines:
         console.print(
@@ -166,7 +168,7 @@ def render(report: JournalReport, console: Console) -> None:
         console.print(
             f"Step time: [bold]{f.a:.2f} ms + {f.b:.3f} ms x batch[/bold] "
             f"(R² {f.r2:.3f}, fitted at {report.law.basis}); "
-            f"asymptote {_fmt(f.asymptote_tps)} tok/s"
+            f"asymptote {fmt_num(f.asymptote_tps)} tok/s"
         )
     if report.sawtooth:
         drops = ", ".join(

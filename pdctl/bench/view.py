@@ -18,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from pdctl.analyze.fit import LinearFit
+from pdctl.analyze.report import fmt_num
 from pdctl.bench.compare import COMPARED, LevelComparison
 from pdctl.bench.level import Level
 
@@ -60,12 +61,8 @@ class RichProgress:
             self._task = None
 
 
-def _num(value: Any, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _server(row: dict[str, Any], key: str, stat: str, digits: int) -> str:
-    return _num(row.get("server", {}).get(key, {}).get(stat), digits)
+    return fmt_num(row.get("server", {}).get(key, {}).get(stat), digits)
 
 
 def sweep_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -81,15 +78,15 @@ def sweep_table(rows: Sequence[dict[str, Any]]) -> Table:
         t.add_row(
             str(r["max_concurrency"]),
             f"{r['completed']}" + (f" [red]({failed} failed)[/red]" if failed else ""),
-            _num(r["output_throughput"]),
-            _num(r["request_throughput"], 2),
-            _num(r["mean_ttft_ms"], 0),
-            _num(r["median_ttft_ms"], 0),
-            _num(r["p99_ttft_ms"], 0),
-            _num(r["mean_tpot_ms"]),
-            _num(r["median_tpot_ms"]),
-            _num(r["p99_itl_ms"]),
-            _num(r["median_e2e_latency_ms"], 0),
+            fmt_num(r["output_throughput"]),
+            fmt_num(r["request_throughput"], 2),
+            fmt_num(r["mean_ttft_ms"], 0),
+            fmt_num(r["median_ttft_ms"], 0),
+            fmt_num(r["p99_ttft_ms"], 0),
+            fmt_num(r["mean_tpot_ms"]),
+            fmt_num(r["median_tpot_ms"]),
+            fmt_num(r["p99_itl_ms"]),
+            fmt_num(r["median_e2e_latency_ms"], 0),
             _server(r, "num_running_reqs", "max", 0),
             _server(r, "is_cuda_graph", "mean", 2),
             _server(r, "token_usage", "max", 2),
@@ -120,6 +117,6 @@ def compare_table(levels: Sequence[LevelComparison], before: str, after: str) ->
             pct = d.pct
             color = {True: "green", False: "red", None: "default"}[d.better]
             delta = f" [{color}]{pct:+.1f}%[/{color}]" if pct is not None else ""
-            cells.append(f"{_num(d.before)} → {_num(d.after)}{delta}")
+            cells.append(f"{fmt_num(d.before)} → {fmt_num(d.after)}{delta}")
         t.add_row(str(lv.concurrency), *cells)
     return t
