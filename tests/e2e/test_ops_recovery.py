@@ -27,23 +27,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 PDCTL = f"{render.VENV}/bin/pdctl"
-RECOVER_UNIT = "/etc/systemd/system/pdstack-recover@.service"
 CANARIES = "--canaries 12"  # a degraded sim pair fails half its requests: 12 cannot all pass
-
-
-def _install_recovery(host: TestHost, pairs: list[dict[str, Any]]) -> None:
-    """The recovery unit and each engine's OnFailure=, unless site.yml installed them."""
-    if host.ssh(f"test -e {RECOVER_UNIT}").returncode == 0:
-        return
-    unit = render._jinja().get_template("recover@.service.j2").render(
-        ansible_managed=render.MANAGED, venv=render.VENV, host=host.name)
-    host.ssh(f"cat > {RECOVER_UNIT}", input=unit, check=True)
-    for pair in pairs:
-        for engine in pair["units"]:
-            host.ssh(f"mkdir -p /etc/systemd/system/{engine}.d && printf '[Unit]\\n"
-                     f"OnFailure=pdstack-recover@{pair['pair']}.service\\n' > "
-                     f"/etc/systemd/system/{engine}.d/recover.conf", check=True)
-    host.ssh("systemctl daemon-reload", check=True)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +35,7 @@ def ops_site(testhost_factory: Callable[..., TestHost]) -> Site:
     host = testhost_factory("pdops")
     site = Site(host, build_wheelhouse(SIM_PROFILE, host.inventory))
     site.run().assert_ok()
-    dep = site.deployment()
-    _install_recovery(host, dep["hosts"][host.name]["pairs"])
-    wait_ready(dep["gateway"]["url"])
+    wait_ready(site.deployment()["gateway"]["url"])
     return site
 
 
@@ -115,6 +97,8 @@ def test_lone_decode_restart_is_degraded_until_restart_both(ops_site: Site) -> N
 def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
     host = ops_site.host
     units = ["pdstack-pd0-prefill.service", "pdstack-pd0-decode.service"]
+    on_failure = host.ssh(f"systemctl show -p OnFailure --value {' '.join(units)}", check=True)
+    assert on_failure.stdout.split() == ["pdstack-recover@pd0.service"] * 2
     before = main_pids(host, units)
     since = host.ssh("date '+%Y-%m-%d %H:%M:%S'", check=True).stdout.strip()
     host.ssh(f"kill -9 {before[1]}", check=True)  # by PID, never by pattern

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pdctl import render
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
 from pdctl.ops.canary import CanaryResult
@@ -21,6 +23,7 @@ from pdctl.ops.recover import RateLimit, RateLimited, RecoveryLog
 from pdctl.ops.source import Source
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
+from pdctl.spec import Deployment
 from pdctl.topology import Topology
 
 
@@ -422,3 +425,18 @@ def test_drift_between_the_running_process_and_its_units_execstart() -> None:
     assert f.id == "live-drift" and f.where == "node-a/pd0-decode"
     assert ("--cuda-graph-max-bs-decode: running 32, expected 64" in f.message
             and "its unit's ExecStart" in f.message)
+
+
+# ----- recovery units -------------------------------------------------------------------
+def test_engine_units_start_the_pairs_recovery_on_failure(
+    load: Callable[..., Deployment], shipped: Callable[[str], dict[str, Any]]
+) -> None:
+    dep = load(shipped("sim"), hosts=["node-a"])
+    for inst in dep.instances:
+        unit = render.render_instance(inst, dep).unit
+        assert "\nOnFailure=pdstack-recover@pd0.service\n" in unit
+        assert "\nRestart=no\n" in unit  # systemd never restarts one side alone
+    recover_unit = render._jinja().get_template("recover@.service.j2").render(
+        ansible_managed=render.MANAGED, venv=render.VENV, host="node-a")
+    assert f"\nExecStart={render.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
+    assert "\nType=oneshot\n" in recover_unit
