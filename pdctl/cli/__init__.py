@@ -9,6 +9,7 @@ import click
 from pdctl import __version__
 from pdctl.cli import analyze_commands, bench_commands, ops_commands, spec_commands
 from pdctl.errors import PdctlError
+from pdctl.exporter.command import exporter
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -30,6 +31,7 @@ for command in [
     *analyze_commands.COMMANDS,
     *bench_commands.COMMANDS,
     *ops_commands.COMMANDS,
+    exporter,
 ]:
     cli.add_command(command)
 
