@@ -176,19 +176,40 @@ def test_stopping_the_pair_target_stops_both_engines(site: Site) -> None:
     wait_ready(dep["gateway"]["url"])
 
 
-def test_a_changed_env_restarts_the_whole_pair_not_the_gateway(site: Site, tmp_path: Path) -> None:
+# A pair the profile no longer has, as an older site.yml run would have left it.
+STALE_PAIR = """
+for role in prefill decode; do
+  printf '[Unit]\\nPartOf=pdstack-old.target\\n[Service]\\nExecStart=/bin/sleep infinity\\n' \\
+    > /etc/systemd/system/pdstack-old-$role.service
+  touch /etc/pdstack/old-$role.env
+done
+printf '[Unit]\\nWants=pdstack-old-prefill.service pdstack-old-decode.service\\n' \\
+  > /etc/systemd/system/pdstack-old.target
+systemctl daemon-reload && systemctl start pdstack-old.target
+"""
+
+
+def test_a_changed_profile_restarts_the_pair_and_removes_dropped_pairs(
+    site: Site, tmp_path: Path
+) -> None:
     profile = yaml.safe_load(SIM_PROFILE.read_text())
     profile["sim"]["PDSIM_SEED"] = 2
     changed = tmp_path / "sim-seed2.yml"
     changed.write_text(yaml.safe_dump(profile))
+    site.host.ssh(STALE_PAIR, check=True)
     services = [u for u in _units(site) if u.endswith(".service")]
     before = _main_pids(site.host, services)
     run = site.run(profile=changed)
     run.assert_ok()
     assert run.changed_tasks() == [
+        "pdstack_engine : Stop the engines of pairs that left the profile",
+        "pdstack_engine : Remove the files of pairs that left the profile",
         "pdstack_engine : Write the engine environment files",
         "pdstack_engine : Restart changed PD pairs",
     ]
+    left = site.host.ssh("ls /etc/systemd/system /etc/pdstack | grep old; pgrep -x sleep").stdout
+    assert left == ""
+    # The env change restarted both engines of the pair (new PIDs), and not the gateway.
     after = _main_pids(site.host, services)
     gateway = site.deployment()["gateway"]["unit"]
     assert all(after[u] != before[u] for u in services if u != gateway), (before, after)
