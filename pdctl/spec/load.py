@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +86,24 @@ class Inventory:
         self.path = path
         if not path.exists():
             raise SpecError(str(path), "", "inventory not found (pass -i/--inventory)")
-        # Ansible's parser only warns about a file it cannot read; make that an error here.
-        os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
-        os.environ.setdefault("ANSIBLE_INVENTORY_ENABLED", "ini,yaml")
+        from ansible import constants
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
-        from ansible.vars.manager import VariableManager
 
+        # Ansible's parser only warns about a file it cannot read; make that an error here,
+        # for this parse only (the filter plugin runs inside ansible-playbook itself).
+        strict = {"INVENTORY_UNPARSED_IS_FAILED": True, "INVENTORY_ANY_UNPARSED_IS_FAILED": True}
+        saved = {k: getattr(constants, k) for k in strict}
         try:
+            for k, v in strict.items():
+                setattr(constants, k, v)
             self._inv = InventoryManager(loader=DataLoader(), sources=[str(path)])
         except AnsibleError as e:
             raise SpecError(str(path), "", f"cannot parse inventory: {e.message}") from None
-        self._vars = VariableManager(loader=DataLoader(), inventory=self._inv)
+        finally:
+            for k, v in saved.items():
+                setattr(constants, k, v)
 
     def group(self, name: str) -> list[str]:
         group = self._inv.groups.get(name)
