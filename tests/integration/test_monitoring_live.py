@@ -393,8 +393,14 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
     live.decode.restart().wait_healthy()
     wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
 
-    # The decode stopped: its engine is down (and the pair alert yields to it).
+    # The decode stopped: its engine is down (and the pair alert yields to it)...
     live.decode.stop()
     wait_until(
         lambda: _firing(live.prom, "PDEngineDown", engine=f"{HOST}/pd0-decode"), 30, "PDEngineDown"
+    )
+    # ...and the gateway's health checks take it out of rotation.
+    wait_until(
+        lambda: _firing(live.prom, "PDGatewayWorkerUnhealthy", worker=live.decode.url),
+        30,
+        "PDGatewayWorkerUnhealthy",
     )
