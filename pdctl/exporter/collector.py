@@ -4,6 +4,7 @@ line) and the others are still served."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -58,6 +59,7 @@ class PdCollector(Collector):
         self.targets = HostTargets()
         self.journals: dict[str, DecodeJournal] = {}
         self.errors: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def refresh(self) -> bool:
         """Re-read the topology and point the canary and journal followers at it."""
@@ -81,6 +83,13 @@ class PdCollector(Collector):
             journal.stop()
 
     def collect(self) -> Iterator[Metric]:
+        # The HTTP server scrapes in threads; one scrape at a time keeps the followers and
+        # error counts consistent.
+        with self._lock:
+            families = list(self._collect())
+        yield from families
+
+    def _collect(self) -> Iterator[Metric]:
         success = GaugeMetricFamily(
             "pdstack_scrape_success",
             "1 when the collector's source answered this scrape.",
