@@ -11,12 +11,14 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from pdctl.errors import PdctlError
+from pdctl.ops.probe import concurrently
 from pdctl.render import CONFIG_DIR
 
 KEY_FILE = Path(CONFIG_DIR) / "gateway.env"  # written by the pdstack_gateway role
@@ -81,13 +83,15 @@ class GatewayAdmin:
         return r.status_code == 200, r.text.strip()[:200]
 
     def remove(self, urls: Iterable[str]) -> None:
+        """DELETE the workers at once: while one side of a pair is still routable alone, smg
+        combines it with another pair's worker (it does not know pairs)."""
         wanted = set(urls)
-        for w in self.workers():
-            if w.url in wanted:
-                r = self._call("DELETE", f"/workers/{w.id}")
-                if r.status_code not in (200, 202, 404):
-                    raise GatewayError(f"gateway: DELETE /workers/{w.id} ({w.url}) answered "
-                                       f"{r.status_code}: {r.text[:200]}")
+        ids = {w.id: w.url for w in self.workers() if w.url in wanted}
+        answers = concurrently({i: partial(self._call, "DELETE", f"/workers/{i}") for i in ids})
+        for i, r in answers.items():
+            if r.status_code not in (200, 202, 404):
+                raise GatewayError(f"gateway: DELETE /workers/{i} ({ids[i]}) answered "
+                                   f"{r.status_code}: {r.text[:200]}")
 
     def add(self, url: str, worker_type: str, bootstrap_port: int | None = None) -> None:
         body: dict[str, Any] = {"url": url, "worker_type": worker_type}

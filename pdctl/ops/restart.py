@@ -152,9 +152,12 @@ def _register(ops: Ops, pair: Pair) -> None:
     if not gw.wait(gateway.gone(urls), ops.timeouts.register):
         raise StepFailed("register", "the gateway still lists the drained workers after "
                          f"{ops.timeouts.register:.0f}s")
-    for inst in pair.instances:
-        port = inst.bootstrap_port if inst.role is Role.PREFILL else None
-        gw.add(inst.url, inst.role.value, port)
+    # Both at once, for the reason gateway.GatewayAdmin.remove gives.
+    concurrently({
+        i.url: partial(gw.add, i.url, i.role.value,
+                       i.bootstrap_port if i.role is Role.PREFILL else None)
+        for i in pair.instances
+    })
     if not gw.wait(gateway.ready(urls), ops.timeouts.register):
         raise StepFailed("register", f"the gateway did not mark both ready within "
                          f"{ops.timeouts.register:.0f}s")
