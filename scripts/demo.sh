@@ -25,20 +25,25 @@ step "Booting the systemd test host '$NAME' (Debian, systemd-nspawn)"
 if deploy/testhost/testhost status --name "$NAME" >/dev/null 2>&1; then
   echo "already up: converging it again (site.yml is idempotent)"
 else
-  deploy/testhost/testhost up --name "$NAME"
+  # Prometheus and node exporter baked into the root: the host has no package mirror.
+  deploy/testhost/testhost up --name "$NAME" --extra-packages "$(cat deploy/testhost/monitoring-packages)"
 fi
 
 # The gateway's API key: a secret variable, kept out of the repository and the unit file.
 mkdir -p "$STATE"
 [[ -s $KEY_FILE ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$KEY_FILE")
 API_KEY=$(cat "$KEY_FILE")
+GRAFANA_FILE=$STATE/demo-grafana-password
+[[ -s $GRAFANA_FILE ]] || (umask 077 && head -c 18 /dev/urandom | base64 | tr '+/' '-_' > "$GRAFANA_FILE")
 
 step "ansible-playbook site.yml (profile: deploy/profiles/sim.yml)"
-echo "preflight -> PD engines (pair target per prefill/decode) -> gateway; the first run builds"
+echo "preflight -> PD engines (pair target per prefill/decode) -> gateway -> monitoring (Grafana's"
+echo "provisioning only: no Grafana package is reachable here); the first run builds"
 echo "the wheelhouse the host installs from (cached in /var/cache/pdstack/wheelhouse)"
 start=$(date +%s)
 timeout "$PLAYBOOK_TIMEOUT" .venv/bin/ansible-playbook site.yml -i "$INVENTORY" \
   -e "pdstack_profile=$PROFILE" -e "pdstack_gateway_api_key=$API_KEY" \
+  -e pdstack_grafana_install=false -e "pdstack_grafana_admin_password=$(cat "$GRAFANA_FILE")" \
   || die "site.yml failed (exit $?); see the output above"
 echo "converged in $(( $(date +%s) - start ))s"
 
@@ -64,6 +69,16 @@ curl -fsS -m 60 "$GATEWAY/v1/chat/completions" \
   -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \
   -d '{"model": "sim-model", "messages": [{"role": "user", "content": "Hello from the demo"}], "max_tokens": 24}' \
   | .venv/bin/python -m json.tool
+
+step "pdctl status on the host (units, engines, the pair's PD path, the gateway's view)"
+on_host env COLUMNS=160 PDSTACK_GATEWAY_API_KEY="$API_KEY" /opt/pdstack/venv/bin/pdctl status || true
+
+step "Prometheus on the host: scrape targets"
+sleep 5  # let Prometheus finish its first scrape of the new targets
+on_host curl -fsS -m 5 'http://127.0.0.1:9090/api/v1/targets?state=active' \
+  | .venv/bin/python -c 'import json, sys
+for t in json.load(sys.stdin)["data"]["activeTargets"]:
+    print("  %-12s %-8s %s" % (t["labels"]["job"], t["health"], t["scrapeUrl"]))' || true
 
 step "Status of the units on the host"
 # systemctl status exits 3 when a unit is inactive; the printout is what matters here.

@@ -45,6 +45,9 @@ if [[ ! -e "$SGENV/.complete" ]]; then
 fi
 ln -sfn "$SGENV" "$CACHE/sglang-parser"
 
-# The Debian root of the systemd test host (demo, e2e tests): built once, cached by its key.
+# The Debian roots of the systemd test host, built once and cached by their package lists:
+# plain (e2e tests) and with Prometheus baked in (the demo and the monitoring tests; the host
+# has no route to a package mirror).
 deploy/testhost/testhost build
+deploy/testhost/testhost build --extra-packages "$(cat deploy/testhost/monitoring-packages)"
 echo "setup: ready"

@@ -84,6 +84,8 @@ class Site:
             "-e", f"pdstack_profile={profile or self.profile}",
             "-e", f"pdstack_wheelhouse={self.wheelhouse}",
             "-e", f"pdstack_gateway_api_key={API_KEY}",
+            # No Prometheus packages on the plain test host; see test_monitoring_e2e.py
+            "-e", "pdstack_monitoring=false",
             *args,
             timeout=CONVERGE_TIMEOUT,
         )  # fmt: skip

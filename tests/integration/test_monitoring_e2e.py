@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import ROOT
 from tests.e2e.conftest import TestHost, start_testhost
 from tests.e2e.fixtures_site import SIM_PROFILE, Run, build_wheelhouse
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 NAME = "pdmon-e2e"
 # Debian's Prometheus and node exporter baked into the host's root: it has no mirror access.
-EXTRA_PACKAGES = "prometheus,prometheus-node-exporter"
+EXTRA_PACKAGES = (ROOT / "deploy/testhost/monitoring-packages").read_text().strip()
 LIVE_RULES = "/etc/prometheus/rules/pdstack.rules.yml"
 
 
