@@ -39,8 +39,9 @@ def first_success(pair: Pair, timeout: float = 120.0) -> float:
     """Monotonic time of the first request that passes through the pair's PD path."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pair_canary(pair.prefill.url, pair.decode.url, pair.prefill.bootstrap_port or 0,
-                       timeout=10).ok:
+        if pair_canary(
+            pair.prefill.url, pair.decode.url, pair.prefill.bootstrap_port or 0, timeout=10
+        ).ok:
             return time.monotonic()
         time.sleep(0.05)
     raise TimeoutError("the pair never served a request")
@@ -52,14 +53,17 @@ def wait_healthy(sims: list[SimProc]) -> None:
 
 
 @contextmanager
-def stack(n_pairs: int, args: argparse.Namespace, log_dir: Path) -> Iterator[
-        tuple[list[LocalPair], Gateway]]:
+def stack(
+    n_pairs: int, args: argparse.Namespace, log_dir: Path
+) -> Iterator[tuple[list[LocalPair], Gateway]]:
     pairs = [
-        LocalPair(f"pd{n}",
-                  SimProc.create("prefill", log_dir, {"PDSIM_STARTUP_DELAY_S":
-                                                      str(args.prefill_startup)}),
-                  SimProc.create("decode", log_dir, {"PDSIM_STARTUP_DELAY_S":
-                                                     str(args.decode_startup)}))
+        LocalPair(
+            f"pd{n}",
+            SimProc.create(
+                "prefill", log_dir, {"PDSIM_STARTUP_DELAY_S": str(args.prefill_startup)}
+            ),
+            SimProc.create("decode", log_dir, {"PDSIM_STARTUP_DELAY_S": str(args.decode_startup)}),
+        )
         for n in range(n_pairs)
     ]
     sims = [s for p in pairs for s in (p.prefill, p.decode)]
@@ -71,8 +75,9 @@ def stack(n_pairs: int, args: argparse.Namespace, log_dir: Path) -> Iterator[
         for s in sims:
             s.start()
         wait_healthy(sims)
-        gw = start_gateway(binary, [p.prefill for p in pairs], [p.decode for p in pairs],
-                           log_dir, *GATEWAY_ARGS).wait_ready()
+        gw = start_gateway(
+            binary, [p.prefill for p in pairs], [p.decode for p in pairs], log_dir, *GATEWAY_ARGS
+        ).wait_ready()
         yield pairs, gw
     finally:
         if gw is not None:
@@ -108,8 +113,9 @@ def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         gw.stop()
         binary = smg_binary()
         assert binary is not None
-        new_gw = start_gateway(binary, [pairs[0].prefill], [pairs[0].decode], log_dir,
-                               *GATEWAY_ARGS)
+        new_gw = start_gateway(
+            binary, [pairs[0].prefill], [pairs[0].decode], log_dir, *GATEWAY_ARGS
+        )
         try:
             new_gw.wait_ready(120)
             return {"downtime_s": first_success(pair) - t0}
@@ -121,8 +127,11 @@ def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
     with requests.Session() as s:
         while not stop.is_set():
             try:
-                r = s.post(f"{url}/generate", timeout=60,
-                           json={"text": "load", "sampling_params": {"max_new_tokens": 16}})
+                r = s.post(
+                    f"{url}/generate",
+                    timeout=60,
+                    json={"text": "load", "sampling_params": {"max_new_tokens": 16}},
+                )
                 outcomes.append(r.status_code)
             except requests.RequestException:
                 outcomes.append(0)
@@ -134,8 +143,10 @@ def rolling_under_load(args: argparse.Namespace, log_dir: Path) -> dict[str, Any
         ops.say = lambda _line: None
         stop = threading.Event()
         outcomes: list[int] = []
-        clients = [threading.Thread(target=_client, args=(gw.url, stop, outcomes))
-                   for _ in range(args.clients)]
+        clients = [
+            threading.Thread(target=_client, args=(gw.url, stop, outcomes))
+            for _ in range(args.clients)
+        ]
         for c in clients:
             c.start()
         t0 = time.monotonic()
@@ -146,9 +157,13 @@ def rolling_under_load(args: argparse.Namespace, log_dir: Path) -> dict[str, Any
             stop.set()
             for c in clients:
                 c.join(120)
-        return {"pairs_ok": [r.ok for r in reports], "seconds": round(elapsed, 1),
-                "requests": len(outcomes), "failed": sum(s != 200 for s in outcomes),
-                "phases_s": [r.phases for r in reports]}
+        return {
+            "pairs_ok": [r.ok for r in reports],
+            "seconds": round(elapsed, 1),
+            "requests": len(outcomes),
+            "failed": sum(s != 200 for s in outcomes),
+            "phases_s": [r.phases for r in reports],
+        }
 
 
 def main() -> None:
@@ -164,20 +179,32 @@ def main() -> None:
         both = coordinated(args, log_dir)
         seq = naive(args, log_dir)
         load = rolling_under_load(args, log_dir)
-    out = {"lower_bound_s": bound, "restart_both": both, "naive_sequential": seq,
-           "restart_all_under_load": load}
+    out = {
+        "lower_bound_s": bound,
+        "restart_both": both,
+        "naive_sequential": seq,
+        "restart_all_under_load": load,
+    }
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"startup delays: prefill {args.prefill_startup:.0f}s, decode "
-          f"{args.decode_startup:.0f}s; lower bound max(startup) = {bound:.1f}s")
-    print("restart --both phases (s): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in both["phases_s"].items()))
+    print(
+        f"startup delays: prefill {args.prefill_startup:.0f}s, decode "
+        f"{args.decode_startup:.0f}s; lower bound max(startup) = {bound:.1f}s"
+    )
+    print(
+        "restart --both phases (s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in both["phases_s"].items())
+    )
     for name, r in (("restart --both", both), ("naive sequential", seq)):
-        print(f"{name:18} downtime {r['downtime_s']:6.2f}s  "
-              f"downtime / lower bound {r['downtime_s'] / bound:.2f}")
-    print(f"restart --all, 2 pairs, {args.clients} clients: {load['seconds']}s, "
-          f"{load['requests']} requests, {load['failed']} failed, pairs ok {load['pairs_ok']}")
+        print(
+            f"{name:18} downtime {r['downtime_s']:6.2f}s  "
+            f"downtime / lower bound {r['downtime_s'] / bound:.2f}"
+        )
+    print(
+        f"restart --all, 2 pairs, {args.clients} clients: {load['seconds']}s, "
+        f"{load['requests']} requests, {load['failed']} failed, pairs ok {load['pairs_ok']}"
+    )
 
 
 if __name__ == "__main__":

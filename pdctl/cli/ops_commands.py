@@ -58,25 +58,47 @@ def source_options(f: F) -> F:
 
 def _source(topology_path: Path, inventory: Path, profile: Path | None) -> source.Source:
     ctx = click.get_current_context()
-    explicit = (ctx.get_parameter_source("inventory") is not ParameterSource.DEFAULT
-                or "PDSTACK_INVENTORY" in os.environ or profile is not None)
+    explicit = (
+        ctx.get_parameter_source("inventory") is not ParameterSource.DEFAULT
+        or "PDSTACK_INVENTORY" in os.environ
+        or profile is not None
+    )
     return source.load(Path(topology_path), inventory if explicit else None, profile)
 
 
-def _ops(topology_path: Path, inventory: Path, profile: Path | None,
-         timeouts: Timeouts | None = None) -> Ops:
+def _ops(
+    topology_path: Path, inventory: Path, profile: Path | None, timeouts: Timeouts | None = None
+) -> Ops:
     return real_ops(_source(topology_path, inventory, profile), timeouts)
 
 
 @click.command()
 @source_options
 @format_option
-@click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
-              metavar="[SECONDS]", help="Refresh every SECONDS (default 5) until Ctrl-C.")
-@click.option("--canaries", default=3, show_default=True,
-              help="Requests per pair canary (a degraded pair fails only a share).")
-def status(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
-           watch: float | None, canaries: int) -> None:
+@click.option(
+    "--watch",
+    "watch",
+    type=float,
+    default=None,
+    is_flag=False,
+    flag_value=5.0,
+    metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 5) until Ctrl-C.",
+)
+@click.option(
+    "--canaries",
+    default=3,
+    show_default=True,
+    help="Requests per pair canary (a degraded pair fails only a share).",
+)
+def status(
+    topology_path: Path,
+    inventory: Path,
+    profile: Path | None,
+    fmt: str,
+    watch: float | None,
+    canaries: int,
+) -> None:
     """Every engine, pair and the gateway, probed concurrently.
 
     Per instance: unit state, PID, uptime, /health, running and queued requests, KV usage,
@@ -129,18 +151,32 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--prefill", is_flag=True, help="Prefill alone: refused without --force.")
 @click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
 @click.option("--router", is_flag=True, help="Restart only the gateway (it holds no state).")
-@click.option("--pair", "pairs", multiple=True, metavar="NAME",
-              help="Pair NAME or HOST/NAME; repeatable.")
+@click.option(
+    "--pair", "pairs", multiple=True, metavar="NAME", help="Pair NAME or HOST/NAME; repeatable."
+)
 @click.option("--all", "all_pairs", is_flag=True, help="Every pair, one at a time.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True, help="Allow --prefill/--decode alone (degrades the pair).")
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
 @click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
 @click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
-def restart(topology_path: Path, inventory: Path, profile: Path | None, fmt: str, both: bool,
-            prefill: bool, decode: bool, router: bool, pairs: tuple[str, ...], all_pairs: bool,
-            yes: bool, force: bool, drain_timeout: float, health_timeout: float,
-            canary_timeout: float) -> None:
+def restart(
+    topology_path: Path,
+    inventory: Path,
+    profile: Path | None,
+    fmt: str,
+    both: bool,
+    prefill: bool,
+    decode: bool,
+    router: bool,
+    pairs: tuple[str, ...],
+    all_pairs: bool,
+    yes: bool,
+    force: bool,
+    drain_timeout: float,
+    health_timeout: float,
+    canary_timeout: float,
+) -> None:
     """Restart PD pairs the safe way: drain, stop both, start both, verify, re-register.
 
     A pair is restarted as one: the gateway stops routing to it and in-flight requests finish
@@ -160,33 +196,47 @@ def restart(topology_path: Path, inventory: Path, profile: Path | None, fmt: str
     """
     sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
     if sum([both, bool(sides), router]) != 1:
-        raise PdctlError("say what to restart: --both (pairs), --router (the gateway), "
-                         "or --prefill/--decode with --force")
+        raise PdctlError(
+            "say what to restart: --both (pairs), --router (the gateway), "
+            "or --prefill/--decode with --force"
+        )
     if sides and not force:
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
     timeouts = Timeouts(drain=drain_timeout, health=health_timeout, canary=canary_timeout)
     ops = _ops(topology_path, inventory, profile, timeouts)
     if router:
         r = ops.source.topology.router
-        _confirm(yes, [f"gateway {r.unit} on {r.host} ({r.url})"],
-                 "Restart the gateway? Requests in flight through it fail.")
+        _confirm(
+            yes,
+            [f"gateway {r.unit} on {r.host} ({r.url})"],
+            "Restart the gateway? Requests in flight through it fail.",
+        )
         with lock.held("pdctl restart --router"):
             reports = [restart_router(ops)]
     else:
         chosen = ops.source.select(pairs, all_pairs)
         if sides:
             insts = [getattr(p, s.value) for p in chosen for s in sides]
-            _confirm(yes, [f"{i.id} ({i.unit})" for i in insts],
-                     "Restart these ALONE? The pairs will be degraded until both restart.")
+            _confirm(
+                yes,
+                [f"{i.id} ({i.unit})" for i in insts],
+                "Restart these ALONE? The pairs will be degraded until both restart.",
+            )
             with lock.held("pdctl restart --force (one side)"):
                 reports = [restart_instance(ops, i) for i in insts]
-            click.secho("Warning: the pair is likely degraded now; run pdctl restart --both.",
-                        fg="yellow", err=True)
+            click.secho(
+                "Warning: the pair is likely degraded now; run pdctl restart --both.",
+                fg="yellow",
+                err=True,
+            )
         else:
             for line in plan_lines(ops, chosen):
                 click.echo(line, err=True)
-            _confirm(yes, [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
-                     f"Restart {len(chosen)} pair(s) as above?")
+            _confirm(
+                yes,
+                [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
+                f"Restart {len(chosen)} pair(s) as above?",
+            )
             with lock.held(f"pdctl restart --both {' '.join(p.id for p in chosen)}"):
                 reports = restart_pairs(ops, chosen)
     _print_reports(reports, fmt)
@@ -204,10 +254,15 @@ def _confirm(yes: bool, targets: list[str], question: str) -> None:
 @click.command()
 @source_options
 @format_option
-@click.option("--canaries", default=8, show_default=True,
-              help="Requests per pair canary; a degraded pair fails a share of them.")
-def doctor(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
-           canaries: int) -> None:
+@click.option(
+    "--canaries",
+    default=8,
+    show_default=True,
+    help="Requests per pair canary; a degraded pair fails a share of them.",
+)
+def doctor(
+    topology_path: Path, inventory: Path, profile: Path | None, fmt: str, canaries: int
+) -> None:
     """Find what is wrong with the running deployment, and what to run about it.
 
     `pdctl validate` (with -i/-p) plus live checks: degraded pairs (canary fails while both
@@ -232,14 +287,31 @@ def doctor(topology_path: Path, inventory: Path, profile: Path | None, fmt: str,
 @click.command()
 @source_options
 @click.option("--pair", "pair_name", required=True, metavar="NAME", help="Pair NAME or HOST/NAME.")
-@click.option("--max-recoveries", default=RateLimit.max_count, show_default=True,
-              help="Recoveries of one pair allowed within --window.")
-@click.option("--window", default=RateLimit.window_s, show_default=True, type=float,
-              help="Seconds.")
-@click.option("--state", "state_path", type=click.Path(path_type=Path, dir_okay=False),
-              default=default_state, show_default=str(default_state()))
-def recover(topology_path: Path, inventory: Path, profile: Path | None, pair_name: str,
-            max_recoveries: int, window: float, state_path: Path) -> None:
+@click.option(
+    "--max-recoveries",
+    default=RateLimit.max_count,
+    show_default=True,
+    help="Recoveries of one pair allowed within --window.",
+)
+@click.option(
+    "--window", default=RateLimit.window_s, show_default=True, type=float, help="Seconds."
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=default_state,
+    show_default=str(default_state()),
+)
+def recover(
+    topology_path: Path,
+    inventory: Path,
+    profile: Path | None,
+    pair_name: str,
+    max_recoveries: int,
+    window: float,
+    state_path: Path,
+) -> None:
     """Coordinated restart of a pair after one of its engines failed (run by systemd).
 
     Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It

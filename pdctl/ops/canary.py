@@ -26,8 +26,9 @@ class CanaryResult:
     error: str | None = None  # the first failure
 
 
-def pair_canary(prefill_url: str, decode_url: str, bootstrap_port: int, count: int = 1,
-                timeout: float = 10.0) -> CanaryResult:
+def pair_canary(
+    prefill_url: str, decode_url: str, bootstrap_port: int, count: int = 1, timeout: float = 10.0
+) -> CanaryResult:
     """`count` requests one after another: a degraded pair fails only a share of them."""
     target = PairTarget("", prefill_url, decode_url, bootstrap_port)
     failed, worst, error = 0, None, None
@@ -42,13 +43,18 @@ def pair_canary(prefill_url: str, decode_url: str, bootstrap_port: int, count: i
     return CanaryResult(failed == 0, count, failed, worst, error)
 
 
-def gateway_canary(gateway_url: str, headers: dict[str, str],
-                   timeout: float = 10.0) -> CanaryResult:
+def gateway_canary(
+    gateway_url: str, headers: dict[str, str], timeout: float = 10.0
+) -> CanaryResult:
     """One request through the gateway, to whichever pair it picks."""
     t0 = time.monotonic()
     try:
-        r = requests.post(f"{gateway_url}/generate", timeout=timeout, headers=headers,
-                          json={"text": "pdctl canary", "sampling_params": {"max_new_tokens": 1}})
+        r = requests.post(
+            f"{gateway_url}/generate",
+            timeout=timeout,
+            headers=headers,
+            json={"text": "pdctl canary", "sampling_params": {"max_new_tokens": 1}},
+        )
         error = None if r.status_code == 200 else f"gateway HTTP {r.status_code}: {r.text[:200]}"
     except requests.RequestException as e:
         error = f"gateway: {type(e).__name__}: {e}"

@@ -56,5 +56,9 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
             cache[host] = for_host(host, addresses.get(host, host))
         return cache[host]
 
-    return Ops(source, systemd_for, GatewayAdmin(source.topology.router.url, api_key()),
-               timeouts or Timeouts())
+    return Ops(
+        source,
+        systemd_for,
+        GatewayAdmin(source.topology.router.url, api_key()),
+        timeouts or Timeouts(),
+    )

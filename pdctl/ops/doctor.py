@@ -35,14 +35,32 @@ def unit_findings(s: Status) -> list[Finding]:
     for i in s.instances:
         u, where = i.unit, i.instance.id
         if u is None:
-            out.append(_error("live-host", where, f"cannot read the unit: {i.unit_error}",
-                              "check that the host is up and reachable over ssh"))
+            out.append(
+                _error(
+                    "live-host",
+                    where,
+                    f"cannot read the unit: {i.unit_error}",
+                    "check that the host is up and reachable over ssh",
+                )
+            )
         elif u.active != "active":
-            out.append(_error("live-unit", where, f"{u.unit} is {u.active} ({u.sub})",
-                              f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}"))
+            out.append(
+                _error(
+                    "live-unit",
+                    where,
+                    f"{u.unit} is {u.active} ({u.sub})",
+                    f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}",
+                )
+            )
         elif u.restarts:
-            out.append(_warning("live-restarts", where, f"{u.unit} restarted {u.restarts} "
-                                "times since it was loaded", "read its journal for the cause"))
+            out.append(
+                _warning(
+                    "live-restarts",
+                    where,
+                    f"{u.unit} restarted {u.restarts} times since it was loaded",
+                    "read its journal for the cause",
+                )
+            )
     return out
 
 
@@ -57,34 +75,60 @@ def pair_findings(s: Status) -> list[Finding]:
         sides = by_pair.get(p.id, [])
         down = [i.instance.name for i in sides if not i.probe.healthy]
         if down:
-            out.append(_error("live-pair-down", p.id, f"pair canary fails and {', '.join(down)} "
-                              f"does not answer /health: {p.canary.error}",
-                              f"pdctl restart --both --pair {p.id}"))
+            out.append(
+                _error(
+                    "live-pair-down",
+                    p.id,
+                    f"pair canary fails and {', '.join(down)} "
+                    f"does not answer /health: {p.canary.error}",
+                    f"pdctl restart --both --pair {p.id}",
+                )
+            )
         else:
-            out.append(_error(
-                "live-degraded-pair", p.id,
-                f"degraded pair: {p.canary.failed}/{p.canary.sent} canary requests failed "
-                f"while both sides answer /health ({p.canary.error}); typical after one side "
-                "restarted alone", f"run pdctl restart --both --pair {p.id}"))
+            out.append(
+                _error(
+                    "live-degraded-pair",
+                    p.id,
+                    f"degraded pair: {p.canary.failed}/{p.canary.sent} canary requests failed "
+                    f"while both sides answer /health ({p.canary.error}); typical after one side "
+                    "restarted alone",
+                    f"run pdctl restart --both --pair {p.id}",
+                )
+            )
     if not s.gateway.ready:
-        out.append(_error("live-gateway", s.gateway.url,
-                          f"gateway not ready: {s.gateway.detail}", "pdctl restart --router"))
+        out.append(
+            _error(
+                "live-gateway",
+                s.gateway.url,
+                f"gateway not ready: {s.gateway.detail}",
+                "pdctl restart --router",
+            )
+        )
     for i in s.instances:
         if i.probe.healthy and i.gateway is None:
-            out.append(_warning("live-unregistered", i.instance.id,
-                                "healthy but not registered with the gateway (no traffic)",
-                                f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}"))
+            out.append(
+                _warning(
+                    "live-unregistered",
+                    i.instance.id,
+                    "healthy but not registered with the gateway (no traffic)",
+                    f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}",
+                )
+            )
     return out
 
 
 def kv_findings(s: Status) -> list[Finding]:
     return [
-        _warning("live-kv-idle", i.instance.id,
-                 f"KV usage {i.probe.token_usage:.0%} with no running or queued request: KV "
-                 "held by orphaned requests (prefill keeps it until the bootstrap timeout)",
-                 "check the journal for transfer failures; restart the pair if it stays up")
+        _warning(
+            "live-kv-idle",
+            i.instance.id,
+            f"KV usage {i.probe.token_usage:.0%} with no running or queued request: KV "
+            "held by orphaned requests (prefill keeps it until the bootstrap timeout)",
+            "check the journal for transfer failures; restart the pair if it stays up",
+        )
         for i in s.instances
-        if i.probe.running == 0 and i.probe.queued == 0
+        if i.probe.running == 0
+        and i.probe.queued == 0
         and (i.probe.token_usage or 0) > IDLE_KV_USAGE
     ]
 
@@ -94,16 +138,21 @@ def eager_findings(ops: Ops, s: Status) -> list[Finding]:
     journals = concurrently({i.instance.id: partial(_journal, ops, i) for i in decodes})
     out: list[Finding] = []
     for i in decodes:
-        batches = [b for b in map(parse_line, journals[i.instance.id])
-                   if isinstance(b, DecodeBatch)]
+        batches = [
+            b for b in map(parse_line, journals[i.instance.id]) if isinstance(b, DecodeBatch)
+        ]
         eager = [b for b in batches if b.cuda_graph is False]
         if eager or i.probe.cuda_graph is False:
             top = max((b.running for b in eager), default=0)
-            out.append(_warning(
-                "live-eager", i.instance.id,
-                f"{len(eager)}/{len(batches)} recent decode batches ran eager (up to {top} "
-                "running): slow, and eager temporaries can OOM",
-                "raise engine.decode.cuda_graph_max_bs to the batch sizes you see (pdctl plan)"))
+            out.append(
+                _warning(
+                    "live-eager",
+                    i.instance.id,
+                    f"{len(eager)}/{len(batches)} recent decode batches ran eager (up to {top} "
+                    "running): slow, and eager temporaries can OOM",
+                    "raise engine.decode.cuda_graph_max_bs to the batch sizes you see (pdctl plan)",
+                )
+            )
     return out
 
 
@@ -117,7 +166,7 @@ def _journal(ops: Ops, i: InstanceStatus) -> list[str]:
 def _flags(argv: list[str]) -> dict[str, tuple[str, ...]]:
     """Launch flags after `-m MODULE` as flag -> values."""
     if "-m" in argv:
-        argv = argv[argv.index("-m") + 2:]
+        argv = argv[argv.index("-m") + 2 :]
     out: dict[str, tuple[str, ...]] = {}
     flag = None
     for tok in argv:
@@ -147,12 +196,19 @@ def drift_findings(ops: Ops, s: Status) -> list[Finding]:
             continue
         diffs = sorted(f for f in want.keys() | have.keys() if want.get(f) != have.get(f))
         if diffs:
-            shown = "; ".join(f"{f}: running {' '.join(have.get(f, ('(absent)',)))}, expected "
-                              f"{' '.join(want.get(f, ('(absent)',)))}" for f in diffs[:5])
-            out.append(_warning("live-drift", i.instance.id,
-                                f"PID {i.unit.main_pid} runs with flags differing from {source}: "
-                                f"{shown}",
-                                "run site.yml (restarts changed pairs together)"))
+            shown = "; ".join(
+                f"{f}: running {' '.join(have.get(f, ('(absent)',)))}, expected "
+                f"{' '.join(want.get(f, ('(absent)',)))}"
+                for f in diffs[:5]
+            )
+            out.append(
+                _warning(
+                    "live-drift",
+                    i.instance.id,
+                    f"PID {i.unit.main_pid} runs with flags differing from {source}: {shown}",
+                    "run site.yml (restarts changed pairs together)",
+                )
+            )
     return out
 
 

@@ -37,8 +37,9 @@ def api_key() -> str | None:
         lines = KEY_FILE.read_text().splitlines()
     except OSError:
         return None
-    return next((line.split("=", 1)[1].strip() for line in lines
-                 if line.startswith(f"{KEY_VAR}=")), None)
+    return next(
+        (line.split("=", 1)[1].strip() for line in lines if line.startswith(f"{KEY_VAR}=")), None
+    )
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,16 @@ class GatewayAdmin:
 
     def _call(self, method: str, path: str, **kw: Any) -> requests.Response:
         try:
-            r = requests.request(method, f"{self.url}{path}", timeout=self.timeout,
-                                 headers=self.headers, **kw)
+            r = requests.request(
+                method, f"{self.url}{path}", timeout=self.timeout, headers=self.headers, **kw
+            )
         except requests.RequestException as e:
             raise GatewayError(f"gateway {self.url}: {type(e).__name__}: {e}") from None
         if r.status_code == 401:
-            raise GatewayError(f"gateway {self.url}: {method} {path} needs the API key: set "
-                               f"PDSTACK_GATEWAY_API_KEY (root reads it from {KEY_FILE})")
+            raise GatewayError(
+                f"gateway {self.url}: {method} {path} needs the API key: set "
+                f"PDSTACK_GATEWAY_API_KEY (root reads it from {KEY_FILE})"
+            )
         return r
 
     def workers(self) -> list[GatewayWorker]:
@@ -73,8 +77,14 @@ class GatewayAdmin:
         if r.status_code != 200:
             raise GatewayError(f"gateway {self.url}: GET /workers answered {r.status_code}")
         return [
-            GatewayWorker(w["id"], w["url"], w.get("worker_type", "?"), w.get("status", "?"),
-                          bool(w.get("is_healthy")), int(w.get("load") or 0))
+            GatewayWorker(
+                w["id"],
+                w["url"],
+                w.get("worker_type", "?"),
+                w.get("status", "?"),
+                bool(w.get("is_healthy")),
+                int(w.get("load") or 0),
+            )
             for w in r.json().get("workers", [])
         ]
 
@@ -90,8 +100,10 @@ class GatewayAdmin:
         answers = concurrently({i: partial(self._call, "DELETE", f"/workers/{i}") for i in ids})
         for i, r in answers.items():
             if r.status_code not in (200, 202, 404):
-                raise GatewayError(f"gateway: DELETE /workers/{i} ({ids[i]}) answered "
-                                   f"{r.status_code}: {r.text[:200]}")
+                raise GatewayError(
+                    f"gateway: DELETE /workers/{i} ({ids[i]}) answered "
+                    f"{r.status_code}: {r.text[:200]}"
+                )
 
     def add(self, url: str, worker_type: str, bootstrap_port: int | None = None) -> None:
         body: dict[str, Any] = {"url": url, "worker_type": worker_type}
@@ -99,11 +111,13 @@ class GatewayAdmin:
             body["bootstrap_port"] = bootstrap_port
         r = self._call("POST", "/workers", json=body)
         if r.status_code not in (200, 201, 202, 409):
-            raise GatewayError(f"gateway: POST /workers {url} answered {r.status_code}: "
-                               f"{r.text[:200]}")
+            raise GatewayError(
+                f"gateway: POST /workers {url} answered {r.status_code}: {r.text[:200]}"
+            )
 
-    def wait(self, pred: Callable[[list[GatewayWorker]], bool], timeout: float,
-             step: float = 0.25) -> bool:
+    def wait(
+        self, pred: Callable[[list[GatewayWorker]], bool], timeout: float, step: float = 0.25
+    ) -> bool:
         """Poll /workers until `pred` holds; False on timeout."""
         deadline = time.monotonic() + timeout
         while True:
@@ -123,8 +137,7 @@ def drained(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
     """Removed, or draining with nothing in flight (smg takes ~5 s more to remove an idle
     worker; waiting for that would only lengthen every rolling restart)."""
     wanted = set(urls)
-    return lambda ws: all(w.status == "draining" and w.load == 0
-                          for w in ws if w.url in wanted)
+    return lambda ws: all(w.status == "draining" and w.load == 0 for w in ws if w.url in wanted)
 
 
 def ready(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:

@@ -69,8 +69,11 @@ class LocalUnits:
 
     def start(self, *units: str) -> None:
         self.stopped -= set(self._expand(units))
-        self._each("start", units, lambda s: s.start() if s.proc is None
-                   or s.proc.poll() is not None else None)
+        self._each(
+            "start",
+            units,
+            lambda s: s.start() if s.proc is None or s.proc.poll() is not None else None,
+        )
 
     def stop(self, *units: str) -> None:
         self.stopped |= set(self._expand(units))
@@ -94,8 +97,15 @@ def _instance(p: LocalPair, role: Role) -> TopologyInstance:
     sim = p.prefill if role is Role.PREFILL else p.decode
     name = f"{p.name}-{role.value}"
     return TopologyInstance(
-        id=f"{HOST}/{name}", host=HOST, name=name, pair=p.name, role=role, unit=p.unit(role),
-        url=sim.url, numa_node=0, gpus=[0],
+        id=f"{HOST}/{name}",
+        host=HOST,
+        name=name,
+        pair=p.name,
+        role=role,
+        unit=p.unit(role),
+        url=sim.url,
+        numa_node=0,
+        gpus=[0],
         bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
     )
 
@@ -105,19 +115,34 @@ def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
         model="sim",
         engine="sim",
         instances=[_instance(p, r) for p in pairs for r in (Role.PREFILL, Role.DECODE)],
-        pairs=[TopologyPair(host=HOST, name=p.name, target=p.target,
-                            prefill=f"{HOST}/{p.name}-prefill", decode=f"{HOST}/{p.name}-decode")
-               for p in pairs],
-        router=TopologyRouter(host=HOST, url=gateway.url,
-                              metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-                              unit=GATEWAY_UNIT),
+        pairs=[
+            TopologyPair(
+                host=HOST,
+                name=p.name,
+                target=p.target,
+                prefill=f"{HOST}/{p.name}-prefill",
+                decode=f"{HOST}/{p.name}-decode",
+            )
+            for p in pairs
+        ],
+        router=TopologyRouter(
+            host=HOST,
+            url=gateway.url,
+            metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+            unit=GATEWAY_UNIT,
+        ),
     )
 
 
-def local_ops(pairs: Sequence[LocalPair], gateway: Gateway,
-              timeouts: Timeouts | None = None) -> tuple[Ops, LocalUnits]:
+def local_ops(
+    pairs: Sequence[LocalPair], gateway: Gateway, timeouts: Timeouts | None = None
+) -> tuple[Ops, LocalUnits]:
     units = LocalUnits(pairs)
     systemd: Systemd = units
-    ops = Ops(Source(local_topology(pairs, gateway), None), lambda _host: systemd,
-              GatewayAdmin(gateway.url), timeouts or Timeouts(health=60, canary=30))
+    ops = Ops(
+        Source(local_topology(pairs, gateway), None),
+        lambda _host: systemd,
+        GatewayAdmin(gateway.url),
+        timeouts or Timeouts(health=60, canary=30),
+    )
     return ops, units

@@ -72,8 +72,9 @@ class RecoveryLog:
         tmp.replace(self.path)
 
 
-def recover(ops: Ops, pair: Pair, limit: RateLimit, log: RecoveryLog,
-            lock_path: Path | None = None) -> Report:
+def recover(
+    ops: Ops, pair: Pair, limit: RateLimit, log: RecoveryLog, lock_path: Path | None = None
+) -> Report:
     """The coordinated restart, once the rate limit and the restart lock allow it."""
     with lock.held(f"pdctl recover --pair {pair.id}", lock_path):
         log.admit(pair.id, limit)

@@ -72,8 +72,10 @@ def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
             "   register  add both back to the gateway, wait until it routes to them",
         ]
     if len(pairs) > 1:
-        out.append("Pairs restart one at a time; the others keep serving. "
-                   "The first failure stops the roll.")
+        out.append(
+            "Pairs restart one at a time; the others keep serving. "
+            "The first failure stops the roll."
+        )
     return out
 
 
@@ -109,8 +111,7 @@ def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
         for inst in pair.instances:
             st = sd.show(inst.unit)
             if st.active in ("failed", "inactive"):
-                raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while "
-                                 "starting")
+                raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
         now = time.monotonic()
         if now >= deadline:
             waiting = ", ".join(f"{k} {p.health}" for k, p in probes.items() if not p.healthy)
@@ -132,8 +133,9 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
         if first.ok:
             break
         if time.monotonic() >= deadline:
-            raise StepFailed("canary", f"no request passed in {ops.timeouts.canary:.0f}s: "
-                             f"{first.error}")
+            raise StepFailed(
+                "canary", f"no request passed in {ops.timeouts.canary:.0f}s: {first.error}"
+            )
         time.sleep(ops.timeouts.poll)
 
 
@@ -150,17 +152,23 @@ def _register(ops: Ops, pair: Pair) -> None:
     urls = [i.url for i in pair.instances]
     # smg answers 409 while the drained entries are still being removed.
     if not gw.wait(gateway.gone(urls), ops.timeouts.register):
-        raise StepFailed("register", "the gateway still lists the drained workers after "
-                         f"{ops.timeouts.register:.0f}s")
+        raise StepFailed(
+            "register",
+            f"the gateway still lists the drained workers after {ops.timeouts.register:.0f}s",
+        )
     # Both at once, for the reason gateway.GatewayAdmin.remove gives.
-    concurrently({
-        i.url: partial(gw.add, i.url, i.role.value,
-                       i.bootstrap_port if i.role is Role.PREFILL else None)
-        for i in pair.instances
-    })
+    concurrently(
+        {
+            i.url: partial(
+                gw.add, i.url, i.role.value, i.bootstrap_port if i.role is Role.PREFILL else None
+            )
+            for i in pair.instances
+        }
+    )
     if not gw.wait(gateway.ready(urls), ops.timeouts.register):
-        raise StepFailed("register", f"the gateway did not mark both ready within "
-                         f"{ops.timeouts.register:.0f}s")
+        raise StepFailed(
+            "register", f"the gateway did not mark both ready within {ops.timeouts.register:.0f}s"
+        )
 
 
 def _drain(ops: Ops, pair: Pair, required: bool) -> None:
@@ -174,8 +182,10 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
         ops.say(f"  {pair.id}: cannot drain ({e}); going on")
         return
     if not drained:
-        ops.say(f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s; "
-                "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)")
+        ops.say(
+            f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s; "
+            "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
+        )
 
 
 def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
@@ -214,7 +224,7 @@ def restart_pairs(ops: Ops, pairs: list[Pair]) -> list[Report]:
     for pair in pairs:
         reports.append(restart_pair(ops, pair))
         if not reports[-1].ok:
-            skipped = [p.id for p in pairs[len(reports):]]
+            skipped = [p.id for p in pairs[len(reports) :]]
             if skipped:
                 ops.say(f"stopping the roll; untouched: {', '.join(skipped)}")
             break
@@ -251,8 +261,10 @@ def restart_router(ops: Ops) -> Report:
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, [r.unit])
-    rep.lines = [f"{'OK' if rep.ok else 'FAILED'}: {r.host}/gateway ({r.unit})"
-                 + ("" if rep.ok else f": {rep.error}")]
+    rep.lines = [
+        f"{'OK' if rep.ok else 'FAILED'}: {r.host}/gateway ({r.unit})"
+        + ("" if rep.ok else f": {rep.error}")
+    ]
     return rep
 
 
@@ -264,8 +276,7 @@ def restart_instance(ops: Ops, inst: TopologyInstance) -> Report:
         with _timed(rep.phases, "restart"):
             sd.restart(inst.unit)
         with _timed(rep.phases, "health"):
-            _until(ops, lambda: probe_engine(inst.url).healthy, ops.timeouts.health,
-                   "not healthy")
+            _until(ops, lambda: probe_engine(inst.url).healthy, ops.timeouts.health, "not healthy")
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, [inst.unit])

@@ -56,8 +56,10 @@ class Source:
             if not hits:
                 raise PdctlError(f"unknown pair {name!r}; valid pairs: {valid}")
             if len(hits) > 1:
-                raise PdctlError(f"pair name {name!r} is on several hosts; use one of: "
-                                 + ", ".join(p.id for p in hits))
+                raise PdctlError(
+                    f"pair name {name!r} is on several hosts; use one of: "
+                    + ", ".join(p.id for p in hits)
+                )
             chosen += [h for h in hits if h not in chosen]
         return [p for p in pairs if p in chosen]
 

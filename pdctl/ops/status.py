@@ -52,8 +52,10 @@ class Status:
         gw = self.gateway
         gateway_ok = gw.ready and gw.canary is not None and gw.canary.ok
         pairs_ok = all(p.canary.ok for p in self.pairs)
-        engines_ok = all(i.probe.healthy and i.unit is not None and i.unit.active == "active"
-                         for i in self.instances)
+        engines_ok = all(
+            i.probe.healthy and i.unit is not None and i.unit.active == "active"
+            for i in self.instances
+        )
         return gateway_ok and pairs_ok and engines_ok
 
 
@@ -73,7 +75,8 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"probe:{inst.id}"] = lambda i=inst: probe_engine(i.url)
     for p in pairs:
         calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
-            p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count)
+            p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
+        )
     calls["gateway"] = lambda: _gateway(ops)
     got = concurrently(calls)
     gw_status, workers = got["gateway"]
@@ -81,8 +84,9 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
     instances = []
     for i in topo.instances:
         unit, unit_error = got[f"unit:{i.id}"]
-        instances.append(InstanceStatus(i, unit, unit_error, got[f"probe:{i.id}"],
-                                        by_url.get(i.url)))
+        instances.append(
+            InstanceStatus(i, unit, unit_error, got[f"probe:{i.id}"], by_url.get(i.url))
+        )
     return Status(
         instances=instances,
         pairs=[PairStatus(p.id, p.spec.target, got[f"canary:{p.id}"]) for p in pairs],
@@ -118,8 +122,13 @@ def to_json(s: Status) -> dict[str, Any]:
                 "unit_error": i.unit_error,
                 **{k: v for k, v in asdict(i.probe).items() if k != "url"},
                 "url": i.instance.url,
-                "gateway": {"status": i.gateway.status, "healthy": i.gateway.healthy,
-                            "load": i.gateway.load} if i.gateway else None,
+                "gateway": {
+                    "status": i.gateway.status,
+                    "healthy": i.gateway.healthy,
+                    "load": i.gateway.load,
+                }
+                if i.gateway
+                else None,
             }
             for i in s.instances
         ],
@@ -141,35 +150,63 @@ def _num(v: float | None, fmt: str = "{:.0f}") -> str:
 
 def tables(s: Status) -> list[Table]:
     t = Table(title="Instances", title_justify="left")
-    for col in ("instance", "unit", "PID", "uptime", "/health", "run", "queue", "KV",
-                "graph", "tok/s", "gateway"):
-        t.add_column(col, justify="right" if col in ("PID", "run", "queue", "KV", "tok/s")
-                     else "left")
+    for col in (
+        "instance",
+        "unit",
+        "PID",
+        "uptime",
+        "/health",
+        "run",
+        "queue",
+        "KV",
+        "graph",
+        "tok/s",
+        "gateway",
+    ):
+        t.add_column(
+            col, justify="right" if col in ("PID", "run", "queue", "KV", "tok/s") else "left"
+        )
     for i in s.instances:
         u, p, g = i.unit, i.probe, i.gateway
         state = f"{u.active}/{u.sub}" if u else f"[red]{i.unit_error}[/]"
         if u and u.active != "active":
             state = f"[red]{state}[/]"
         graph = "-" if p.cuda_graph is None else ("graph" if p.cuda_graph else "[red]eager[/]")
-        gw = "[yellow]not registered[/]" if g is None else (
-            f"{g.status}{'' if g.healthy else ' (unhealthy)'}, load {g.load}")
-        t.add_row(i.instance.id, state, str(u.main_pid or "-") if u else "-", _uptime(u),
-                  p.health if p.healthy else f"[red]{p.health}[/]", _num(p.running),
-                  _num(p.queued), _num(p.token_usage, "{:.0%}"), graph,
-                  _num(p.gen_throughput, "{:.1f}"), gw)
+        gw = (
+            "[yellow]not registered[/]"
+            if g is None
+            else (f"{g.status}{'' if g.healthy else ' (unhealthy)'}, load {g.load}")
+        )
+        t.add_row(
+            i.instance.id,
+            state,
+            str(u.main_pid or "-") if u else "-",
+            _uptime(u),
+            p.health if p.healthy else f"[red]{p.health}[/]",
+            _num(p.running),
+            _num(p.queued),
+            _num(p.token_usage, "{:.0%}"),
+            graph,
+            _num(p.gen_throughput, "{:.1f}"),
+            gw,
+        )
     pt = Table(title="Pairs (a real request through each pair's PD path)", title_justify="left")
     for col in ("pair", "target", "canary", "latency"):
         pt.add_column(col)
     for pr in s.pairs:
         c = pr.canary
-        verdict = (f"ok {c.sent}/{c.sent}" if c.ok
-                   else f"[red]FAILED {c.failed}/{c.sent}[/]: {c.error}")
+        verdict = (
+            f"ok {c.sent}/{c.sent}" if c.ok else f"[red]FAILED {c.failed}/{c.sent}[/]: {c.error}"
+        )
         pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"))
     gt = Table(title="Gateway", title_justify="left")
     for col in ("url", "readiness", "request", "latency"):
         gt.add_column(col)
     gc = s.gateway.canary
-    gt.add_row(s.gateway.url, ("ready " if s.gateway.ready else "[red]NOT READY[/] ")
-               + s.gateway.detail, "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
-               _num(gc.latency_s if gc else None, "{:.3f}s"))
+    gt.add_row(
+        s.gateway.url,
+        ("ready " if s.gateway.ready else "[red]NOT READY[/] ") + s.gateway.detail,
+        "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
+        _num(gc.latency_s if gc else None, "{:.3f}s"),
+    )
     return [t, pt, gt]

@@ -70,19 +70,26 @@ class Systemd(Protocol):
 class Systemctl:
     """systemctl/journalctl here (`ssh=None`) or through `ssh ... ADDRESS`."""
 
-    def __init__(self, host: str, ssh_target: str | None = None, timeout: float = 30.0,
-                 job_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        ssh_target: str | None = None,
+        timeout: float = 30.0,
+        job_timeout: float = 300.0,
+    ) -> None:
         self.host, self.ssh_target = host, ssh_target
         self.timeout, self.job_timeout = timeout, job_timeout
 
     def _run(self, argv: list[str], timeout: float | None = None, check: bool = True) -> str:
         full = [*SSH, self.ssh_target, shlex.join(argv)] if self.ssh_target else argv
         try:
-            cp = subprocess.run(full, capture_output=True, text=True, check=False,
-                                timeout=timeout or self.timeout)
+            cp = subprocess.run(
+                full, capture_output=True, text=True, check=False, timeout=timeout or self.timeout
+            )
         except subprocess.TimeoutExpired:
-            raise HostError(f"{self.host}: `{shlex.join(argv)}` timed out after "
-                            f"{timeout or self.timeout:.0f}s") from None
+            raise HostError(
+                f"{self.host}: `{shlex.join(argv)}` timed out after {timeout or self.timeout:.0f}s"
+            ) from None
         except OSError as e:
             raise HostError(f"{self.host}: cannot run {full[0]}: {e.strerror}") from None
         if check and cp.returncode != 0:
@@ -112,8 +119,9 @@ class Systemctl:
         self._run(["systemctl", "reset-failed", *units], check=False)
 
     def journal(self, unit: str, lines: int = 30) -> list[str]:
-        out = self._run(["journalctl", "-u", unit, "-n", str(lines), "-o", "cat", "--no-pager"],
-                        check=False)
+        out = self._run(
+            ["journalctl", "-u", unit, "-n", str(lines), "-o", "cat", "--no-pager"], check=False
+        )
         return out.splitlines()
 
     def cmdline(self, pid: int) -> list[str]:

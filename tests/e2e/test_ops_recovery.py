@@ -76,8 +76,11 @@ def test_lone_decode_restart_is_degraded_until_restart_both(ops_site: Site) -> N
     host = ops_site.host
     pair = f"{host.name}/pd0"
     host.ssh("systemctl restart pdstack-pd0-decode.service", check=True)
-    wait_for(lambda: all(i["health"] == "ok" for i in status(host)["instances"]), 60,
-             "the decode to answer /health")
+    wait_for(
+        lambda: all(i["health"] == "ok" for i in status(host)["instances"]),
+        60,
+        "the decode to answer /health",
+    )
     s = status(host)
     (p,) = s["pairs"]
     assert not p["canary"]["ok"], s  # both answer /health, the PD path is broken
@@ -109,13 +112,17 @@ def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
         return all(after) and not set(after) & set(before) and done.stdout.strip() == "inactive"
 
     wait_for(recovered, 180, "pdstack-recover@pd0 to restart the pair")
-    journal = host.ssh(f"journalctl -u pdstack-recover@pd0.service --since '{since}' -o cat",
-                       check=True).stdout
+    journal = host.ssh(
+        f"journalctl -u pdstack-recover@pd0.service --since '{since}' -o cat", check=True
+    ).stdout
     assert f"{host.name}/pd0: restarting {units[0]} + {units[1]}" in journal
     assert f"OK: {host.name}/pd0-prefill" in journal and f"OK: {host.name}/pd0-decode" in journal
     # No lone restart: the decode started once, after the pair target was stopped.
-    events = host.ssh(f"journalctl --since '{since}' -o cat -u {units[1]} -u pdstack-pd0.target "
-                      "| grep -E '^(Started|Stopped|Starting|Stopping) '", check=True).stdout
+    events = host.ssh(
+        f"journalctl --since '{since}' -o cat -u {units[1]} -u pdstack-pd0.target "
+        "| grep -E '^(Started|Stopped|Starting|Stopping) '",
+        check=True,
+    ).stdout
     started_decode = [e for e in events.splitlines() if e.startswith("Started") and "decode" in e]
     assert len(started_decode) == 1, events
     assert status(host)["healthy"]
@@ -124,11 +131,13 @@ def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
 def _two_pairs(path: Path) -> Path:
     profile = yaml.safe_load(SIM_PROFILE.read_text())
     pd0 = profile["layout"]["pairs"][0]
-    profile["layout"]["pairs"].append({
-        "name": "pd1",
-        "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
-        "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
-    })
+    profile["layout"]["pairs"].append(
+        {
+            "name": "pd1",
+            "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
+            "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
+        }
+    )
     profile["hardware"].update(gpu_count=4, numa_gpus={0: [0, 1, 2, 3]})
     path.write_text(yaml.safe_dump(profile, sort_keys=False))
     return path
@@ -139,15 +148,19 @@ def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
         s.headers["Authorization"] = f"Bearer {API_KEY}"
         while not stop.is_set():
             try:
-                r = s.post(f"{url}/generate", timeout=60,
-                           json={"text": "load", "sampling_params": {"max_new_tokens": 8}})
+                r = s.post(
+                    f"{url}/generate",
+                    timeout=60,
+                    json={"text": "load", "sampling_params": {"max_new_tokens": 8}},
+                )
                 outcomes.append(r.status_code)
             except requests.RequestException:
                 outcomes.append(0)
 
 
-def test_restart_all_of_two_pairs_under_load_fails_no_request(ops_site: Site,
-                                                               tmp_path: Path) -> None:
+def test_restart_all_of_two_pairs_under_load_fails_no_request(
+    ops_site: Site, tmp_path: Path
+) -> None:
     host = ops_site.host
     ops_site.run(profile=_two_pairs(tmp_path / "two-pairs.yml")).assert_ok()
     url = ops_site.deployment()["gateway"]["url"]

@@ -34,11 +34,17 @@ ENV = {"PDSIM_DEGRADED_FAIL_RATIO": "0.8"}
 
 
 @pytest.fixture
-def two_pairs(sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway],
-              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Ops, LocalUnits]:
+def two_pairs(
+    sim_factory: Callable[..., SimProc],
+    gateway_factory: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Ops, LocalUnits]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
-    pairs = [LocalPair(f"pd{n}", sim_factory("prefill", env=ENV), sim_factory("decode", env=ENV))
-             for n in range(2)]
+    pairs = [
+        LocalPair(f"pd{n}", sim_factory("prefill", env=ENV), sim_factory("decode", env=ENV))
+        for n in range(2)
+    ]
     for p in pairs:
         p.prefill.wait_healthy()
         p.decode.wait_healthy()
@@ -83,8 +89,7 @@ def test_restart_both_drains_restarts_and_reregisters(
     old_pids = {i.unit: units.show(i.unit).main_pid for i in pd0.instances}
     rep = restart_pair(ops, pd0)
     assert rep.ok, (rep.error, rep.journal)
-    assert list(rep.phases) == ["drain", "stop", "start", "health", "canary", "verify",
-                                "register"]
+    assert list(rep.phases) == ["drain", "stop", "start", "health", "canary", "verify", "register"]
     assert [line.split(":")[0] for line in rep.lines] == ["OK", "OK"]
     assert all(units.show(u).main_pid not in (0, pid) for u, pid in old_pids.items())
     # The gateway stopped routing to pd0 while it restarted, and routes to it again now.
@@ -130,9 +135,22 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
     t.start()
     holding.wait(10)
     second = subprocess.run(
-        [sys.executable, "-c", "from pdctl.cli import main; main()", "restart", "--both",
-         "--all", "--yes", "--topology", str(topo_file)],
-        capture_output=True, text=True, timeout=60, env=os.environ.copy())
+        [
+            sys.executable,
+            "-c",
+            "from pdctl.cli import main; main()",
+            "restart",
+            "--both",
+            "--all",
+            "--yes",
+            "--topology",
+            str(topo_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+    )
     t.join(120)
     assert second.returncode == 3, second.stderr
     assert f"PID {os.getpid()} pdctl restart --both --pair pd0" in second.stderr
@@ -143,8 +161,11 @@ def _load(url: str, stop: threading.Event, outcomes: list[int]) -> None:
     with requests.Session() as s:
         while not stop.is_set():
             try:
-                r = s.post(f"{url}/generate", timeout=30,
-                           json={"text": "load", "sampling_params": {"max_new_tokens": 8}})
+                r = s.post(
+                    f"{url}/generate",
+                    timeout=30,
+                    json={"text": "load", "sampling_params": {"max_new_tokens": 8}},
+                )
                 outcomes.append(r.status_code)
             except requests.RequestException:
                 outcomes.append(0)
@@ -156,8 +177,10 @@ def test_restart_all_under_load_fails_no_client_request(
     ops, _ = two_pairs
     stop = threading.Event()
     outcomes: list[int] = []
-    clients = [threading.Thread(target=_load, args=(ops.source.topology.router.url, stop,
-                                                    outcomes)) for _ in range(4)]
+    clients = [
+        threading.Thread(target=_load, args=(ops.source.topology.router.url, stop, outcomes))
+        for _ in range(4)
+    ]
     for c in clients:
         c.start()
     try:
@@ -180,7 +203,11 @@ def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalU
     s = collect(ops)
     assert s.healthy
     assert {i.instance.id for i in s.instances} == {
-        "local/pd0-prefill", "local/pd0-decode", "local/pd1-prefill", "local/pd1-decode"}
+        "local/pd0-prefill",
+        "local/pd0-decode",
+        "local/pd1-prefill",
+        "local/pd1-decode",
+    }
     assert all(i.gateway is not None and i.gateway.status == "ready" for i in s.instances)
     pd1 = ops.source.pairs()[1]
     units.stop(pd1.decode.unit)

@@ -58,15 +58,18 @@ class Calls:
 
 
 @pytest.fixture
-def topo_file(tmp_path: Path, load: Callable[..., Deployment],
-              shipped: Callable[[str], dict[str, Any]]) -> Path:
+def topo_file(
+    tmp_path: Path, load: Callable[..., Deployment], shipped: Callable[[str], dict[str, Any]]
+) -> Path:
     profile = shipped("sim")
     pd0 = profile["layout"]["pairs"][0]
-    profile["layout"]["pairs"].append({
-        "name": "pd1",
-        "prefill": {**pd0["prefill"], "port": 30010, "bootstrap_port": 9008},
-        "decode": {**pd0["decode"], "port": 30011},
-    })
+    profile["layout"]["pairs"].append(
+        {
+            "name": "pd1",
+            "prefill": {**pd0["prefill"], "port": 30010, "bootstrap_port": 9008},
+            "decode": {**pd0["decode"], "port": 30011},
+        }
+    )
     profile["hardware"]["gpu_count"] = 4
     profile["hardware"]["numa_gpus"] = {0: [0, 1, 2, 3]}
     profile["layout"]["pairs"][1]["prefill"]["gpus"] = [2]
@@ -109,21 +112,29 @@ def test_decode_alone_is_refused_with_the_reason(topo_file: Path, calls: Calls) 
 
 
 def test_decode_alone_with_force_restarts_only_that_side(topo_file: Path, calls: Calls) -> None:
-    r = run("restart", "--decode", "--force", "--pair", "pd0", "--topology", str(topo_file),
-            input="y\n")
+    r = run(
+        "restart", "--decode", "--force", "--pair", "pd0", "--topology", str(topo_file), input="y\n"
+    )
     assert r.exit_code == 0, r.stderr
     assert calls.singles == ["node-a/pd0-decode"]
     assert "pair is likely degraded" in r.stderr
 
 
-@pytest.mark.parametrize(("args", "input", "code", "restarted"), [
-    (["--pair", "pd1"], "y\n", 0, [["node-a/pd1"]]),
-    (["--pair", "pd1"], "n\n", 1, []),
-    (["--pair", "pd1", "--yes"], None, 0, [["node-a/pd1"]]),
-    (["--all", "--yes"], None, 0, [["node-a/pd0", "node-a/pd1"]]),
-])
+@pytest.mark.parametrize(
+    ("args", "input", "code", "restarted"),
+    [
+        (["--pair", "pd1"], "y\n", 0, [["node-a/pd1"]]),
+        (["--pair", "pd1"], "n\n", 1, []),
+        (["--pair", "pd1", "--yes"], None, 0, [["node-a/pd1"]]),
+        (["--all", "--yes"], None, 0, [["node-a/pd0", "node-a/pd1"]]),
+    ],
+)
 def test_restart_both_confirms_listing_the_targets(
-    topo_file: Path, calls: Calls, args: list[str], input: str | None, code: int,
+    topo_file: Path,
+    calls: Calls,
+    args: list[str],
+    input: str | None,
+    code: int,
     restarted: list[list[str]],
 ) -> None:
     r = run("restart", "--both", *args, "--topology", str(topo_file), input=input)
@@ -145,14 +156,18 @@ def test_router_restarts_only_the_gateway(topo_file: Path, calls: Calls) -> None
     assert (calls.routers, calls.restarted, calls.singles) == (1, [], [])
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--both", "--pair", "pd9"], "unknown pair 'pd9'; valid pairs: node-a/pd0, node-a/pd1"),
-    (["--both"], "name a pair with --pair NAME, or use --all"),
-    (["--pair", "pd0"], "say what to restart: --both"),
-    (["--both", "--router", "--all"], "say what to restart"),
-])
-def test_bad_selections_say_what_is_valid(topo_file: Path, calls: Calls, args: list[str],
-                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--both", "--pair", "pd9"], "unknown pair 'pd9'; valid pairs: node-a/pd0, node-a/pd1"),
+        (["--both"], "name a pair with --pair NAME, or use --all"),
+        (["--pair", "pd0"], "say what to restart: --both"),
+        (["--both", "--router", "--all"], "say what to restart"),
+    ],
+)
+def test_bad_selections_say_what_is_valid(
+    topo_file: Path, calls: Calls, args: list[str], message: str
+) -> None:
     r = run("restart", *args, "--yes", "--topology", str(topo_file))
     assert r.exit_code == 2
     assert message in r.stderr
@@ -173,13 +188,19 @@ def test_restart_refuses_while_another_holds_the_lock(topo_file: Path, calls: Ca
     assert calls.restarted == []
 
 
-def test_failed_pair_exits_1_with_the_journal(topo_file: Path, calls: Calls,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_pair_exits_1_with_the_journal(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def failing(_ops: Ops, chosen: list[Pair]) -> list[Report]:
-        return [Report(chosen[0].id, ok=False, error="health: pdstack-pd0-decode.service is "
-                       "failed (exit-code) while starting",
-                       lines=["OK: node-a/pd0-prefill", "FAILED: node-a/pd0-decode"],
-                       journal={"pdstack-pd0-decode.service": ["CUDA out of memory"]})]
+        return [
+            Report(
+                chosen[0].id,
+                ok=False,
+                error="health: pdstack-pd0-decode.service is failed (exit-code) while starting",
+                lines=["OK: node-a/pd0-prefill", "FAILED: node-a/pd0-decode"],
+                journal={"pdstack-pd0-decode.service": ["CUDA out of memory"]},
+            )
+        ]
 
     monkeypatch.setattr(ops_commands, "restart_pairs", failing)
     r = run("restart", "--both", "--pair", "pd0", "--yes", "--topology", str(topo_file))
@@ -193,32 +214,51 @@ def _status(ok: bool) -> Status:
     t = topology.Topology.model_validate(yaml_topology())
     inst = t.instances[0]
     unit = UnitStatus(inst.unit, "loaded", "active", "running", 4242, 1.0, 0, [])
-    probe = EngineProbe(inst.url, "ok", running=3, queued=0, token_usage=0.25, cuda_graph=True,
-                        gen_throughput=120.5)
-    canary = CanaryResult(ok, 3, 0 if ok else 2, 0.05 if ok else None,
-                          None if ok else "decode answered HTTP 500")
-    return Status([InstanceStatus(inst, unit, None, probe, None)],
-                  [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
-                  GatewayStatus("http://gw:8000", True, '{"status":"ready"}',
-                                CanaryResult(True, 1, 0, 0.01)))
+    probe = EngineProbe(
+        inst.url, "ok", running=3, queued=0, token_usage=0.25, cuda_graph=True, gen_throughput=120.5
+    )
+    canary = CanaryResult(
+        ok, 3, 0 if ok else 2, 0.05 if ok else None, None if ok else "decode answered HTTP 500"
+    )
+    return Status(
+        [InstanceStatus(inst, unit, None, probe, None)],
+        [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
+        GatewayStatus("http://gw:8000", True, '{"status":"ready"}', CanaryResult(True, 1, 0, 0.01)),
+    )
 
 
 def yaml_topology() -> dict[str, Any]:
     return {
-        "model": "sim", "engine": "sim",
-        "instances": [{"id": "node-a/pd0-prefill", "host": "node-a", "name": "pd0-prefill",
-                       "pair": "pd0", "role": "prefill", "unit": "pdstack-pd0-prefill.service",
-                       "url": "http://10.0.0.1:30000", "numa_node": 0, "gpus": [0],
-                       "bootstrap_port": 8998}],
+        "model": "sim",
+        "engine": "sim",
+        "instances": [
+            {
+                "id": "node-a/pd0-prefill",
+                "host": "node-a",
+                "name": "pd0-prefill",
+                "pair": "pd0",
+                "role": "prefill",
+                "unit": "pdstack-pd0-prefill.service",
+                "url": "http://10.0.0.1:30000",
+                "numa_node": 0,
+                "gpus": [0],
+                "bootstrap_port": 8998,
+            }
+        ],
         "pairs": [],
-        "router": {"host": "node-a", "url": "http://gw:8000", "metrics_url": "http://gw:29000",
-                   "unit": "pdstack-gateway.service"},
+        "router": {
+            "host": "node-a",
+            "url": "http://gw:8000",
+            "metrics_url": "http://gw:29000",
+            "unit": "pdstack-gateway.service",
+        },
     }
 
 
 @pytest.mark.parametrize("ok", [True, False])
-def test_status_json(topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch,
-                     ok: bool) -> None:
+def test_status_json(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch, ok: bool
+) -> None:
     monkeypatch.setattr(ops_commands, "collect", lambda _ops, _n: _status(ok))
     r = run("status", "--format", "json", "--topology", str(topo_file))
     assert r.exit_code == (0 if ok else 1)
@@ -233,8 +273,9 @@ def test_status_json(topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPa
     assert out["gateway"]["ready"] is True
 
 
-def test_status_table_names_the_failing_canary(topo_file: Path, calls: Calls,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_table_names_the_failing_canary(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ops_commands, "collect", lambda _ops, _n: _status(False))
     r = run("status", "--topology", str(topo_file))
     assert r.exit_code == 1
@@ -242,10 +283,18 @@ def test_status_table_names_the_failing_canary(topo_file: Path, calls: Calls,
     assert "not registered" in r.stdout and "4242" in r.stdout
 
 
-def test_doctor_exit_codes_and_fix_lines(topo_file: Path, calls: Calls,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    found = [Finding("live-degraded-pair", Severity.ERROR, "node-a/pd0", "degraded pair: ...",
-                     "run pdctl restart --both --pair node-a/pd0")]
+def test_doctor_exit_codes_and_fix_lines(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = [
+        Finding(
+            "live-degraded-pair",
+            Severity.ERROR,
+            "node-a/pd0",
+            "degraded pair: ...",
+            "run pdctl restart --both --pair node-a/pd0",
+        )
+    ]
     monkeypatch.setattr(ops_commands, "run_doctor", lambda _ops, _n: (found, None))
     r = run("doctor", "--topology", str(topo_file))
     assert r.exit_code == 2
@@ -256,8 +305,9 @@ def test_doctor_exit_codes_and_fix_lines(topo_file: Path, calls: Calls,
     assert r.exit_code == 0 and "No problems found." in r.stdout
 
 
-def test_recover_stops_after_the_rate_limit(topo_file: Path, tmp_path: Path, calls: Calls,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recover_stops_after_the_rate_limit(
+    topo_file: Path, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
     done: list[str] = []
 
     def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
@@ -267,8 +317,19 @@ def test_recover_stops_after_the_rate_limit(topo_file: Path, tmp_path: Path, cal
 
     monkeypatch.setattr("pdctl.ops.recover.restart_pair", fake_restart)
     state = tmp_path / "recover.json"
-    args = ("recover", "--pair", "pd0", "--max-recoveries", "2", "--window", "600",
-            "--state", str(state), "--topology", str(topo_file))
+    args = (
+        "recover",
+        "--pair",
+        "pd0",
+        "--max-recoveries",
+        "2",
+        "--window",
+        "600",
+        "--state",
+        str(state),
+        "--topology",
+        str(topo_file),
+    )
     assert [run(*args).exit_code for _ in range(2)] == [0, 0]
     r = run(*args)
     assert r.exit_code == 4

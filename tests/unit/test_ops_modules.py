@@ -34,18 +34,37 @@ def topo(hosts: tuple[str, ...] = ("node-a",), pairs: tuple[str, ...] = ("pd0", 
             ids = {}
             for r, role in enumerate(("prefill", "decode")):
                 ids[role] = f"{host}/{name}-{role}"
-                instances.append({
-                    "id": ids[role], "host": host, "name": f"{name}-{role}", "pair": name,
-                    "role": role, "unit": f"pdstack-{name}-{role}.service",
-                    "url": f"http://10.0.{h}.1:{30000 + 10 * n + r}", "numa_node": 0,
-                    "gpus": [r], "bootstrap_port": 8998 + n if role == "prefill" else None})
-            pair_specs.append({"host": host, "name": name, "target": f"pdstack-{name}.target",
-                               **ids})
-    return Topology.model_validate({
-        "model": "sim", "engine": "sim", "instances": instances, "pairs": pair_specs,
-        "router": {"host": hosts[0], "url": "http://10.0.0.1:8000",
-                   "metrics_url": "http://10.0.0.1:29000/metrics",
-                   "unit": "pdstack-gateway.service"}})
+                instances.append(
+                    {
+                        "id": ids[role],
+                        "host": host,
+                        "name": f"{name}-{role}",
+                        "pair": name,
+                        "role": role,
+                        "unit": f"pdstack-{name}-{role}.service",
+                        "url": f"http://10.0.{h}.1:{30000 + 10 * n + r}",
+                        "numa_node": 0,
+                        "gpus": [r],
+                        "bootstrap_port": 8998 + n if role == "prefill" else None,
+                    }
+                )
+            pair_specs.append(
+                {"host": host, "name": name, "target": f"pdstack-{name}.target", **ids}
+            )
+    return Topology.model_validate(
+        {
+            "model": "sim",
+            "engine": "sim",
+            "instances": instances,
+            "pairs": pair_specs,
+            "router": {
+                "host": hosts[0],
+                "url": "http://10.0.0.1:8000",
+                "metrics_url": "http://10.0.0.1:29000/metrics",
+                "unit": "pdstack-gateway.service",
+            },
+        }
+    )
 
 
 # ----- lock ---------------------------------------------------------------------------
@@ -65,8 +84,10 @@ def test_lock_refusal_names_the_holder_and_is_released(tmp_path: Path) -> None:
 
 def test_lock_conflicts_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "restart.lock"
-    code = ("import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR); "
-            "fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)")
+    code = (
+        "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR); "
+        "fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)"
+    )
     with lock.held("holder", path):
         held = subprocess.run(["python3", "-c", code, str(path)], capture_output=True)
     free = subprocess.run(["python3", "-c", code, str(path)], capture_output=True)
@@ -88,10 +109,16 @@ ExecStart={ path=/usr/bin/numactl ; argv[]=/usr/bin/numactl --cpunodebind=0 \
 def test_parse_show() -> None:
     st = systemd.parse_show("u.service", SHOW)
     assert (st.active, st.sub, st.main_pid, st.since, st.restarts) == (
-        "active", "running", 4242, 1764400000.0, 2)
+        "active",
+        "running",
+        4242,
+        1764400000.0,
+        2,
+    )
     assert st.exec_start[-4:] == ["-m", "pdctl.sim", "--port", "30001"]
-    stopped = systemd.parse_show("u.service", "ActiveState=inactive\nMainPID=0\n"
-                                 "ActiveEnterTimestamp=\n")
+    stopped = systemd.parse_show(
+        "u.service", "ActiveState=inactive\nMainPID=0\nActiveEnterTimestamp=\n"
+    )
     assert (stopped.active, stopped.main_pid, stopped.since) == ("inactive", 0, None)
 
 
@@ -179,8 +206,7 @@ class FakeSystemd:
 
     def show(self, unit: str) -> UnitStatus:
         active = "failed" if unit in self.fail_start else "active"
-        return UnitStatus(unit, "loaded", active, "x", 0 if active == "failed" else 7, None, 0,
-                          [])
+        return UnitStatus(unit, "loaded", active, "x", 0 if active == "failed" else 7, None, 0, [])
 
     def start(self, *units: str) -> None:
         self.jobs.append(("start", units))
@@ -225,8 +251,13 @@ class FakeGateway:
 
 
 def fake_ops(sd: FakeSystemd, gw: FakeGateway) -> Ops:
-    return Ops(Source(topo(), None), lambda _h: sd, gw,  # type: ignore[arg-type]
-               Timeouts(health=0.3, canary=0.3, poll=0.01), say=lambda _l: None)
+    return Ops(
+        Source(topo(), None),
+        lambda _h: sd,
+        gw,  # type: ignore[arg-type]
+        Timeouts(health=0.3, canary=0.3, poll=0.01),
+        say=lambda _l: None,
+    )
 
 
 def test_plan_lines_name_every_step() -> None:
@@ -240,15 +271,17 @@ def test_plan_lines_name_every_step() -> None:
 
 def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch) -> None:
     sd, gw = FakeSystemd(fail_start={"pdstack-pd0-decode.service"}), FakeGateway()
-    monkeypatch.setattr(restart, "probe_engine",
-                        lambda url: EngineProbe(url, "unreachable (ConnectionError)"))
+    monkeypatch.setattr(
+        restart, "probe_engine", lambda url: EngineProbe(url, "unreachable (ConnectionError)")
+    )
     ops = fake_ops(sd, gw)
     reports = restart.restart_pairs(ops, ops.source.pairs())
     assert len(reports) == 1 and not reports[0].ok
     assert "pdstack-pd0-decode.service is failed" in (reports[0].error or "")
     assert "stays out of the gateway" in (reports[0].error or "")
     assert reports[0].journal["pdstack-pd0-decode.service"] == [
-        "pdstack-pd0-decode.service: RuntimeError: CUDA out of memory"]
+        "pdstack-pd0-decode.service: RuntimeError: CUDA out of memory"
+    ]
     assert [line.split(":")[0] for line in reports[0].lines] == ["FAILED", "FAILED"]
     assert ("stop", ("pdstack-pd0.target",)) in sd.jobs
     assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
@@ -258,8 +291,11 @@ def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch)
 def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    monkeypatch.setattr(restart.canary, "pair_canary", lambda *a, **k: CanaryResult(
-        False, 1, 1, None, "decode answered HTTP 500"))
+    monkeypatch.setattr(
+        restart.canary,
+        "pair_canary",
+        lambda *a, **k: CanaryResult(False, 1, 1, None, "decode answered HTTP 500"),
+    )
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
     assert not rep.ok and rep.error is not None
@@ -270,8 +306,9 @@ def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    monkeypatch.setattr(restart.canary, "pair_canary",
-                        lambda *a, **k: CanaryResult(True, 1, 0, 0.01))
+    monkeypatch.setattr(
+        restart.canary, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+    )
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
     assert rep.ok and list(rep.phases) == list(restart.PHASES)
@@ -280,8 +317,9 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
 
 
 # ----- doctor ---------------------------------------------------------------------------
-def _status(canary_ok: bool, decode_health: str = "ok", usage: float = 0.0,
-            active: str = "active") -> Status:
+def _status(
+    canary_ok: bool, decode_health: str = "ok", usage: float = 0.0, active: str = "active"
+) -> Status:
     t = topo(pairs=("pd0",))
     insts = []
     for inst in t.instances:
@@ -290,10 +328,14 @@ def _status(canary_ok: bool, decode_health: str = "ok", usage: float = 0.0,
         probe = EngineProbe(inst.url, health, running=0, queued=0, token_usage=usage)
         worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
         insts.append(InstanceStatus(inst, unit, None, probe, worker))
-    canary = CanaryResult(canary_ok, 8, 0 if canary_ok else 5, None,
-                          None if canary_ok else "decode answered HTTP 500")
-    return Status(insts, [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
-                  GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)))
+    canary = CanaryResult(
+        canary_ok, 8, 0 if canary_ok else 5, None, None if canary_ok else "decode answered HTTP 500"
+    )
+    return Status(
+        insts,
+        [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
+        GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)),
+    )
 
 
 def test_degraded_pair_versus_pair_down() -> None:
@@ -316,10 +358,21 @@ def test_kv_held_while_idle_and_failed_units() -> None:
 
 
 def test_flag_drift_against_the_units_execstart() -> None:
-    assert doctor._flags(["/usr/bin/numactl", "--cpunodebind=0", "python", "-m", "pdctl.sim",
-                          "--port", "1", "--cuda-graph-bs-decode", "8", "16",
-                          "--enable-metrics"]) == {
-        "--port": ("1",), "--cuda-graph-bs-decode": ("8", "16"), "--enable-metrics": ()}
+    assert doctor._flags(
+        [
+            "/usr/bin/numactl",
+            "--cpunodebind=0",
+            "python",
+            "-m",
+            "pdctl.sim",
+            "--port",
+            "1",
+            "--cuda-graph-bs-decode",
+            "8",
+            "16",
+            "--enable-metrics",
+        ]
+    ) == {"--port": ("1",), "--cuda-graph-bs-decode": ("8", "16"), "--enable-metrics": ()}
 
 
 def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary(
@@ -369,9 +422,25 @@ class FakeResponse:
 
 def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, str, dict[str, str]]] = []
-    answers = [FakeResponse(200, {"workers": [
-        {"id": "w1", "url": "http://a:1", "worker_type": "decode", "status": "ready",
-         "is_healthy": True, "load": 2}]}), FakeResponse(202), FakeResponse(401)]
+    answers = [
+        FakeResponse(
+            200,
+            {
+                "workers": [
+                    {
+                        "id": "w1",
+                        "url": "http://a:1",
+                        "worker_type": "decode",
+                        "status": "ready",
+                        "is_healthy": True,
+                        "load": 2,
+                    }
+                ]
+            },
+        ),
+        FakeResponse(202),
+        FakeResponse(401),
+    ]
 
     def fake_request(method: str, url: str, headers: dict[str, str], **_: Any) -> FakeResponse:
         seen.append((method, url, headers))
@@ -380,11 +449,14 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
     monkeypatch.setattr(gateway.requests, "request", fake_request)
     gw = gateway.GatewayAdmin("http://gw:8000/", api_key="sekrit")
     gw.remove(["http://a:1", "http://not-registered:2"])
-    assert [(m, u) for m, u, _ in seen] == [("GET", "http://gw:8000/workers"),
-                                            ("DELETE", "http://gw:8000/workers/w1")]
+    assert [(m, u) for m, u, _ in seen] == [
+        ("GET", "http://gw:8000/workers"),
+        ("DELETE", "http://gw:8000/workers/w1"),
+    ]
     assert seen[0][2] == {"Authorization": "Bearer sekrit"}
-    with pytest.raises(gateway.GatewayError, match="needs the API key: set "
-                       "PDSTACK_GATEWAY_API_KEY"):
+    with pytest.raises(
+        gateway.GatewayError, match="needs the API key: set PDSTACK_GATEWAY_API_KEY"
+    ):
         gw.workers()
 
 
@@ -410,21 +482,43 @@ def test_lone_restart_times_out_with_the_journal(monkeypatch: pytest.MonkeyPatch
 def test_drift_between_the_running_process_and_its_units_execstart() -> None:
     class Drifted(FakeSystemd):
         def cmdline(self, pid: int) -> list[str]:
-            return ["/opt/pdstack/venv/bin/python", "-m", "pdctl.sim", "--port", "30001",
-                    "--cuda-graph-max-bs-decode", "32"]
+            return [
+                "/opt/pdstack/venv/bin/python",
+                "-m",
+                "pdctl.sim",
+                "--port",
+                "30001",
+                "--cuda-graph-max-bs-decode",
+                "32",
+            ]
 
     s = _status(True)
     unit = s.instances[1].unit
     assert unit is not None
-    execstart = ["/usr/bin/numactl", "--cpunodebind=0", "/opt/pdstack/venv/bin/python", "-m",
-                 "pdctl.sim", "--port", "30001", "--cuda-graph-max-bs-decode", "64"]
-    s.instances[1] = InstanceStatus(s.instances[1].instance,
-                                    UnitStatus(**{**unit.__dict__, "exec_start": execstart}),
-                                    None, s.instances[1].probe, s.instances[1].gateway)
+    execstart = [
+        "/usr/bin/numactl",
+        "--cpunodebind=0",
+        "/opt/pdstack/venv/bin/python",
+        "-m",
+        "pdctl.sim",
+        "--port",
+        "30001",
+        "--cuda-graph-max-bs-decode",
+        "64",
+    ]
+    s.instances[1] = InstanceStatus(
+        s.instances[1].instance,
+        UnitStatus(**{**unit.__dict__, "exec_start": execstart}),
+        None,
+        s.instances[1].probe,
+        s.instances[1].gateway,
+    )
     (f,) = doctor.drift_findings(fake_ops(Drifted(), FakeGateway()), s)
     assert f.id == "live-drift" and f.where == "node-a/pd0-decode"
-    assert ("--cuda-graph-max-bs-decode: running 32, expected 64" in f.message
-            and "its unit's ExecStart" in f.message)
+    assert (
+        "--cuda-graph-max-bs-decode: running 32, expected 64" in f.message
+        and "its unit's ExecStart" in f.message
+    )
 
 
 # ----- recovery units -------------------------------------------------------------------
@@ -436,7 +530,10 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
         unit = render.render_instance(inst, dep).unit
         assert "\nOnFailure=pdstack-recover@pd0.service\n" in unit
         assert "\nRestart=no\n" in unit  # systemd never restarts one side alone
-    recover_unit = render._jinja().get_template("recover@.service.j2").render(
-        ansible_managed=render.MANAGED, venv=render.VENV, host="node-a")
+    recover_unit = (
+        render._jinja()
+        .get_template("recover@.service.j2")
+        .render(ansible_managed=render.MANAGED, venv=render.VENV, host="node-a")
+    )
     assert f"\nExecStart={render.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
     assert "\nType=oneshot\n" in recover_unit
