@@ -16,21 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from pdctl.ops.canary import pair_canary
 from pdctl.ops.context import Timeouts
 from pdctl.ops.localproc import LocalPair, local_ops
 from pdctl.ops.restart import restart_pair, restart_pairs
 from pdctl.ops.source import Pair
-from pdctl.sim.stack import Gateway, SimProc, smg_binary, start_gateway
+from pdctl.sim.stack import Gateway, SimProc, constant_load, smg_binary, start_gateway
 
 GATEWAY_ARGS = ("--disable-retries",)  # every engine failure reaches the client
 
@@ -123,40 +120,14 @@ def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             new_gw.stop()
 
 
-def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
-    with requests.Session() as s:
-        while not stop.is_set():
-            try:
-                r = s.post(
-                    f"{url}/generate",
-                    timeout=60,
-                    json={"text": "load", "sampling_params": {"max_new_tokens": 16}},
-                )
-                outcomes.append(r.status_code)
-            except requests.RequestException:
-                outcomes.append(0)
-
-
 def rolling_under_load(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     with stack(2, args, log_dir) as (pairs, gw):
         ops, _ = local_ops(pairs, gw, Timeouts(health=120, canary=60, poll=0.1))
         ops.say = lambda _line: None
-        stop = threading.Event()
-        outcomes: list[int] = []
-        clients = [
-            threading.Thread(target=_client, args=(gw.url, stop, outcomes))
-            for _ in range(args.clients)
-        ]
-        for c in clients:
-            c.start()
-        t0 = time.monotonic()
-        try:
+        with constant_load(gw.url, clients=args.clients, max_new_tokens=16) as outcomes:
+            t0 = time.monotonic()
             reports = restart_pairs(ops, ops.source.pairs())
-        finally:
             elapsed = time.monotonic() - t0
-            stop.set()
-            for c in clients:
-                c.join(120)
         return {
             "pairs_ok": [r.ok for r in reports],
             "seconds": round(elapsed, 1),

@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,3 +254,40 @@ async def in_process(
         while server.status != "up":
             await asyncio.sleep(0.01)
         yield server
+
+
+@contextlib.contextmanager
+def constant_load(
+    url: str,
+    clients: int = 4,
+    max_new_tokens: int = 8,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[list[int]]:
+    """Closed-loop `/generate` clients until the block ends; yields the HTTP status of every
+    request as it completes (0 for a request that got no answer)."""
+
+    stop = threading.Event()
+    outcomes: list[int] = []
+    body = {"text": "load", "sampling_params": {"max_new_tokens": max_new_tokens}}
+
+    def client() -> None:
+        with requests.Session() as s:
+            s.headers.update(headers or {})
+            while not stop.is_set():
+                try:
+                    outcomes.append(
+                        s.post(f"{url}/generate", json=body, timeout=timeout).status_code
+                    )
+                except requests.RequestException:
+                    outcomes.append(0)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout + 10)

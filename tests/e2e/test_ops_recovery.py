@@ -8,18 +8,17 @@ topology file site.yml wrote. Processes are signalled by PID only.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import requests
 import yaml
 from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
 
 from pdctl import render
+from pdctl.sim.stack import constant_load
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -143,21 +142,6 @@ def _two_pairs(path: Path) -> Path:
     return path
 
 
-def _client(url: str, stop: threading.Event, outcomes: list[int]) -> None:
-    with requests.Session() as s:
-        s.headers["Authorization"] = f"Bearer {API_KEY}"
-        while not stop.is_set():
-            try:
-                r = s.post(
-                    f"{url}/generate",
-                    timeout=60,
-                    json={"text": "load", "sampling_params": {"max_new_tokens": 8}},
-                )
-                outcomes.append(r.status_code)
-            except requests.RequestException:
-                outcomes.append(0)
-
-
 def test_restart_all_of_two_pairs_under_load_fails_no_request(
     ops_site: Site, tmp_path: Path
 ) -> None:
@@ -166,19 +150,10 @@ def test_restart_all_of_two_pairs_under_load_fails_no_request(
     url = ops_site.deployment()["gateway"]["url"]
     wait_ready(url)
     assert status(host)["healthy"]
-    stop = threading.Event()
-    outcomes: list[int] = []
-    clients = [threading.Thread(target=_client, args=(url, stop, outcomes)) for _ in range(4)]
-    for c in clients:
-        c.start()
-    try:
+    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
         time.sleep(3)
         code, out, err = pdctl(host, "restart --both --all --yes")
         time.sleep(3)
-    finally:
-        stop.set()
-        for c in clients:
-            c.join(120)
     assert code == 0, err
     assert out.count("OK: ") == 4, out
     failed = [s for s in outcomes if s != 200]

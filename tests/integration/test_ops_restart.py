@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from pdctl import topology
 from pdctl.ops import lock
@@ -25,7 +24,7 @@ from pdctl.ops.doctor import doctor
 from pdctl.ops.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.ops.restart import restart_instance, restart_pair, restart_pairs
 from pdctl.ops.status import collect
-from pdctl.sim.stack import Gateway, SimProc, wait_until
+from pdctl.sim.stack import Gateway, SimProc, constant_load, wait_until
 
 pytestmark = pytest.mark.gateway
 
@@ -157,41 +156,15 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
     assert result == [True]
 
 
-def _load(url: str, stop: threading.Event, outcomes: list[int]) -> None:
-    with requests.Session() as s:
-        while not stop.is_set():
-            try:
-                r = s.post(
-                    f"{url}/generate",
-                    timeout=30,
-                    json={"text": "load", "sampling_params": {"max_new_tokens": 8}},
-                )
-                outcomes.append(r.status_code)
-            except requests.RequestException:
-                outcomes.append(0)
-
-
 def test_restart_all_under_load_fails_no_client_request(
     two_pairs: tuple[Ops, LocalUnits],
 ) -> None:
     ops, _ = two_pairs
-    stop = threading.Event()
-    outcomes: list[int] = []
-    clients = [
-        threading.Thread(target=_load, args=(ops.source.topology.router.url, stop, outcomes))
-        for _ in range(4)
-    ]
-    for c in clients:
-        c.start()
-    try:
+    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         reports = restart_pairs(ops, ops.source.pairs())
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 20, 30, "load after the restarts")
-    finally:
-        stop.set()
-        for c in clients:
-            c.join(60)
     assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
     failed = [s for s in outcomes if s != 200]
     assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
