@@ -14,7 +14,7 @@ demo-down:
 
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/ruff format --check pdctl tests
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 
 # Fast tests only: no gateway, no systemd host.
