@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.spec import Role
+from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
 
@@ -25,3 +28,53 @@ def require_path(path: Path | str | None, what: str) -> Path:
 def require_tool(name: str) -> Path:
     found = shutil.which(name) or str(ROOT / ".venv" / "bin" / name)
     return require_path(found, name)
+
+
+def one_pair_topology(
+    host: str,
+    prefill_url: str,
+    decode_url: str,
+    *,
+    bootstrap_port: int,
+    router_url: str,
+    metrics_url: str,
+    prefill_gpus: tuple[int, ...] = (0,),
+    decode_gpus: tuple[int, ...] = (1,),
+) -> Topology:
+    """The topology file of one pair pd0 (prefill on NUMA 0, decode on NUMA 1) and a gateway."""
+
+    def inst(role: Role, url: str, numa: int, gpus: tuple[int, ...]) -> TopologyInstance:
+        name = f"pd0-{role.value}"
+        return TopologyInstance(
+            id=f"{host}/{name}",
+            host=host,
+            name=name,
+            pair="pd0",
+            role=role,
+            unit=f"pdstack-{name}.service",
+            url=url,
+            numa_node=numa,
+            gpus=list(gpus),
+            bootstrap_port=bootstrap_port if role is Role.PREFILL else None,
+        )
+
+    return Topology(
+        model="sim",
+        engine="sim",
+        instances=[
+            inst(Role.PREFILL, prefill_url, 0, prefill_gpus),
+            inst(Role.DECODE, decode_url, 1, decode_gpus),
+        ],
+        pairs=[
+            TopologyPair(
+                host=host,
+                name="pd0",
+                target="pdstack-pd0.target",
+                prefill=f"{host}/pd0-prefill",
+                decode=f"{host}/pd0-decode",
+            )
+        ],
+        router=TopologyRouter(
+            host=host, url=router_url, metrics_url=metrics_url, unit="pdstack-gateway.service"
+        ),
+    )

@@ -29,9 +29,8 @@ from monitoring.dashboards.render import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.sim.stack import Gateway, SimProc, free_port, stop_pid, wait_until
-from pdctl.spec import Role
-from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter, dump
-from tests.conftest import ROOT, require_tool
+from pdctl.topology import Topology, dump
+from tests.conftest import ROOT, one_pair_topology, require_tool
 
 pytestmark = pytest.mark.gateway
 
@@ -157,40 +156,15 @@ def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
-    def inst(role: Role, sim: SimProc, numa: int, gpus: list[int]) -> TopologyInstance:
-        name = f"pd0-{role.value}"
-        return TopologyInstance(
-            id=f"{HOST}/{name}",
-            host=HOST,
-            name=name,
-            pair="pd0",
-            role=role,
-            unit=f"pdstack-{name}.service",
-            url=sim.url,
-            numa_node=numa,
-            gpus=gpus,
-            bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
-        )
-
-    return Topology(
-        model="sim",
-        engine="sim",
-        instances=[inst(Role.PREFILL, prefill, 0, [0, 1]), inst(Role.DECODE, decode, 1, [2, 3])],
-        pairs=[
-            TopologyPair(
-                host=HOST,
-                name="pd0",
-                target="pdstack-pd0.target",
-                prefill=f"{HOST}/pd0-prefill",
-                decode=f"{HOST}/pd0-decode",
-            )
-        ],
-        router=TopologyRouter(
-            host=HOST,
-            url=gateway.url,
-            metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-            unit="pdstack-gateway.service",
-        ),
+    return one_pair_topology(
+        HOST,
+        prefill.url,
+        decode.url,
+        bootstrap_port=prefill.bootstrap_port,
+        router_url=gateway.url,
+        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+        prefill_gpus=(0, 1),
+        decode_gpus=(2, 3),
     )
 
 

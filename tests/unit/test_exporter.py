@@ -25,8 +25,8 @@ from pdctl.exporter.graphs import GraphSizes
 from pdctl.exporter.journal import DecodeJournal, Histogram, JournalTarget
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile
-from pdctl.spec import Role
-from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter, dump
+from pdctl.topology import Topology, dump
+from tests.conftest import one_pair_topology
 
 HOST = "gpu-node-1"
 PAIR = f"{HOST}/pd0"
@@ -164,40 +164,13 @@ def serve(behaviour: EngineBehaviour) -> tuple[ThreadingHTTPServer, str]:
 
 
 def topology(prefill_url: str, decode_url: str) -> Topology:
-    def inst(role: Role, url: str, numa: int, gpus: list[int]) -> TopologyInstance:
-        name = f"pd0-{role.value}"
-        return TopologyInstance(
-            id=f"{HOST}/{name}",
-            host=HOST,
-            name=name,
-            pair="pd0",
-            role=role,
-            unit=f"pdstack-{name}.service",
-            url=url,
-            numa_node=numa,
-            gpus=gpus,
-            bootstrap_port=8998 if role is Role.PREFILL else None,
-        )
-
-    return Topology(
-        model="sim",
-        engine="sim",
-        instances=[inst(Role.PREFILL, prefill_url, 0, [0]), inst(Role.DECODE, decode_url, 1, [1])],
-        pairs=[
-            TopologyPair(
-                host=HOST,
-                name="pd0",
-                target="pdstack-pd0.target",
-                prefill=f"{HOST}/pd0-prefill",
-                decode=DECODE,
-            )
-        ],
-        router=TopologyRouter(
-            host=HOST,
-            url="http://127.0.0.1:8000",
-            metrics_url="http://127.0.0.1:29000/metrics",
-            unit="pdstack-gateway.service",
-        ),
+    return one_pair_topology(
+        HOST,
+        prefill_url,
+        decode_url,
+        bootstrap_port=8998,
+        router_url="http://127.0.0.1:8000",
+        metrics_url="http://127.0.0.1:29000/metrics",
     )
 
 
