@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pdctl.sim.stack import Gateway, SimProc, smg_binary, start_gateway
+from pdctl.testing.stack import Gateway, SimProc, smg_binary, start_gateway
 
 GRAPH_MAX = {"before": "32", "after": "96"}
 ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192",

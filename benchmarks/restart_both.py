@@ -3,7 +3,7 @@ sequential restart, and failed client requests while `--all` rolls two pairs und
 
 Local processes: sim engines (real wall-clock time, startup delays 8 s prefill and 12 s
 decode by default) behind the real gateway (smg); systemd is stood in for by
-pdctl.ops.localproc (start/stop by PID). Downtime runs from the first stop to the first
+pdctl.testing.localproc (start/stop by PID). Downtime runs from the first stop to the first
 successful request through the pair's PD path; its lower bound is the slower startup.
 Prints figures; it is not a pass/fail test.
 
@@ -24,10 +24,10 @@ from typing import Any
 
 from pdctl.ops.canary import pair_canary
 from pdctl.ops.context import Timeouts
-from pdctl.ops.localproc import LocalPair, local_ops
 from pdctl.ops.restart import restart_pair, restart_pairs
 from pdctl.ops.source import Pair
-from pdctl.sim.stack import Gateway, SimProc, constant_load, smg_binary, start_gateway
+from pdctl.testing.localproc import LocalPair, local_ops
+from pdctl.testing.stack import Gateway, SimProc, constant_load, smg_binary, start_gateway
 
 GATEWAY_ARGS = ("--disable-retries",)  # every engine failure reaches the client
 

@@ -25,7 +25,7 @@ import aiohttp
 
 from pdctl.sim.args import resolve
 from pdctl.sim.model import StepModel
-from pdctl.sim.stack import SimProc, smg_binary, start_gateway
+from pdctl.testing.stack import SimProc, smg_binary, start_gateway
 
 ENGINE_ARGS = (
     "--mem-fraction-static",

@@ -18,7 +18,7 @@ import yaml
 from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
 
 from pdctl import render
-from pdctl.sim.stack import constant_load
+from pdctl.testing.stack import constant_load
 
 if TYPE_CHECKING:
     from conftest import TestHost

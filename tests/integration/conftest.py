@@ -1,7 +1,7 @@
 """Local-process fixtures: simulated SGLang engines (pdctl.sim) and the real gateway (smg).
 
 Every process is started here, tracked by PID and stopped by PID in a finally block
-(pdctl.sim.stack: SIGTERM, then SIGKILL). Reuse them from any integration test:
+(pdctl.testing.stack: SIGTERM, then SIGKILL). Reuse them from any integration test:
 
 - `sim_factory(mode="null", *, backend="nixl", extra=(), env=None, port=None,
   bootstrap_port=None, start=True) -> SimProc`: one engine (`mode`: null|prefill|decode)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.sim.stack import Gateway, PDStack, SimProc, smg_binary, start_gateway
+from pdctl.testing.stack import Gateway, PDStack, SimProc, smg_binary, start_gateway
 
 # Simulated time runs 20x faster than the wall clock: SGLang's 5 s heartbeat is 0.25 s,
 # the 40 s PD timeouts set here are 2 s.

@@ -22,7 +22,7 @@ from pdctl.bench.level import Target, build_levels
 from pdctl.bench.results import load, tpot_fit
 from pdctl.bench.sweep import SweepOptions, run_sweep
 from pdctl.cli import cli
-from pdctl.sim.stack import Gateway, SimProc
+from pdctl.testing.stack import Gateway, SimProc
 
 pytestmark = pytest.mark.gateway
 

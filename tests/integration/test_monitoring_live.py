@@ -28,7 +28,7 @@ import yaml
 from monitoring.dashboards.render import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
-from pdctl.sim.stack import Gateway, SimProc, free_port, stop_pid, wait_until
+from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import Topology, dump
 from tests.conftest import ROOT, one_pair_topology, require_tool
 

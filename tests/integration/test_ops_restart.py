@@ -1,6 +1,6 @@
 """pdctl status/doctor/restart against local sim engines behind the real gateway (smg).
 
-Engines are local processes; `pdctl.ops.localproc.LocalUnits` stands in for systemd
+Engines are local processes; `pdctl.testing.localproc.LocalUnits` stands in for systemd
 (start/stop by PID, a pair target names its two units). Everything else is the real code
 path: the gateway admin API, /health, the pair canary, the restart lock.
 """
@@ -21,10 +21,10 @@ from pdctl import topology
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.doctor import doctor
-from pdctl.ops.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.ops.restart import restart_instance, restart_pair, restart_pairs
 from pdctl.ops.status import collect
-from pdctl.sim.stack import Gateway, SimProc, constant_load, wait_until
+from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
+from pdctl.testing.stack import Gateway, SimProc, constant_load, wait_until
 
 pytestmark = pytest.mark.gateway
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from pdctl.sim.stack import Gateway, PDStack, SimProc, wait_until
+from pdctl.testing.stack import Gateway, PDStack, SimProc, wait_until
 
 pytestmark = pytest.mark.gateway
 

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pdctl.sim.stack import in_process
+from pdctl.testing.stack import in_process
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from pdctl.sim.server import SimServer
-from pdctl.sim.stack import free_port, in_process
+from pdctl.testing.stack import free_port, in_process
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0", "PDSIM_SEED": "3"}
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdctl.sim.stack import free_port, in_process
+from pdctl.testing.stack import free_port, in_process
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "sglang_0.5.23_metrics.txt"
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}

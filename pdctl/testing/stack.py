@@ -23,9 +23,9 @@ from pathlib import Path
 
 import requests
 
-from .args import resolve
-from .logs import configure
-from .server import SimServer, running
+from pdctl.sim.args import resolve
+from pdctl.sim.logs import configure
+from pdctl.sim.server import SimServer, running
 
 REPO = Path(__file__).resolve().parents[2]
 

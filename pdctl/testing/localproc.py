@@ -1,7 +1,7 @@
 """The ops actions over local processes instead of systemd units: for rehearsals, the
 integration tests and benchmarks/restart_*.py.
 
-`LocalUnits` implements the Systemd interface over pdctl.sim.stack processes (started and
+`LocalUnits` implements the Systemd interface over pdctl.testing.stack processes (started and
 stopped by PID); a pair target names its two units, as `PartOf=`/`Wants=` do on a host.
 """
 
@@ -15,8 +15,8 @@ from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
-from pdctl.sim.stack import Gateway, SimProc
 from pdctl.spec import Role
+from pdctl.testing.stack import Gateway, SimProc
 from pdctl.topology import GATEWAY_UNIT, Topology, TopologyInstance, TopologyPair, TopologyRouter
 
 HOST = "local"

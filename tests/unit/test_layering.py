@@ -1,0 +1,30 @@
+"""Runtime code never pulls in the rehearsal harness or the simulator: GPU hosts install pdctl to
+run ops and the exporter, and those must not depend on test tooling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+RUNTIME = [
+    "pdctl.ops",
+    "pdctl.ops.restart",
+    "pdctl.ops.status",
+    "pdctl.ops.recover",
+    "pdctl.ops.doctor",
+    "pdctl.exporter.collector",
+    "pdctl.cli",
+]
+
+
+@pytest.mark.parametrize("module", RUNTIME)
+def test_runtime_module_imports_no_harness_or_sim(module: str) -> None:
+    code = (
+        f"import sys, {module}\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('pdctl.testing', 'pdctl.sim')))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
