@@ -86,10 +86,19 @@ class Inventory:
         self.path = path
         if not path.exists():
             raise SpecError(str(path), "", "inventory not found (pass -i/--inventory)")
-        from ansible import constants
-        from ansible.errors import AnsibleError
-        from ansible.inventory.manager import InventoryManager
-        from ansible.parsing.dataloader import DataLoader
+        try:
+            from ansible import constants
+            from ansible.errors import AnsibleError
+            from ansible.inventory.manager import InventoryManager
+            from ansible.parsing.dataloader import DataLoader
+        except ImportError:
+            raise SpecError(
+                str(path),
+                "",
+                "reading an Ansible inventory needs ansible-core, which is not installed: pip "
+                "install 'pdctl[controller]'. On a converged host, pdctl status/restart/doctor "
+                "read /etc/pdstack/topology.yaml instead (omit -i/-p).",
+            ) from None
 
         # Ansible's parser only warns about a file it cannot read; make that an error here,
         # for this parse only (the filter plugin runs inside ansible-playbook itself).
