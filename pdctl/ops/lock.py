@@ -54,7 +54,7 @@ def _open(path: Path) -> int:
 
 
 def _holder(fd: int) -> str:
-    return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown PID"
+    return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown"
 
 
 @contextlib.contextmanager
@@ -81,7 +81,7 @@ def held(
             except BlockingIOError:
                 now, behind = time.monotonic(), _holder(fd)
                 if now - t0 >= wait:
-                    waited = f" after waiting {wait:.0f}s" if wait else ""
+                    waited = f" after waiting {wait:g}s" if wait else ""
                     raise LockHeld(
                         f"another restart is running: PID {behind} holds {path}{waited}; "
                         "wait for it to finish (or check that PID)"
@@ -90,7 +90,7 @@ def held(
                     last = now
                     say(
                         f"waiting for the restart lock: PID {behind} holds {path} "
-                        f"[{now - t0:.0f}s of {wait:.0f}s]"
+                        f"[{now - t0:.0f}s of {wait:g}s]"
                     )
                 time.sleep(min(poll, max(wait - (now - t0), 0.0)))
         os.ftruncate(fd, 0)
