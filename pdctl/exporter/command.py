@@ -104,6 +104,10 @@ def exporter(
 ) -> None:
     """Serve GPU, pair-canary and decode-journal metrics for Prometheus (pd-exporter)."""
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    journals = _journal_files(journal_files)
+    # Bind first: a port in use or a foreign address fails before NVML, threads or probes.
+    registry = CollectorRegistry(auto_describe=False)
+    server = _listen(listen_address, port, registry)
     log = StateLog()
     nvml = Nvml(load_nvml(), log)
     canary = Canary(canary_interval, canary_timeout, log)
@@ -113,13 +117,11 @@ def exporter(
         nvml,
         canary,
         GraphSizes(timeout_s=2.0),
-        _journal_files(journal_files),
+        journals,
         log,
     )
     collector.refresh()
-    registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server = _listen(listen_address, port, registry)
     canary.start()
     logging.getLogger("pdctl.exporter").info(
         "serving on %s:%d for host %s", listen_address, port, host
