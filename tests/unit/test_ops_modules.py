@@ -18,7 +18,7 @@ import pytest
 from pdctl import render
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
-from pdctl.ops.canary import CanaryResult
+from pdctl.ops.canary import CanaryResult, pair_canary
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.probe import EngineProbe, probe_engine
@@ -686,3 +686,13 @@ def test_gateway_listing_that_is_not_smgs(
         gateway.GatewayAdmin(gw.url).workers()
     assert "GET /workers answered 200 but not smg's worker list" in str(e.value)
     assert why in str(e.value)
+
+
+@pytest.mark.parametrize("body", [b"5", b'["text"]', b"<html>"])
+def test_pair_canary_against_answers_that_are_no_generate_object(
+    fake_http: Callable[..., Any], body: bytes
+) -> None:
+    engine = fake_http({"/generate": (200, body)})
+    res = pair_canary(engine.url, engine.url, 1, count=2)
+    assert not res.ok and res.failed == 2
+    assert res.error is not None and res.error.startswith(("decode answered without", "decode:"))
