@@ -1,8 +1,11 @@
 """SGLang's native `/generate` route (`http_server.generate_request`).
 
-A stream carries the cumulative text in each chunk, aborts in `meta_info.finish_reason`,
-then `data: [DONE]`; an abort of a non-stream request answers 400 `{"error": ...}` or the
-500 ErrorResponse."""
+A stream carries the cumulative text and output ids in each chunk, aborts in
+`meta_info.finish_reason`, then `data: [DONE]`; an abort of a non-stream request answers
+400 `{"error": ...}` or the 500 ErrorResponse. `sampling_params.n` > 1 answers a list of
+outputs (a stream tags each chunk with its sample's `index`); `sampling_params` also take
+stop, stop_token_ids, ignore_eos and sampling_seed, the body return_logprob,
+top_logprobs_num and return_text_in_logprobs."""
 
 from __future__ import annotations
 
@@ -11,18 +14,23 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from .engine import Abort, Event, Req, Token
+from .engine import Abort, Finish, Token
 from .model import count_tokens
 from .protocol import (
     BadRequest,
+    FieldError,
     Parsed,
     as_int,
     first,
+    int_field,
     json_decode_error,
     json_response,
     openai_error,
     pd_fields,
+    rooms,
+    sampling_params,
 )
+from .sampling import Sample
 from .streaming import DONE, sse_data, sse_response
 from .tokenizer_manager import TokenizerManager
 
@@ -64,9 +72,19 @@ class NativeGenerate:
         else:
             one = ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], list) else ids
             prompt_tokens = len(one) if isinstance(one, list) else 1
+        try:
+            sampling = sampling_params(
+                sp,
+                "sampling_seed",
+                logprobs=bool(body.get("return_logprob")),
+                top_logprobs=int_field(body, "top_logprobs_num", 0) or 0,
+            )
+        except FieldError as e:
+            return json_response({"error": e.serde()}, status=400)
         host, port, room = pd_fields(body)
         p = Parsed(
             prompt_tokens=prompt_tokens,
+            prompt_key=str(text if text is not None else ids),
             max_new_tokens=int(max_new),
             stream=bool(body.get("stream", False)),
             rid=str(first(body.get("rid")) or tm.new_rid()),
@@ -75,37 +93,46 @@ class NativeGenerate:
             bootstrap_room=room,
             include_usage=False,
             model=tm.cfg.served_model_name,
-            ignore_eos=bool(sp.get("ignore_eos", False)),
+            sampling=sampling,
+            rooms=rooms(body),
         )
+        with_text = bool(body.get("return_text_in_logprobs"))
         try:
-            req = await tm.start(p)
+            reqs = await tm.start(p)
         except BadRequest as e:
             return json_response({"error": {"message": str(e)}}, status=400)
         if not p.stream:
-            text_out = ""
-            async for ev in tm.events(req):
-                if isinstance(ev, Token):
-                    text_out += ev.text
-                elif isinstance(ev, Abort):
-                    return self._abort(ev)
-                else:
-                    return json_response({"text": text_out, "meta_info": tm.meta(req, ev)})
+            outcomes = await tm.collect(reqs)
+            if isinstance(outcomes, Abort):
+                return self._abort(outcomes)
+            outs = [
+                self._output(o.text, o.samples, tm.meta(o.req, o.finish, o.samples, with_text))
+                for o in outcomes
+            ]
+            return json_response(outs[0] if len(outs) == 1 else outs)
         resp = await sse_response(request)
-        text_out = ""
-        async for ev in tm.events(req):
+        texts = ["" for _ in reqs]
+        samples: list[list[Sample]] = [[] for _ in reqs]
+        async for i, ev in tm.stream(reqs):
+            req = reqs[i]
             if isinstance(ev, Token):
-                text_out += ev.text
+                texts[i] += ev.text
+                if ev.sample is not None:
+                    samples[i].append(ev.sample)
                 # The finish event right behind the last token goes out in the same chunk.
                 if not req.out.empty():
                     continue
-                await resp.write(self._chunk(text_out, req, None))
-            else:
-                await resp.write(self._chunk(text_out, req, ev))
+            elif isinstance(ev, Finish):
+                texts[i] += ev.tail
+            meta = tm.meta(req, None if isinstance(ev, Token) else ev, samples[i], with_text)
+            out = self._output(texts[i], samples[i], meta)
+            await resp.write(sse_data({**out, "index": i}))
         await resp.write(DONE)
         return resp
 
-    def _chunk(self, text: str, req: Req, finish: Event | None) -> bytes:
-        return sse_data({"text": text, "meta_info": self.tm.meta(req, finish), "index": 0})
+    @staticmethod
+    def _output(text: str, samples: list[Sample], meta: dict[str, object]) -> dict[str, object]:
+        return {"text": text, "output_ids": [s.token_id for s in samples], "meta_info": meta}
 
     @staticmethod
     def _abort(ev: Abort) -> web.Response:

@@ -33,15 +33,16 @@ class InfoRoutes:
         # A 1-token generate with a fake bootstrap host: the peer is never contacted.
         req = self.server.tm.new_req(
             Parsed(
-                1,
-                1,
-                False,
-                f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                FAKE_BOOTSTRAP_HOST,
-                None,
-                0,
-                False,
-                "",
+                prompt_tokens=1,
+                prompt_key="",
+                max_new_tokens=1,
+                stream=False,
+                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                bootstrap_host=FAKE_BOOTSTRAP_HOST,
+                bootstrap_port=None,
+                bootstrap_room=0,
+                include_usage=False,
+                model="",
             ),
             log_metrics=False,
         )

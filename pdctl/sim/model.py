@@ -23,6 +23,15 @@ from dataclasses import dataclass
 _VOCAB = [c + v for c in "bdfgklmnprstvz" for v in ("a", "e", "i", "o", "u", "an", "en", "or")]
 
 
+# Fake token ids: word i of the vocabulary is token FIRST_WORD_ID + i (ids below are special).
+FIRST_WORD_ID = 1000
+VOCAB_SIZE = len(_VOCAB)
+
+
+def token_text(token_id: int) -> str:
+    return _VOCAB[token_id - FIRST_WORD_ID] + " "
+
+
 def count_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
@@ -34,8 +43,11 @@ class FakeText:
     def __init__(self, seed: int, key: str) -> None:
         self._rng = random.Random(f"{seed}:{key}")
 
+    def next_id(self) -> int:
+        return FIRST_WORD_ID + self._rng.randrange(len(_VOCAB))
+
     def next_token(self) -> str:
-        return _VOCAB[self._rng.randrange(len(_VOCAB))] + " "
+        return token_text(self.next_id())
 
 
 def padded_batch(running: int, buckets: list[int]) -> int | None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+
+from .sampling import SamplingParams
 
 
 class BadRequest(Exception):
@@ -74,6 +76,7 @@ def as_int(value: Any) -> int | None:
 @dataclass
 class Parsed:
     prompt_tokens: int
+    prompt_key: str  # the prompt as sent: what a request `seed` keys the output on
     max_new_tokens: int | None
     stream: bool
     rid: str
@@ -82,7 +85,79 @@ class Parsed:
     bootstrap_room: int | None
     include_usage: bool
     model: str
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    rooms: tuple[int, ...] = ()  # one room per sample, when the gateway sent a list
+
+
+class FieldError(Exception):
+    """A request field of the wrong type, in pydantic's words (OpenAI routes) and serde's
+    (the /generate contract check)."""
+
+    def __init__(self, field: str, value: Any, kind: str, msg: str, expected: str) -> None:
+        super().__init__(field)
+        self.field, self.value, self.kind, self.msg, self.expected = (
+            field,
+            value,
+            kind,
+            msg,
+            expected,
+        )
+
+    def serde(self) -> str:
+        v = self.value
+        kind = f'string "{v}"' if isinstance(v, str) else type(v).__name__
+        return f"invalid type: {kind}, expected {self.expected}"
+
+
+def int_field(src: dict[str, Any], field: str, default: int | None) -> int | None:
+    value = src.get(field)
+    if value is None:
+        return default
+    parsed = as_int(value)
+    if parsed is None:
+        raise FieldError(
+            field,
+            value,
+            "int_parsing",
+            "Input should be a valid integer, unable to parse string as an integer",
+            "i64",
+        )
+    return parsed
+
+
+def sampling_params(
+    src: dict[str, Any], seed_field: str, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    """n, stop, stop_token_ids, ignore_eos and the seed from a body (OpenAI) or its
+    `sampling_params` (/generate)."""
+    stop = src.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise FieldError("stop", stop, "string_type", "Input should be a valid string", "string")
+    ids = src.get("stop_token_ids") or []
+    if not isinstance(ids, list) or any(as_int(i) is None for i in ids):
+        raise FieldError(
+            "stop_token_ids", ids, "list_type", "Input should be a valid list", "a sequence"
+        )
+    return SamplingParams(
+        n=int_field(src, "n", 1) or 0,
+        stop=stops,
+        stop_token_ids=frozenset(int(i) for i in ids),
+        ignore_eos=bool(src.get("ignore_eos") or False),
+        seed=int_field(src, seed_field, None),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def rooms(body: dict[str, Any]) -> tuple[int, ...]:
+    room = body.get("bootstrap_room")
+    return tuple(int(r) for r in room) if isinstance(room, list) else ()
 
 
 def first(v: Any) -> Any:
