@@ -253,7 +253,7 @@ def sse(text: str) -> list[Any]:
 
 
 def test_n_gives_n_choices_with_summed_usage() -> None:
-    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
         _, body = await post(http, "/v1/chat/completions", {**CHAT, "n": 3, "max_tokens": 4})
         choices = body["choices"]
         assert [c["index"] for c in choices] == [0, 1, 2]
@@ -297,7 +297,7 @@ def test_n_gives_n_choices_with_summed_usage() -> None:
 
 
 def test_logprobs_are_well_formed() -> None:
-    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
         _, body = await post(
             http,
             "/v1/chat/completions",
@@ -346,7 +346,7 @@ def test_logprobs_are_well_formed() -> None:
 
 
 def test_stop_strings_cut_the_output_before_the_stop() -> None:
-    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
         base = {**CHAT, "max_tokens": 12, "seed": 11}
         _, free = await post(http, "/v1/chat/completions", base)
         full = free["choices"][0]["message"]["content"]
@@ -390,7 +390,7 @@ def test_stop_strings_cut_the_output_before_the_stop() -> None:
 
 
 def test_stop_token_ids_ignore_eos_and_generate_n() -> None:
-    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
         sp = {"max_new_tokens": 8, "sampling_seed": 4}
         _, free = await post(http, "/generate", {"text": "hi", "sampling_params": sp})
         ids = free["output_ids"]
@@ -446,7 +446,7 @@ def test_stop_token_ids_ignore_eos_and_generate_n() -> None:
 
 
 def test_same_seed_and_prompt_same_text() -> None:
-    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
         async def text(seed: int, prompt: str, stream: bool = False) -> list[str]:
             body = {"prompt": prompt, "max_tokens": 6, "seed": seed, "n": 2, "stream": stream}
             _, out = await post(http, "/v1/completions", body)
