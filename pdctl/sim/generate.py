@@ -9,6 +9,7 @@ top_logprobs_num and return_text_in_logprobs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from http import HTTPStatus
 
@@ -113,20 +114,21 @@ class NativeGenerate:
         resp = await sse_response(request)
         texts = ["" for _ in reqs]
         samples: list[list[Sample]] = [[] for _ in reqs]
-        async for i, ev in tm.stream(reqs):
-            req = reqs[i]
-            if isinstance(ev, Token):
-                texts[i] += ev.text
-                if ev.sample is not None:
-                    samples[i].append(ev.sample)
-                # The finish event right behind the last token goes out in the same chunk.
-                if not req.out.empty():
-                    continue
-            elif isinstance(ev, Finish):
-                texts[i] += ev.tail
-            meta = tm.meta(req, None if isinstance(ev, Token) else ev, samples[i], with_text)
-            out = self._output(texts[i], samples[i], meta)
-            await resp.write(sse_data({**out, "index": i}))
+        async with contextlib.aclosing(tm.stream(reqs)) as events:
+            async for i, ev in events:
+                req = reqs[i]
+                if isinstance(ev, Token):
+                    texts[i] += ev.text
+                    if ev.sample is not None:
+                        samples[i].append(ev.sample)
+                    # The finish event right behind the last token goes out in the same chunk.
+                    if not req.out.empty():
+                        continue
+                elif isinstance(ev, Finish):
+                    texts[i] += ev.tail
+                meta = tm.meta(req, None if isinstance(ev, Token) else ev, samples[i], with_text)
+                out = self._output(texts[i], samples[i], meta)
+                await resp.write(sse_data({**out, "index": i}))
         await resp.write(DONE)
         return resp
 

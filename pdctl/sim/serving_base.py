@@ -11,6 +11,7 @@ carries later aborts as `{"error": ErrorResponse}` whose type is the status name
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator
@@ -145,13 +146,12 @@ class OpenAIServing:
                     "metadata": {"weight_version": "default"},
                 }
             )
-        events = self.tm.stream(reqs)
-        # Wait for the first event before answering 200, as serving_chat does.
-        first = await anext(events)
-        resp = await sse_response(request)
-        head = {"created": created, "model": p.model}
-        await self.stream(resp, p, reqs, head, chain(first, events))
-        await events.aclose()
+        async with contextlib.aclosing(self.tm.stream(reqs)) as events:
+            # Wait for the first event before answering 200, as serving_chat does.
+            first = await anext(events)
+            resp = await sse_response(request)
+            head = {"created": created, "model": p.model}
+            await self.stream(resp, p, reqs, head, chain(first, events))
         await resp.write(DONE)
         return resp
 

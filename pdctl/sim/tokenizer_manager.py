@@ -13,6 +13,7 @@ behaviour, see docs/sim.md."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import uuid
@@ -155,6 +156,11 @@ class TokenizerManager:
 
     async def stream(self, reqs: list[Req]) -> AsyncGenerator[tuple[int, Event], None]:
         """The samples' events as they come, with the sample's index (_stream_batch_responses)."""
+        if len(reqs) == 1:  # the common case, without a task per event
+            async with contextlib.aclosing(self.events(reqs[0])) as events:
+                async for ev in events:
+                    yield 0, ev
+            return
         gens = [self.events(req) for req in reqs]
         pending = {asyncio.ensure_future(anext(g)): i for i, g in enumerate(gens)}
         try:
@@ -179,17 +185,18 @@ class TokenizerManager:
         """Every sample's whole output, or the first abort (_collect_batch_responses)."""
         outcomes: dict[int, Outcome] = {}
         parts: dict[int, tuple[list[str], list[Sample]]] = {i: ([], []) for i in range(len(reqs))}
-        async for i, ev in self.stream(reqs):
-            if isinstance(ev, Abort):
-                return ev
-            text, samples = parts[i]
-            if isinstance(ev, Token):
-                text.append(ev.text)
-                if ev.sample is not None:
-                    samples.append(ev.sample)
-            else:
-                text.append(ev.tail)
-                outcomes[i] = Outcome(reqs[i], ev, "".join(text), samples)
+        async with contextlib.aclosing(self.stream(reqs)) as events:
+            async for i, ev in events:
+                if isinstance(ev, Abort):
+                    return ev
+                text, samples = parts[i]
+                if isinstance(ev, Token):
+                    text.append(ev.text)
+                    if ev.sample is not None:
+                        samples.append(ev.sample)
+                else:
+                    text.append(ev.tail)
+                    outcomes[i] = Outcome(reqs[i], ev, "".join(text), samples)
         return [outcomes[i] for i in range(len(reqs))]
 
     async def events(self, req: Req) -> AsyncGenerator[Event, None]:
