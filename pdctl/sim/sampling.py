@@ -57,47 +57,36 @@ class Sampler:
         self.params = params
         self._words = FakeText(seed, key)
         self._lp = random.Random(f"logprobs:{seed}:{key}")
-        self._decoded = ""
-        self._released = 0
+        # Text not shown yet because it may start a stop string. Shown text never ends in
+        # such a start, so a stop can only begin in here: the search stays this short.
+        self._held = ""
 
     def next(self) -> Sample:
         token_id = self._words.next_id()
         piece = token_text(token_id)
         logprob, top = self._logprobs(token_id) if self.params.logprobs else (None, ())
-        self._decoded += piece
+        text, self._held = self._held + piece, ""
         for stop in self.params.stop:
-            pos = self._decoded.find(stop)
+            pos = text.find(stop)
             if pos >= 0:
-                return Sample(token_id, piece, self._cut(pos), logprob, top, stop)
+                return Sample(token_id, piece, text[:pos], logprob, top, stop)
         if not self.params.ignore_eos and token_id in self.params.stop_token_ids:
-            end = len(self._decoded) - len(piece)
-            return Sample(token_id, piece, self._cut(end), logprob, top, token_id)
-        end = len(self._decoded) - self._stop_prefix_len()
-        return Sample(token_id, piece, self._release(end), logprob, top, None)
+            return Sample(token_id, piece, text[: -len(piece)], logprob, top, token_id)
+        keep = len(text) - self._stop_prefix_len(text)
+        self._held = text[keep:]
+        return Sample(token_id, piece, text[:keep], logprob, top, None)
 
     def flush(self) -> str:
         """The held-back text, when the request ends without reaching a stop."""
-        return self._release(len(self._decoded))
+        held, self._held = self._held, ""
+        return held
 
-    def _cut(self, end: int) -> str:
-        """The text up to a stop; nothing after it is ever shown."""
-        text = self._release(end)
-        self._released = len(self._decoded)
-        return text
-
-    def _release(self, end: int) -> str:
-        end = max(end, self._released)
-        text = self._decoded[self._released : end]
-        self._released = end
-        return text
-
-    def _stop_prefix_len(self) -> int:
-        """Length of the longest output suffix that starts some stop string."""
-        tail = self._decoded
+    def _stop_prefix_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that starts some stop string."""
         best = 0
         for stop in self.params.stop:
-            for i in range(min(len(tail), len(stop) - 1), best, -1):
-                if tail.endswith(stop[:i]):
+            for i in range(min(len(text), len(stop) - 1), best, -1):
+                if text.endswith(stop[:i]):
                     best = i
                     break
         return best
