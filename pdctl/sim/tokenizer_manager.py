@@ -7,7 +7,7 @@ _handle_batch_request's regenerate_rid); their events interleave as they come, t
 the sample's index. In PD each sample needs its own bootstrap room on both servers: the
 gateway's list (smg sends one room per choice for chat) or, for a single room R, R + i (as
 GenerateReqInput._normalize_bootstrap_params expands it). Real 0.5.23 then hands every
-sample the first room (a bug fixed upstream after 0.5.23); the sim serves the intended
+sample the first room (a bug that later upstream PRs address); the sim serves the intended
 behaviour, see docs/sim.md."""
 
 from __future__ import annotations
