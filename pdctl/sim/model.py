@@ -37,17 +37,14 @@ def count_tokens(text: str) -> int:
 
 
 class FakeText:
-    """The fake model's output for one request: words from a generator seeded with
-    (seed, key), each followed by a space."""
+    """The fake model's output for one request: token ids of words (`token_text`, each
+    followed by a space) from a generator seeded with (seed, key)."""
 
     def __init__(self, seed: int, key: str) -> None:
         self._rng = random.Random(f"{seed}:{key}")
 
     def next_id(self) -> int:
         return FIRST_WORD_ID + self._rng.randrange(len(_VOCAB))
-
-    def next_token(self) -> str:
-        return token_text(self.next_id())
 
 
 def padded_batch(running: int, buckets: list[int]) -> int | None:
