@@ -79,7 +79,7 @@ def value_problem(value: str) -> str | None:
     if not value:
         return "must not be empty"
     if value.startswith("-"):
-        return f"{value!r} starts with '-': SGLang would read it as a flag"
+        return f"{value!r} starts with '-', which SGLang reads as a flag: any text but that"
     return None
 
 

@@ -447,3 +447,19 @@ def test_percent_and_dollar_rendered_escaped(
     assert run.exit_code == 0, run.stderr
     assert '\n    --model-path "/models/50%%/$$HOME" \\\n' in run.stdout
     assert '\nNCCL_DEBUG_SUBSYS="\\$HOME \\"50%\\""\n' in run.stdout
+
+
+def test_accepted_strings(load: Any, shipped: Shipped) -> None:
+    """The rules refuse mistakes, not ordinary values: JSON, negative numbers, paths with
+    spaces and Unicode in the model, `--flag=value`."""
+    profile = _set(shipped("reference"), "model.path", "/models/My Model (v2) 50%/$x é")
+    _set(profile, "model.served_name", "Model v2 日本")
+    _set(profile, "engine.decode.env.NCCL_DEBUG", "INFO x=$y")
+    args = [
+        "--json-model-override-args", '{"rope_scaling":{"factor":4.0}}',
+        "--chunked-prefill-size", "-1", "--lora-paths", "a=/m/a", "--random-seed=-7",
+    ]  # fmt: skip
+    _set(profile, "engine.prefill.extra_args", args)
+    dep = load(profile)
+    assert dep.profile.engine.prefill.extra_args == args
+    assert dep.profile.model.path == "/models/My Model (v2) 50%/$x é"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pdctl import render
 from pdctl.escape import env_file_value, systemd_command, systemd_word
 from pdctl.render import command, render_instance
 from pdctl.spec import Deployment
@@ -290,3 +291,44 @@ def test_rendered_env_files_parse_back_to_the_environment(
         path.write_text(rendered.env_text)
         assert systemd_env(path) == rendered.environment
         assert "$x" in rendered.environment["NCCL_DEBUG_SUBSYS"]
+
+
+# ----- the gateway templates (rendered by Ansible with the same filters) --------------------
+def test_gateway_unit_parses_back_to_smg_args(unit_dir: Path, load: Any, shipped: Any) -> None:
+    from tests.unit.test_ansible_filter import filters
+
+    profile = shipped("reference")
+    profile["router"]["extra_args"] = ["--log-dir", "/var/log/smg-50%", "--request-id-headers=x"]
+    dep = load(profile)
+    unit = (
+        render._jinja()
+        .get_template("gateway.service.j2")
+        .render(
+            ansible_managed=render.MANAGED,
+            command_lines=render.flag_lines([[filters.GATEWAY_BIN]], render.router_args(dep)),
+            api_key_set=True,
+            env_file="/etc/pdstack/gateway.env",
+            state_dir=render.STATE_DIR,
+            user=render.SERVICE_USER,
+        )
+    )
+    argv = systemd_argvs(unit_dir, {"pdstack-gateway.service": unit})["pdstack-gateway.service"]
+    # The API key stays a substitution systemd makes at exec time from the env file.
+    expected = [filters.GATEWAY_BIN, *render.router_args(dep)]
+    assert argv == [*map(_stored, expected), "--api-key", "${PDSTACK_GATEWAY_API_KEY}"]
+    assert "/var/log/smg-50%" in expected
+
+
+def test_gateway_env_file_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdctl.ops import gateway
+
+    # The role's preflight allows letters, digits and . _ ~ + / = - in the key: all written
+    # bare, so pdctl's own reader (ops/gateway.py) and systemd read the same key.
+    key = "Ab0._~+/=-xyz"
+    text = render._jinja().get_template("gateway.env.j2").render(ansible_managed="m", api_key=key)
+    path = tmp_path / "gateway.env"
+    path.write_text(text)
+    assert systemd_env(path) == {"PDSTACK_GATEWAY_API_KEY": key}
+    monkeypatch.delenv(gateway.KEY_VAR, raising=False)
+    monkeypatch.setattr(gateway, "KEY_FILE", path)
+    assert gateway.api_key() == key
