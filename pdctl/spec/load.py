@@ -123,7 +123,7 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_strings(data: Any, path: Path) -> None:
+def _check_strings(data: Any, path: Path) -> None:
     """No control character in any key or value: every string may reach a unit, an env file,
     a command line or a label. Walks iteratively, with a budget, so neither deep nesting nor
     alias bombs make it slow."""
@@ -155,7 +155,7 @@ def load_profile(path: Path) -> Profile:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError(str(path), "", "a profile must be a YAML mapping (see deploy/profiles/)")
-    check_strings(data, path)
+    _check_strings(data, path)
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:

@@ -23,13 +23,13 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
 # (srt/configs/model_config.py; EnvBool: true/1/yes/y, any case).
 LONG_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 TRUE_WORDS = ("true", "1", "yes", "y")
-# Environment keys pdstack sets itself, and the profile key that controls each instead.
+# Environment keys pdstack sets itself, and what to do instead.
 OWNED_ENV = {
-    "CUDA_VISIBLE_DEVICES": "layout.pairs[].prefill.gpus and layout.pairs[].decode.gpus",
-    "PYTHONUNBUFFERED": "nothing (pdstack sets it to 1 so engine logs reach the journal at once)",
-    "PDSIM_GPU_MEM_GIB": "hardware.gpu_memory_mib (or sim.PDSIM_GPU_MEM_GIB)",
-    "PDSIM_WEIGHTS_GIB": "model.weights_gib_per_gpu (or sim.PDSIM_WEIGHTS_GIB)",
-    "PDSIM_KV_BYTES_PER_TOKEN": "model.kv_bytes_per_token (or sim.PDSIM_KV_BYTES_PER_TOKEN)",
+    "CUDA_VISIBLE_DEVICES": "set layout.pairs[].prefill.gpus and layout.pairs[].decode.gpus",
+    "PYTHONUNBUFFERED": "remove it (always 1, so engine logs reach the journal at once)",
+    "PDSIM_GPU_MEM_GIB": "set hardware.gpu_memory_mib, or sim.PDSIM_GPU_MEM_GIB",
+    "PDSIM_WEIGHTS_GIB": "set model.weights_gib_per_gpu, or sim.PDSIM_WEIGHTS_GIB",
+    "PDSIM_KV_BYTES_PER_TOKEN": "set model.kv_bytes_per_token, or sim.PDSIM_KV_BYTES_PER_TOKEN",
 }
 
 
@@ -45,7 +45,7 @@ def _checked(problem: Callable[[str], str | None]) -> AfterValidator:
 
 def _owned_env_problem(key: str) -> str | None:
     if key in OWNED_ENV:
-        return f"pdstack sets {key} itself; use {OWNED_ENV[key]} instead"
+        return f"pdstack sets {key} itself: {OWNED_ENV[key]}"
     return None
 
 

@@ -262,12 +262,16 @@ HOSTILE_PROFILES: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "CUDA_VISIBLE_DEVICES in env": (
         "reference", {"engine.decode.env.CUDA_VISIBLE_DEVICES": "0"},
         "engine.decode.env.CUDA_VISIBLE_DEVICES",
-        "pdstack sets CUDA_VISIBLE_DEVICES itself; use layout.pairs[].prefill.gpus and "
-        "layout.pairs[].decode.gpus instead",
+        "pdstack sets CUDA_VISIBLE_DEVICES itself: set layout.pairs[].prefill.gpus and "
+        "layout.pairs[].decode.gpus",
+    ),
+    "PYTHONUNBUFFERED in env": (
+        "reference", {f"{ENV}.PYTHONUNBUFFERED": "0"}, f"{ENV}.PYTHONUNBUFFERED",
+        "pdstack sets PYTHONUNBUFFERED itself: remove it",
     ),
     "derived sim knob in env": (
         "sim", {f"{ENV}.PDSIM_WEIGHTS_GIB": "1"}, f"{ENV}.PDSIM_WEIGHTS_GIB",
-        "use model.weights_gib_per_gpu (or sim.PDSIM_WEIGHTS_GIB) instead",
+        "set model.weights_gib_per_gpu, or sim.PDSIM_WEIGHTS_GIB",
     ),
     "sim key without PDSIM_": (
         "sim", {"sim.LD_PRELOAD": "/tmp/x.so"}, "sim.LD_PRELOAD", "sim keys are PDSIM_*",
