@@ -136,8 +136,8 @@ def _check_strings(data: Any, path: Path) -> None:
             raise SpecError(
                 str(path),
                 "",
-                f"more than {MAX_PROFILE_VALUES} values once YAML aliases expand: "
-                "not a deployment file",
+                f"more than {MAX_PROFILE_VALUES} values (each YAML alias counted as the copy "
+                "it expands to): not a deployment file",
             )
         if isinstance(node, dict):
             for key, value in node.items():
