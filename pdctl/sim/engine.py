@@ -66,6 +66,7 @@ class Req:
     first_token_at: float | None = None
     last_token_at: float | None = None
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)
+    forwarded: bool = False
 
 
 class Engine:
@@ -73,6 +74,8 @@ class Engine:
         k = cfg.knobs
         self.cfg = cfg
         self.metrics = metrics
+        if metrics:
+            metrics.set_tp_size(cfg.args.tp_size)
         self.log = log
         self.clock = Clock(k.time_scale)
         self.steps = StepModel(k.step_a_ms, k.step_b_ms, k.eager_penalty, cfg.decode_buckets)
@@ -117,6 +120,7 @@ class Engine:
     def start_decoding(self, req: Req) -> None:
         """Decode server: the KV arrived; the prefill's first token goes out now."""
         self.transfer.discard(req)
+        req.admitted = self.clock.now()  # enters the decode waiting queue
         self._emit(req, req.text.next())
         if not req.done:
             self.running.append(req)
@@ -188,7 +192,12 @@ class Engine:
                 await self._decode_step()
             else:
                 self._wake.clear()
+                idle_from = self.clock.now()
                 await self._wake.wait()
+                if self.metrics:
+                    self.metrics.rank_inc(
+                        self.metrics.scheduler_idle_seconds, self.clock.now() - idle_from
+                    )
 
     def _take_prefill_batch(self) -> list[Req]:
         batch: list[Req] = []
@@ -228,10 +237,10 @@ class Engine:
             if req.done:
                 continue
             if self.metrics and req.log_metrics:
-                self.metrics.sched_observe(
+                self.metrics.rank_observe(
                     self.metrics.queue_time, (req.admitted or now) - req.created
                 )
-                self.metrics.sched_observe(
+                self.metrics.rank_observe(
                     self.metrics.per_stage_req_latency,
                     now - (req.admitted or now),
                     stage="prefill_forward",
@@ -267,7 +276,12 @@ class Engine:
         if not graph and self.cfg.knobs.eager_oom:
             self._crash_oom(n)
         await self.clock.sleep(step_ms / 1000)
+        now = self.clock.now()
         for req in self.running:
+            if self.metrics and req.log_metrics and not req.forwarded and self.cfg.mode == "decode":
+                # set_forward_entry_time: one queue-time sample per request, at its first forward
+                self.metrics.rank_observe(self.metrics.queue_time, now - (req.admitted or now))
+            req.forwarded = True
             if not req.done:
                 self._emit(req, req.text.next())
         self.last_cuda_graph = graph
@@ -275,7 +289,8 @@ class Engine:
         self._tokens_since_log += n
         if self.metrics:
             m = self.metrics
-            m.sched_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
+            # batch_result_processor: decode passes are counted by every rank
+            m.rank_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
             m.sched_inc(m.realtime_tokens, n, mode="decode")
         if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
             self._log_decode(n, graph)
@@ -338,17 +353,26 @@ class Engine:
         m.sched_gauge(m.kv_used_tokens, used)
         m.sched_gauge(m.kv_available_tokens, self.pool.size - used)
         m.sched_gauge(m.is_cuda_graph, 1.0 if self.last_cuda_graph else 0.0)
-        m.sched_gauge(m.utilization, min(len(running) / self.cfg.max_running_requests, 1.0))
-        if self.cfg.mode == "prefill":
-            m.sched_gauge(m.num_prefill_bootstrap_queue_reqs, len(self.bootstrap_queue))
-            m.sched_gauge(m.num_prefill_inflight_queue_reqs, len(self.inflight))
-        elif self.cfg.mode == "decode":
-            m.sched_gauge(m.num_decode_prealloc_queue_reqs, len(self.prealloc))
-            m.sched_gauge(m.num_decode_transfer_queue_reqs, len(self.transfer))
-            m.sched_gauge(
-                m.pending_prealloc_token_usage,
-                sum(r.reserved for r in self.transfer) / self.pool.size,
-            )
+        # _calculate_utilization: -1 on prefill; elsewhere max_running_requests_under_SLO has
+        # no setter in 0.5.23, so the gauge stays 0.
+        m.sched_gauge(m.utilization, -1.0 if self.cfg.mode == "prefill" else 0.0)
+        # log_stats writes every PD gauge in every mode (0 outside its role).
+        prefill, decode = self.cfg.mode == "prefill", self.cfg.mode == "decode"
+        m.sched_gauge(
+            m.num_prefill_bootstrap_queue_reqs, len(self.bootstrap_queue) if prefill else 0
+        )
+        m.sched_gauge(m.num_prefill_inflight_queue_reqs, len(self.inflight) if prefill else 0)
+        m.sched_gauge(m.num_decode_prealloc_queue_reqs, len(self.prealloc) if decode else 0)
+        m.sched_gauge(m.num_decode_transfer_queue_reqs, len(self.transfer) if decode else 0)
+        m.sched_gauge(m.num_decode_host_receive_queue_reqs, 0)  # no host-staged receive
+        m.sched_gauge(m.num_decode_deferred_kv_release_reqs, 0)
+        m.sched_gauge(
+            m.pending_prealloc_token_usage,
+            sum(r.reserved for r in self.transfer) / self.pool.size if decode else 0.0,
+        )
+        # The sim reserves each request's whole output up front, so it never retracts.
+        m.sched_gauge(m.num_retracted_reqs, 0, **m.pid)
+        m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:
         if not self.metrics:
