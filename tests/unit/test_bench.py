@@ -355,6 +355,13 @@ def test_parse_sample_aggregates_engines() -> None:
     assert s.token_usage == pytest.approx(0.05) and s.eager_passes == 8
 
 
+def test_parse_sample_counts_eager_passes_once_per_engine_not_per_tp_rank() -> None:
+    text = "".join(
+        f'sglang:cuda_graph_passes_total{{mode="decode_none",tp_rank="{r}"}} 6\n' for r in range(4)
+    )
+    assert parse_sample([text, text]).eager_passes == 12
+
+
 def _row(c: int, tput: float, tpot: float) -> dict[str, Any]:
     return {
         "max_concurrency": c, "completed": 8, "output_throughput": tput, "mean_tpot_ms": tpot,
