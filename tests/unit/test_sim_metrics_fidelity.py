@@ -223,6 +223,14 @@ def test_each_family_is_recorded_in_the_modes_and_ranks_sglang_records_it() -> N
         if name not in event_driven:
             assert modes == rec[name].modes, (name, sorted(modes), sorted(rec[name].modes))
     assert "sglang:time_to_first_token_seconds" not in tp_ranks(texts[0])
+    # The one planted handshake failure reads 1 on each rank: a sum over ranks would say TP.
+    failed = [
+        s.value
+        for fam in text_string_to_metric_families(texts[1])
+        for s in fam.samples
+        if s.name == "sglang:num_bootstrap_failed_reqs_total"
+    ]
+    assert failed == [1.0] * TP
 
 
 def test_decode_passes_come_from_every_rank_prefill_passes_from_rank_0() -> None:
