@@ -13,14 +13,10 @@ from typing import Any
 
 import jinja2
 
+from pdctl import names
 from pdctl.escape import env_file_value, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
 
-INSTALL_DIR = "/opt/pdstack"
-VENV = f"{INSTALL_DIR}/venv"
-CONFIG_DIR = "/etc/pdstack"
-STATE_DIR = "/var/lib/pdstack"
-SERVICE_USER = "pdstack"
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
 
@@ -70,7 +66,7 @@ def _numa_and_engine(inst: Instance, dep: Deployment, venv: str) -> tuple[list[s
     return numa, engine
 
 
-def command(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
+def command(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """The full ExecStart: pinned to the instance's NUMA node, then the engine."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return numa + engine + launch_args(inst, dep)
@@ -89,7 +85,7 @@ def flag_lines(heads: list[list[str]], args: list[str]) -> list[str]:
     return lines
 
 
-def command_lines(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
+def command_lines(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """`command` split by `flag_lines`."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return flag_lines([numa, engine], launch_args(inst, dep))
@@ -131,6 +127,16 @@ def router_args(dep: Deployment) -> list[str]:
     return args + list(r.extra_args)
 
 
+def gateway_command_lines(dep: Deployment, api_key: bool) -> list[str]:
+    """The gateway's ExecStart split by `flag_lines`; with `api_key`, the key comes from the
+    environment (the unit's EnvironmentFile), so it is never written into the unit."""
+    lines = flag_lines([[names.GATEWAY_BIN]], router_args(dep))
+    if api_key:
+        # Unquoted: systemd substitutes ${VAR} with the value as one argument.
+        lines.append(f"--api-key ${{{names.GATEWAY_KEY_VAR}}}")
+    return lines
+
+
 @dataclass(frozen=True)
 class RenderedInstance:
     instance: Instance
@@ -164,10 +170,11 @@ def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
         "command": command(inst, dep),
         "command_lines": command_lines(inst, dep),
         "env": environment(inst, dep),
-        "env_file": f"{CONFIG_DIR}/{inst.name}.env",
-        "install_dir": INSTALL_DIR,
-        "state_dir": STATE_DIR,
-        "user": SERVICE_USER,
+        "env_file": names.env_file(inst.pair, inst.role.value),
+        "recover_unit": names.recover_unit(inst.pair),
+        "install_dir": names.INSTALL_DIR,
+        "state_dir": names.STATE_DIR,
+        "user": names.SERVICE_USER,
         "stop_timeout_s": STOP_TIMEOUT_S,
     }
 

@@ -12,14 +12,13 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pdctl import names
 from pdctl.errors import SpecError
-from pdctl.render import CONFIG_DIR
 from pdctl.spec import Deployment, Instance, Role
 from pdctl.spec.load import key_path
 
-PATH = Path(CONFIG_DIR) / "topology.yaml"
+PATH = Path(names.TOPOLOGY_FILE)
 VERSION = 1
-GATEWAY_UNIT = "pdstack-gateway.service"
 MAX_BYTES = 4 << 20  # thousands of pairs fit; a larger file is not one site.yml wrote
 
 
@@ -96,7 +95,7 @@ def from_deployment(dep: Deployment) -> Topology:
             host=dep.router_host,
             url=dep.router_url,
             metrics_url=f"http://{dep.router_address}:{router.metrics_port}/metrics",
-            unit=GATEWAY_UNIT,
+            unit=names.GATEWAY_UNIT,
         ),
     )
 

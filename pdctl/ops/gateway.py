@@ -18,12 +18,12 @@ from typing import Any
 import requests
 from pydantic import BaseModel, ValidationError
 
+from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops.probe import concurrently
-from pdctl.render import CONFIG_DIR
 
-KEY_FILE = Path(CONFIG_DIR) / "gateway.env"  # written by the pdstack_gateway role
-KEY_VAR = "PDSTACK_GATEWAY_API_KEY"
+KEY_FILE = Path(names.GATEWAY_ENV_FILE)  # written by the pdstack_gateway role
+KEY_VAR = names.GATEWAY_KEY_VAR
 
 
 class GatewayError(PdctlError):
@@ -84,7 +84,7 @@ class GatewayAdmin:
         if r.status_code == 401:
             raise GatewayError(
                 f"gateway {self.url}: {method} {path} needs the API key: set "
-                f"PDSTACK_GATEWAY_API_KEY (root reads it from {KEY_FILE})"
+                f"{KEY_VAR} (root reads it from {KEY_FILE})"
             )
         return r
 

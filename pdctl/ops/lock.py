@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdctl import names
 from pdctl.errors import PdctlError
 
-DEFAULT_PATH = Path("/run/pdstack/restart.lock")
+DEFAULT_PATH = Path(names.RESTART_LOCK)
 PROGRESS_EVERY_S = 10.0
 
 

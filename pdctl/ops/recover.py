@@ -26,13 +26,14 @@ from pathlib import Path
 import click
 from pydantic import FiniteFloat, TypeAdapter, ValidationError
 
+from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.restart import Report, restart_pair
 from pdctl.ops.source import Pair
 
-DEFAULT_STATE = Path("/var/lib/pdstack-recover/recover-state.json")
+DEFAULT_STATE = Path(names.RECOVER_STATE)
 MAX_STATE_BYTES = 1 << 20  # a few timestamps per pair; anything larger is not ours
 # A restart holding the lock (one pair: drain + health + canary, minutes) finishes well
 # within this; the recover unit's TimeoutStartSec (1800 s) covers this wait plus the restart.

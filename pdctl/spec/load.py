@@ -244,8 +244,13 @@ def profile_path_from(inventory: Inventory) -> Path:
         raise SpecError(
             str(inventory.path), f"[all:vars] {PROFILE_VAR}", "not set; pass -p/--profile"
         )
-    path = Path(str(value))
-    return path if path.is_absolute() else inventory.path.parent / path
+    return resolve_profile(inventory.path, str(value))
+
+
+def resolve_profile(inventory_path: Path, profile: str) -> Path:
+    """A relative profile path is relative to the inventory's directory."""
+    path = Path(profile)
+    return path if path.is_absolute() else inventory_path.parent / path
 
 
 def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> Deployment:

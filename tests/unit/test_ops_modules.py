@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
 from pdctl.ops.canary import CanaryResult, pair_canary
@@ -536,9 +536,9 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
     recover_unit = (
         render._jinja()
         .get_template("recover@.service.j2")
-        .render(ansible_managed=render.MANAGED, venv=render.VENV, host="node-a")
+        .render(ansible_managed=render.MANAGED, venv=names.VENV, host="node-a")
     )
-    assert f"\nExecStart={render.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
+    assert f"\nExecStart={names.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
     assert "\nType=oneshot\n" in recover_unit
 
 
