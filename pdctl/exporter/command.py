@@ -19,7 +19,7 @@ from pdctl.errors import PdctlError
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.collector import PdCollector
 from pdctl.exporter.gpu import Nvml, load_nvml
-from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile
 

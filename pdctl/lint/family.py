@@ -8,7 +8,7 @@ from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import tuning_key
 from pdctl.render import environment
 from pdctl.spec import Deployment
-from pdctl.spec.model import LONG_CONTEXT_ENV
+from pdctl.spec.profile import LONG_CONTEXT_ENV
 
 OVERLAP_ENV = "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"
 

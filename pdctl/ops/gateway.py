@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from pdctl import names
 from pdctl.errors import PdctlError
-from pdctl.ops.probe import concurrently
+from pdctl.ops.health import concurrently
 
 KEY_FILE = Path(names.GATEWAY_ENV_FILE)  # written by the pdstack_gateway role
 KEY_VAR = names.GATEWAY_KEY_VAR

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+from pdctl import pdclient
 from pdctl.errors import PdctlError
-from pdctl.ops import canary, gateway
+from pdctl.ops import gateway
 from pdctl.ops.context import Ops
-from pdctl.ops.probe import concurrently, probe_engine
+from pdctl.ops.health import concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import Systemd
 from pdctl.spec import Role
@@ -146,7 +147,7 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
     port = pair.prefill.bootstrap_port or 0
     while True:
         left = max(deadline - time.monotonic(), 1.0)
-        first = canary.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
+        first = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
         if first.ok:
             break
         if time.monotonic() >= deadline:
@@ -159,7 +160,7 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
 def _verify(ops: Ops, pair: Pair) -> None:
     """`canary_count` requests must all pass: a degraded pair fails only a share of them."""
     port = pair.prefill.bootstrap_port or 0
-    res = canary.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
+    res = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
     if not res.ok:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 

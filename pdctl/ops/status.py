@@ -9,12 +9,12 @@ from typing import Any
 from rich.table import Table
 
 from pdctl.errors import PdctlError
-from pdctl.ops.canary import CanaryResult, gateway_canary, pair_canary
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayError, GatewayWorker
-from pdctl.ops.probe import EngineProbe, concurrently, probe_engine
+from pdctl.ops.health import EngineProbe, concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult, gateway_canary, pair_canary
 from pdctl.topology import TopologyInstance
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdctl import names
-from pdctl.spec.model import Hardware, Profile, Role, Tuning
+from pdctl.spec.profile import Hardware, Profile, Role, Tuning
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pdctl.errors import SpecError
 from pdctl.spec.deployment import Deployment, HostSpec, Instance
-from pdctl.spec.model import (
+from pdctl.spec.profile import (
     LONG_CONTEXT_ENV,
     InstanceSpec,
     PairSpec,

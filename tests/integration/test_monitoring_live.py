@@ -26,7 +26,7 @@ import pytest
 import requests
 import yaml
 
-from monitoring.dashboards.render import expressions, render_dashboards
+from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from monitoring import build
-from monitoring.dashboards.render import JSON_DIR, expressions, panels, render_dashboards
+from monitoring.dashboards.export import JSON_DIR, expressions, panels, render_dashboards
 from monitoring.promql import counters_outside_rate, metric_names
 from tests.conftest import ROOT
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.collector import PdCollector
 from pdctl.exporter.gpu import THROTTLE_REASONS, Nvml
-from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.journal import DecodeJournal, Histogram, JournalTarget
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile

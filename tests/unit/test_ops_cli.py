@@ -25,13 +25,13 @@ from pdctl import topology
 from pdctl.cli import main, ops_commands
 from pdctl.lint import Finding, Severity
 from pdctl.ops import lock
-from pdctl.ops.canary import CanaryResult
 from pdctl.ops.context import Ops
-from pdctl.ops.probe import EngineProbe
+from pdctl.ops.health import EngineProbe
 from pdctl.ops.restart import Interrupted, Report
 from pdctl.ops.source import Pair
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult
 from pdctl.spec import Deployment
 from tests.conftest import ROOT, one_pair_topology
 

@@ -18,14 +18,14 @@ import pytest
 from pdctl import names, render
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
-from pdctl.ops.canary import CanaryResult, pair_canary
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayWorker
-from pdctl.ops.probe import EngineProbe, probe_engine
+from pdctl.ops.health import EngineProbe, probe_engine
 from pdctl.ops.recover import RateLimit, RateLimited, RecoveryLog
 from pdctl.ops.source import Source
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult, pair_canary
 from pdctl.spec import Deployment
 from pdctl.topology import Topology
 
@@ -295,7 +295,7 @@ def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) ->
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
     monkeypatch.setattr(
-        restart.canary,
+        restart.pdclient,
         "pair_canary",
         lambda *a, **k: CanaryResult(False, 1, 1, None, "decode answered HTTP 500"),
     )
@@ -310,7 +310,7 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
     monkeypatch.setattr(
-        restart.canary, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+        restart.pdclient, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
     )
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
@@ -390,7 +390,7 @@ def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary(
             return CanaryResult(True, 1, 0, 0.01)
         return CanaryResult(False, count, 3, 0.01, "decode answered HTTP 500")
 
-    monkeypatch.setattr(restart.canary, "pair_canary", half)
+    monkeypatch.setattr(restart.pdclient, "pair_canary", half)
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
     assert not rep.ok and (rep.error or "").startswith("verify: 3/5 requests failed")
