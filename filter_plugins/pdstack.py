@@ -107,6 +107,8 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "topology_file": names.TOPOLOGY_FILE,
             "recover_unit": names.RECOVER_UNIT,
             "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),
+            "docs": list(names.DOCS),
+            "documentation": names.documentation(),
         },
     }
 

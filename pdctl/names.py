@@ -25,6 +25,8 @@ GATEWAY_UNIT = f"{PREFIX}-gateway.service"
 GATEWAY_ENV_FILE = f"{CONFIG_DIR}/gateway.env"  # the gateway's secrets (root, 0600)
 GATEWAY_BIN = f"{VENV}/bin/smg"
 GATEWAY_KEY_VAR = "PDSTACK_GATEWAY_API_KEY"  # its name in GATEWAY_ENV_FILE
+# Installed under INSTALL_DIR for the units' Documentation= (paths as in the checkout).
+DOCS = ("README.md", "docs/runbook.md")
 RECOVER_UNIT = f"{PREFIX}-recover@.service"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
@@ -33,6 +35,11 @@ RESTART_LOCK = f"/run/{PREFIX}/restart.lock"
 # Globs over UNIT_DIR that catch every engine unit and pair target, ours or a former pair's.
 PAIR_UNIT_GLOBS = (*(f"{PREFIX}-*-{r}.service" for r in ROLES), f"{PREFIX}-*.target")
 _PAIR_UNIT = re.compile(rf"^{PREFIX}-(?P<pair>.+?)(?:-(?:{'|'.join(ROLES)})\.service|\.target)$")
+
+
+def documentation() -> str:
+    """The value of a unit's Documentation=."""
+    return " ".join(f"file://{INSTALL_DIR}/{doc}" for doc in DOCS)
 
 
 def instance_name(pair: str, role: str) -> str:

@@ -172,7 +172,7 @@ def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
         "env": environment(inst, dep),
         "env_file": names.env_file(inst.pair, inst.role.value),
         "recover_unit": names.recover_unit(inst.pair),
-        "install_dir": names.INSTALL_DIR,
+        "documentation": names.documentation(),
         "state_dir": names.STATE_DIR,
         "user": names.SERVICE_USER,
         "stop_timeout_s": STOP_TIMEOUT_S,

@@ -105,12 +105,6 @@ def dump(topo: Topology) -> str:
     return header + yaml.safe_dump(topo.model_dump(mode="json"), sort_keys=False)
 
 
-def write(topo: Topology, path: Path = PATH) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dump(topo))
-    tmp.replace(path)
-
-
 def read(path: Path = PATH) -> Topology:
     """The topology, or a SpecError naming the file and the bad key."""
     try:

@@ -45,10 +45,6 @@ def degraded_draw(seed: int, room: int, ratio: float) -> bool:
     return random.Random(f"degraded:{seed}:{room}").random() < ratio
 
 
-class PeerLost(Exception):
-    pass
-
-
 # ----------------------------------------------------------------------------------
 # Prefill side
 # ----------------------------------------------------------------------------------

@@ -239,7 +239,7 @@ class HostOverride(Strict):
 
 
 class Planner(Strict):
-    """Memory model calibration (see README, "Memory planner")."""
+    """Memory model calibration (docs/spec.md, "`pdctl plan` — the per-GPU memory budget")."""
 
     runtime_overhead_gib: float = Field(
         default=3.5, ge=0, description="CUDA context, NCCL, allocator."

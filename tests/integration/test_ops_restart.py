@@ -122,7 +122,7 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
 ) -> None:
     ops, _ = two_pairs
     topo_file = tmp_path / "topology.yaml"
-    topology.write(ops.source.topology, topo_file)
+    topo_file.write_text(topology.dump(ops.source.topology))
     holding = threading.Event()
     result: list[bool] = []
 
@@ -196,7 +196,7 @@ def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalU
 
 def test_local_topology_round_trips(two_pairs: tuple[Ops, LocalUnits], tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
-    topology.write(ops_topology := two_pairs[0].source.topology, path)
+    path.write_text(topology.dump(ops_topology := two_pairs[0].source.topology))
     assert topology.read(path) == ops_topology
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,9 @@ def test_stale_pairs_stop_targets_first_and_remove_every_file() -> None:
 def test_nothing_stale_when_every_pair_is_kept() -> None:
     found = [names.pair_target("pd0"), names.engine_unit("pd0", "decode")]
     assert names.stale_pairs(found, keep=["pd0"]) == {"pairs": [], "stop": [], "files": []}
+
+
+def test_documentation_names_files_the_role_installs() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert all((root / doc).is_file() for doc in names.DOCS)
+    assert names.documentation().split() == [f"file:///opt/pdstack/{d}" for d in names.DOCS]

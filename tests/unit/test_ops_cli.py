@@ -81,7 +81,7 @@ def topo_file(
     profile["layout"]["pairs"][1]["prefill"]["gpus"] = [2]
     profile["layout"]["pairs"][1]["decode"]["gpus"] = [3]
     path = tmp_path / "topology.yaml"
-    topology.write(topology.from_deployment(load(profile, hosts=["node-a"])), path)
+    path.write_text(topology.dump(topology.from_deployment(load(profile, hosts=["node-a"]))))
     return path
 
 
