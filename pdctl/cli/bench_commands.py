@@ -228,6 +228,3 @@ def compare_command(before: Path, after: Path, fmt: str) -> None:
     console.print(compare_table(levels, before.name, after.name))
     console.print(f"before: {fit_line(fits[0])}")
     console.print(f"after:  {fit_line(fits[1])}")
-
-
-COMMANDS = [bench]

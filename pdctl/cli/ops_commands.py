@@ -353,6 +353,3 @@ def recover(
     rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_timeout)
     _print_reports([rep], "table")
     sys.exit(0 if rep.ok else 1)
-
-
-COMMANDS = [status, restart, doctor, recover]

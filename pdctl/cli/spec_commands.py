@@ -271,6 +271,3 @@ def _plan_table(p: InstancePlan) -> Table:
 
 def _or_none(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
-
-
-COMMANDS = [validate, plan, render]

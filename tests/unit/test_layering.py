@@ -16,6 +16,12 @@ RUNTIME = [
     "pdctl.ops.doctor",
     "pdctl.exporter.collector",
     "pdctl.cli",
+    # pdctl.cli loads its commands lazily: check each command module itself.
+    "pdctl.cli.spec_commands",
+    "pdctl.cli.ops_commands",
+    "pdctl.cli.bench_commands",
+    "pdctl.cli.analyze_commands",
+    "pdctl.exporter.command",
 ]
 
 
