@@ -3,8 +3,7 @@
 Boots a fresh systemd test host (deploy/testhost/testhost, as `make demo` does; run as root),
 converges it with the sim profile (the first run), then runs site.yml again RUNS times with
 nothing to change. Prints each run's wall time and `changed=` count, the median no-op run and
-the ratio no-op / first (goal: at most 0.4). Facts are cached in a fresh directory, so the
-first run gathers them as on a new controller. The host is taken down at the end unless
+the ratio no-op / first (goal: at most 0.4). The host is taken down at the end unless
 --keep; --inventory measures an already converged host (no first run, no ratio).
 
     .venv/bin/python benchmarks/site_noop.py [--runs 3] [--name pdbench] [--keep]
@@ -19,7 +18,6 @@ import secrets
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,32 +52,35 @@ def main() -> None:
     parser.add_argument("--name", default="pdbench", help="test host name")
     parser.add_argument("--keep", action="store_true", help="leave the test host up")
     parser.add_argument("--inventory", type=Path, help="an already converged host instead")
+    parser.add_argument(
+        "--secret",
+        default=secrets.token_urlsafe(18),
+        help="gateway API key and Grafana password (with --inventory: the ones it has)",
+    )
     opts = parser.parse_args()
 
-    secret = secrets.token_urlsafe(18)
     extra = [
         "-e", f"pdstack_profile={ROOT / 'deploy/profiles/sim.yml'}",
-        "-e", f"pdstack_gateway_api_key={secret}",
-        "-e", f"pdstack_grafana_admin_password={secret}",
+        "-e", f"pdstack_gateway_api_key={opts.secret}",
+        "-e", f"pdstack_grafana_admin_password={opts.secret}",
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="pdstack-facts-") as facts:
-        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CACHE_PLUGIN_CONNECTION=facts)
-        inventory, booted = opts.inventory, opts.inventory is None
-        if booted:
-            packages = (ROOT / "deploy/testhost/monitoring-packages").read_text().strip()
-            testhost("up", "--name", opts.name, "--extra-packages", packages)
-            inventory = STATE / opts.name / "inventory.ini"
-        assert inventory is not None
-        try:
-            first = site(inventory, env, extra) if booted else None
-            if first:
-                print(f"first run   {first[0]:7.1f} s  changed={first[1]}")
-            noop = [site(inventory, env, extra) for _ in range(opts.runs)]
-            for n, (wall, changed) in enumerate(noop, 1):
-                print(f"no-op run {n} {wall:7.1f} s  changed={changed}")
-        finally:
-            if booted and not opts.keep:
-                testhost("down", "--name", opts.name)
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    inventory, booted = opts.inventory, opts.inventory is None
+    if booted:
+        packages = (ROOT / "deploy/testhost/monitoring-packages").read_text().strip()
+        testhost("up", "--name", opts.name, "--extra-packages", packages)
+        inventory = STATE / opts.name / "inventory.ini"
+    assert inventory is not None
+    try:
+        first = site(inventory, env, extra) if booted else None
+        if first:
+            print(f"first run   {first[0]:7.1f} s  changed={first[1]}")
+        noop = [site(inventory, env, extra) for _ in range(opts.runs)]
+        for n, (wall, changed) in enumerate(noop, 1):
+            print(f"no-op run {n} {wall:7.1f} s  changed={changed}")
+    finally:
+        if booted and not opts.keep:
+            testhost("down", "--name", opts.name)
     median = statistics.median(w for w, _ in noop)
     print(f"no-op median {median:.1f} s")
     if first:
