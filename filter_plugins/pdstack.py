@@ -108,6 +108,8 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "recover_unit": names.RECOVER_UNIT,
             "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),
             "docs": list(names.DOCS),
+            # engine.service.j2 and engine.env.j2: the files `pdctl render` renders.
+            "templates_dir": str(render.templates_dir()),
             "documentation": names.documentation(),
         },
     }

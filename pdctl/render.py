@@ -6,7 +6,6 @@ test all call these functions, so no flag is derived twice.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,9 @@ ENGINE_MODULE = {EngineKind.SGLANG: "sglang.launch_server", EngineKind.SIM: "pdc
 
 
 def templates_dir() -> Path:
-    return Path(os.environ.get("PDSTACK_TEMPLATES", Path(__file__).parent.parent / "templates"))
+    """The unit and env templates, shipped in the package; the roles template the same files
+    (the filter plugin hands them this directory)."""
+    return Path(__file__).parent / "templates"
 
 
 def launch_args(inst: Instance, dep: Deployment) -> list[str]:
@@ -151,9 +152,10 @@ class RenderedInstance:
 FILTERS = {"pdstack_env_value": env_file_value}
 
 
-def _jinja() -> jinja2.Environment:
+def jinja_env(directory: Path | None = None) -> jinja2.Environment:
+    """Jinja set up like Ansible's template module (trim_blocks, the `comment` filter)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(templates_dir()),
+        loader=jinja2.FileSystemLoader(directory or templates_dir()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -164,7 +166,7 @@ def _jinja() -> jinja2.Environment:
 
 
 def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
-    """Variables of templates/engine.service.j2, shared with the Ansible template task."""
+    """Variables of engine.service.j2 and engine.env.j2, shared with the Ansible template tasks."""
     return {
         "inst": inst,
         "command": command(inst, dep),
@@ -181,7 +183,7 @@ def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
 
 def render_instance(inst: Instance, dep: Deployment) -> RenderedInstance:
     ctx = unit_context(inst, dep)
-    jenv = _jinja()
+    jenv = jinja_env()
     unit = jenv.get_template("engine.service.j2").render(ansible_managed=MANAGED, **ctx)
     env_text = jenv.get_template("engine.env.j2").render(ansible_managed=MANAGED, **ctx)
     return RenderedInstance(

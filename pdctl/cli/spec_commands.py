@@ -53,6 +53,7 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
                     "command": r.command,
                     "environment": r.environment,
                     "env_file": r.env_file,
+                    "env_file_text": r.env_text,
                     "unit_file": r.unit,
                 }
                 for r in rendered

@@ -29,6 +29,8 @@ from pdctl.pdclient import CanaryResult, pair_canary
 from pdctl.spec import Deployment
 from pdctl.topology import Topology
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def topo(hosts: tuple[str, ...] = ("node-a",), pairs: tuple[str, ...] = ("pd0", "pd1")) -> Topology:
     instances, pair_specs = [], []
@@ -534,7 +536,7 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
         assert "\nOnFailure=pdstack-recover@pd0.service\n" in unit
         assert "\nRestart=no\n" in unit  # systemd never restarts one side alone
     recover_unit = (
-        render._jinja()
+        render.jinja_env(ROOT / "roles/pdstack_engine/templates")
         .get_template("recover@.service.j2")
         .render(ansible_managed=render.MANAGED, venv=names.VENV, host="node-a")
     )
