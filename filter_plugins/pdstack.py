@@ -103,6 +103,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "config_dir": names.CONFIG_DIR,
             "state_dir": names.STATE_DIR,
             "unit_dir": names.UNIT_DIR,
+            "unit_prefix": f"{names.PREFIX}-",  # every pdstack unit's name starts with it
             "user": names.SERVICE_USER,
             "topology_file": names.TOPOLOGY_FILE,
             "recover_unit": names.RECOVER_UNIT,

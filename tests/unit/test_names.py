@@ -71,3 +71,13 @@ def test_documentation_names_files_the_role_installs() -> None:
     root = Path(__file__).resolve().parents[2]
     assert all((root / doc).is_file() for doc in names.DOCS)
     assert names.documentation().split() == [f"file:///opt/pdstack/{d}" for d in names.DOCS]
+
+
+def test_every_unit_starts_with_the_prefix_preflight_allows() -> None:
+    units = [
+        names.engine_unit("pd0", "decode"),
+        names.pair_target("pd0"),
+        names.recover_unit("pd0"),
+        names.GATEWAY_UNIT,
+    ]
+    assert all(u.startswith(f"{names.PREFIX}-") for u in units)
