@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pdctl import names
 from pdctl.errors import SpecError
 from pdctl.spec.deployment import Deployment, HostSpec, Instance
 from pdctl.spec.profile import (
@@ -205,7 +206,7 @@ class Inventory:
                 "",
                 "reading an Ansible inventory needs ansible-core, which is not installed: pip "
                 "install 'pdctl[controller]'. On a converged host, pdctl status/restart/doctor "
-                "read /etc/pdstack/topology.yaml instead (omit -i/-p).",
+                f"read {names.TOPOLOGY_FILE} instead (omit -i/-p).",
             ) from None
 
         # Ansible's parser only warns about a file it cannot read; make that an error here,

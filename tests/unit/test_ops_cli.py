@@ -419,17 +419,15 @@ def junk_stack(
     page = (200, b"<html><body>It works!</body></html>")
     engine, gw = fake_http({"*": page}), fake_http({"*": page})
     path = tmp_path / "junk-topology.yaml"
-    topology.write(
-        one_pair_topology(
-            "node-a",
-            engine.url,
-            engine.url,
-            bootstrap_port=1,
-            router_url=gw.url,
-            metrics_url=gw.url + "/metrics",
-        ),
-        path,
+    topo = one_pair_topology(
+        "node-a",
+        engine.url,
+        engine.url,
+        bootstrap_port=1,
+        router_url=gw.url,
+        metrics_url=gw.url + "/metrics",
     )
+    path.write_text(topology.dump(topo))
     sd = UpSystemd()
     monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr: sd)
     return path, sd
