@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.escape import env_file_value, systemd_command, systemd_word
 from pdctl.render import command, render_instance
 from pdctl.spec import Deployment
-from tests.conftest import require_path
+from tests.conftest import ROOT, require_path
+
+GATEWAY_TEMPLATES = ROOT / "roles" / "pdstack_gateway" / "templates"
 
 HOSTILE = [
     "plain",
@@ -295,26 +297,25 @@ def test_rendered_env_files_parse_back_to_the_environment(
 
 # ----- the gateway templates (rendered by Ansible with the same filters) --------------------
 def test_gateway_unit_parses_back_to_smg_args(unit_dir: Path, load: Any, shipped: Any) -> None:
-    from tests.unit.test_ansible_filter import filters
-
     profile = shipped("reference")
     profile["router"]["extra_args"] = ["--log-dir", "/var/log/smg-50%", "--request-id-headers=x"]
     dep = load(profile)
     unit = (
-        render._jinja()
+        render.jinja_env(GATEWAY_TEMPLATES)
         .get_template("gateway.service.j2")
         .render(
             ansible_managed=render.MANAGED,
-            command_lines=render.flag_lines([[filters.GATEWAY_BIN]], render.router_args(dep)),
+            command_lines=render.gateway_command_lines(dep, api_key=True),
             api_key_set=True,
-            env_file="/etc/pdstack/gateway.env",
-            state_dir=render.STATE_DIR,
-            user=render.SERVICE_USER,
+            env_file=names.GATEWAY_ENV_FILE,
+            state_dir=names.STATE_DIR,
+            user=names.SERVICE_USER,
+            documentation=names.documentation(),
         )
     )
     argv = systemd_argvs(unit_dir, {"pdstack-gateway.service": unit})["pdstack-gateway.service"]
     # The API key stays a substitution systemd makes at exec time from the env file.
-    expected = [filters.GATEWAY_BIN, *render.router_args(dep)]
+    expected = [names.GATEWAY_BIN, *render.router_args(dep)]
     assert argv == [*map(_stored, expected), "--api-key", "${PDSTACK_GATEWAY_API_KEY}"]
     assert "/var/log/smg-50%" in expected
 
@@ -325,7 +326,8 @@ def test_gateway_env_file_round_trips(tmp_path: Path, monkeypatch: pytest.Monkey
     # The role's preflight allows letters, digits and . _ ~ + / = - in the key: all written
     # bare, so pdctl's own reader (ops/gateway.py) and systemd read the same key.
     key = "Ab0._~+/=-xyz"
-    text = render._jinja().get_template("gateway.env.j2").render(ansible_managed="m", api_key=key)
+    template = render.jinja_env(GATEWAY_TEMPLATES).get_template("gateway.env.j2")
+    text = template.render(ansible_managed="m", api_key=key, key_var=names.GATEWAY_KEY_VAR)
     path = tmp_path / "gateway.env"
     path.write_text(text)
     assert systemd_env(path) == {"PDSTACK_GATEWAY_API_KEY": key}
