@@ -15,6 +15,8 @@ RUNTIME = [
     "pdctl.ops.recover",
     "pdctl.ops.doctor",
     "pdctl.exporter.collector",
+    "pdctl.pdclient",
+    "pdctl.names",
     "pdctl.cli",
     # pdctl.cli loads its commands lazily: check each command module itself.
     "pdctl.cli.spec_commands",
