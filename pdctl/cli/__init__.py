@@ -7,6 +7,7 @@ the ops, bench and exporter stacks (aiohttp, matplotlib, prometheus_client) it n
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -30,8 +31,8 @@ COMMANDS = {
 class LazyGroup(click.Group):
     """A group whose commands are imported when they are looked up."""
 
-    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
