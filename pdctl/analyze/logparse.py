@@ -23,10 +23,11 @@ Older releases wrote `Decode batch. #running-req: …` (a period) and may lack t
 `accept len` is generated tokens per running request per decode step (accepted drafts plus
 the bonus token), so with speculation one step yields `running x accept len` tokens.
 
-The scanner runs one `findall` per chunk instead of a Python loop over lines (lines that are
-not batch lines cost no Python at all): that is what keeps multi-GB journals cheap. Lines
-carrying a marker that the pattern cannot read (truncated, garbled, an unknown layout) are
-counted as the difference between marker count and matches, never fatal.
+The scanner runs one `findall` per kind and chunk instead of a Python loop over lines (lines
+that are not batch lines cost no Python at all) and sums decode lines per batch size without
+building an object per line: that is what keeps multi-GB journals cheap. Lines carrying a
+marker that the pattern cannot read (truncated, garbled, an unknown layout) are counted as
+unparseable, never fatal.
 """
 
 from __future__ import annotations
@@ -40,25 +41,43 @@ DECODE_MARKER = b"Decode batch"
 PREFILL_MARKER = b"Prefill batch"
 ACCEPT_FIELD = b", accept len: "
 
+# Each pattern is the marker plus an optional body: every marker is one match, and a match
+# without its body (group 1 empty) is a line the pattern cannot read. That counts the
+# unparseable lines without a second scan of the chunk for the marker.
 # `[^\n]*` keeps a match inside one line and skips unknown fields between the named ones; greedy
 # (run to the line end, back up to the field) is 2.5x faster here than lazy. The graph flag
 # always sits right before `gen throughput`: a fixed-width lookbehind captures the 6 bytes
 # there (`True, ` / `alse, `) once per match, where an optional group was tried at every
-# position (4-6x slower). A field follows the number: a line cut inside it is not read as a
-# smaller number.
+# position (4-6x slower). A field follows each number, so a line cut inside it is not read as
+# a smaller number; `\d+\.?\d*` is always a float() (`1.2.3` is no match, so it cannot raise).
 _SEP = rb"(?: \[\d+\])?[.,] "
-_DECODE_HEAD = DECODE_MARKER + _SEP + rb"#running-req: (\d+),"
-_DECODE_TAIL = rb"[^\n]*gen throughput(?<=([^\n]{6})gen throughput) \(token/s\): ([0-9.]+), "
-DECODE_RE = re.compile(_DECODE_HEAD + _DECODE_TAIL)  # running, flag, tok/s
+_NUM = rb"(\d+\.?\d*)"
+_DECODE_HEAD = _SEP + rb"#running-req: (\d+),"
+_DECODE_TAIL = rb"[^\n]*gen throughput(?<=([^\n]{6})gen throughput) \(token/s\): " + _NUM + b", "
+DECODE_RE = re.compile(  # running, flag, tok/s
+    DECODE_MARKER + rb"(?:" + _DECODE_HEAD + _DECODE_TAIL + rb")?"
+)
 # `accept len` is followed by `accept rate` (`block accept len` never is). The optional group
 # costs a second pass over each line, so it is used only on chunks that hold the field.
 SPEC_DECODE_RE = re.compile(  # running, accept len, flag, tok/s
-    _DECODE_HEAD + rb"(?:[^\n]*" + ACCEPT_FIELD + rb"([0-9.]+), accept rate)?" + _DECODE_TAIL
+    DECODE_MARKER
+    + rb"(?:"
+    + _DECODE_HEAD
+    + rb"(?:[^\n]*"
+    + ACCEPT_FIELD
+    + _NUM
+    + rb", accept rate)?"
+    + _DECODE_TAIL
+    + rb")?"
 )
 PREFILL_RE = re.compile(
-    PREFILL_MARKER + _SEP + rb"#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+),[^\n]*"
+    PREFILL_MARKER
+    + rb"(?:"
+    + _SEP
+    + rb"#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+),[^\n]*"
     rb"#running-req: (\d+), #queue-req: (\d+)(?=,|\r?\n|$)"
-    rb"(?:[^\n]*input throughput \(token/s\): ([0-9.]+)(?=,|\r?\n|$))?"
+    rb"(?:[^\n]*input throughput \(token/s\): " + _NUM + rb"(?=,|\r?\n|$))?"
+    rb")?"
 )
 # SGLang's own prefix; journalctl `-o short` puts `Mon dd HH:MM:SS host unit[pid]: ` before it.
 TIMESTAMP_RE = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -146,7 +165,7 @@ def parse_line(line: str) -> DecodeBatch | PrefillBatch | None:
         (PREFILL_RE, _prefill),
     )
     for regex, build in kinds:
-        if m := regex.search(raw):
+        if (m := regex.search(raw)) and m[1] is not None:
             return build(m.groups(b""), _timestamp(raw, m.start()))
     return None
 
@@ -204,16 +223,11 @@ def scan(
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
         decode_re, build_decode = _decode_kind(buf, end)
-        for regex, marker, build in (
-            (decode_re, DECODE_MARKER, build_decode),
-            (PREFILL_RE, PREFILL_MARKER, _prefill),
-        ):
-            markers = buf.count(marker, 0, end)
-            if not markers:
-                continue
-            seen = 0
+        for regex, build in ((decode_re, build_decode), (PREFILL_RE, _prefill)):
             for m in regex.finditer(buf, 0, end):
-                seen += 1
+                if m[1] is None:
+                    counts.unparseable += 1
+                    continue
                 ts = _timestamp(buf, m.start()) if window.active else None
                 if window.active and ts is None:
                     counts.untimed += 1
@@ -221,7 +235,6 @@ def scan(
                     counts.out_of_range += 1
                 else:
                     yield build(m.groups(b""), ts)
-            counts.unparseable += markers - seen
 
 
 # Per (running, graph flag) as logged: [lines, sum tok/s, sum accept/(tok/s), sum accept len,
@@ -236,15 +249,19 @@ class DecodeTally:
 
     cells: dict[tuple[bytes, bytes], Cell] = field(default_factory=dict)
     idle: int = 0  # no throughput: no step time to speak of
+    unparseable: int = 0
 
 
 def _tally(found: list[tuple[bytes, ...]], spec: bool, tally: DecodeTally) -> None:
     # The hot loop of a multi-GB read: locals only, one dict lookup and one float() per line.
     cells = tally.cells
     get = cells.get
-    idle = 0
+    idle = bad = 0
     if spec:
         for running, accept, flag, tps in found:
+            if not running:
+                bad += 1
+                continue
             t = float(tps)
             if t <= 0.0:
                 idle += 1
@@ -263,6 +280,9 @@ def _tally(found: list[tuple[bytes, ...]], spec: bool, tally: DecodeTally) -> No
                 c[2] += 1.0 / t
     else:
         for running, flag, tps in found:
+            if not running:
+                bad += 1
+                continue
             t = float(tps)
             if t <= 0.0:
                 idle += 1
@@ -274,6 +294,7 @@ def _tally(found: list[tuple[bytes, ...]], spec: bool, tally: DecodeTally) -> No
             c[1] += t
             c[2] += 1.0 / t
     tally.idle += idle
+    tally.unparseable += bad
 
 
 def scan_tallies(
@@ -283,15 +304,14 @@ def scan_tallies(
     for buf, end in _chunks(stream, chunk_bytes):
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
-        if markers := buf.count(DECODE_MARKER, 0, end):
-            decode_re, _ = _decode_kind(buf, end)
-            found = decode_re.findall(buf, 0, end)
-            counts.unparseable += markers - len(found)
+        decode_re, _ = _decode_kind(buf, end)
+        if found := decode_re.findall(buf, 0, end):
             tally = DecodeTally()
             _tally(found, decode_re is SPEC_DECODE_RE, tally)
+            counts.unparseable += tally.unparseable
             yield tally
-        if markers := buf.count(PREFILL_MARKER, 0, end):
-            found = PREFILL_RE.findall(buf, 0, end)
-            counts.unparseable += markers - len(found)
-            for groups in found:
+        for groups in PREFILL_RE.findall(buf, 0, end):
+            if groups[0]:
                 yield _prefill(groups, None)
+            else:
+                counts.unparseable += 1

@@ -113,6 +113,7 @@ def test_garbage_truncated_and_mixed_input_is_counted_not_fatal() -> None:
         "Traceback (most recent call last):",
         OLD_PREFILL,
         "Prefill batch, #new-seq: nope",
+        CURRENT_DECODE.replace("731.22", "7.3.1"),  # not a number: unparseable, no crash
         SWA_SPEC_DECODE[:-5],  # still whole up to a field boundary: readable
     ]
     text = "\n".join(lines).encode("latin-1") + b"\n\xc3\x28 Decode batch\n"
@@ -125,7 +126,7 @@ def test_garbage_truncated_and_mixed_input_is_counted_not_fatal() -> None:
         "PrefillBatch",
         "PrefillBatch",
     ]
-    assert counts.unparseable == 5
+    assert counts.unparseable == 6
     assert counts.lines == len(lines) + 2
 
 
@@ -167,6 +168,8 @@ def test_summed_fast_path_equals_line_by_line(chunk: int) -> None:
         CURRENT_DECODE.replace("731.22", "0.00") + "\n",  # idle: no throughput
         CURRENT_DECODE.replace("#running-req: 57", "#running-req: 0") + "\n",
         "garbage Decode batch, #running-req\n",
+        CURRENT_DECODE.replace("731.22", "7.3.1") + "\n",
+        "Prefill batch, #new-seq: nope\n",
     ]
     data = "".join(lines).encode()
     fast, fast_counts = _tallied(data, chunk)
@@ -175,7 +178,7 @@ def test_summed_fast_path_equals_line_by_line(chunk: int) -> None:
     for b in batches:
         slow.add(b)
     assert fast_counts == slow_counts
-    assert fast_counts.unparseable == 2 and fast.idle_lines == slow.idle_lines == 2
+    assert fast_counts.unparseable == 4 and fast.idle_lines == slow.idle_lines == 2
     assert [r[:4] for r in _rows(fast)] == [r[:4] for r in _rows(slow)]
     for f, s in zip(_rows(fast), _rows(slow), strict=True):
         assert f[4:] == pytest.approx(s[4:], rel=1e-9)
