@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import re
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 
 from pdctl.analyze.logparse import DecodeBatch, parse_line
+from pdctl.analyze.report import analyze_stream
 from pdctl.sim.args import resolve
 from pdctl.sim.logs import (
     DecodeStats,
@@ -204,3 +206,42 @@ def test_logger_format(capsys: object) -> None:
     formatted = log.handlers[0].format(record)
     assert formatted.endswith(" TP0] hello")
     assert formatted[0] == "[" and len(formatted.split("]")[0]) == len("[1970-01-01 00:00:00 TP0")
+
+
+def test_analyze_journal_reads_the_sims_speculative_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """End to end: 16 requests decoding together on a sim with accept len 2.5; `pdctl analyze
+    journal` on its log gives the planted step a + b x 16 per step, not per token."""
+    env = {
+        "PDSIM_TIME_SCALE": "0.5",
+        "PDSIM_STARTUP_DELAY_S": "0",
+        "PDSIM_STEP_A_MS": "50",
+        "PDSIM_STEP_B_MS": "5",
+        "PDSIM_SPEC_ACCEPT_LEN": "2.5",
+    }
+    flags = ["--speculative-algorithm", "EAGLE", "--decode-log-interval", "5"]
+
+    async def run() -> None:
+        async with (
+            in_process("null", env, *flags) as server,
+            aiohttp.ClientSession(server.url) as http,
+        ):
+
+            async def one(i: int) -> None:
+                body = {
+                    "text": "x" * 40,
+                    "rid": f"r{i}",
+                    "sampling_params": {"max_new_tokens": 90},
+                }
+                async with http.post("/generate", json=body) as resp:
+                    assert resp.status == 200
+
+            await asyncio.gather(*(one(i) for i in range(16)))
+
+    asyncio.run(run())
+    report = analyze_stream(io.BytesIO(capsys.readouterr().out.encode()))
+    steady = report.table.rows[16]
+    assert steady.lines >= 5 and steady.eager_lines == 0
+    assert steady.mean_accept_len == pytest.approx(2.5, abs=0.3)
+    assert steady.graph_step_ms == pytest.approx(50 + 5 * 16, rel=0.15)
