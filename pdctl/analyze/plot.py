@@ -48,7 +48,8 @@ def plot_journal(report: JournalReport, out: Path) -> None:
             [1000.0 * accept * x / fit.at(padded(x, buckets) if buckets else x) for x in xs],
             color="tab:gray",
             linewidth=1,
-            label=f"fit {fit.a:.1f} + {fit.b:.2f}·bs ms",
+            label=f"fit {fit.a:.1f} + {fit.b:.2f}·bs ms"
+            + (f" per step, accept len {accept:.2f}" if report.law.accept_len else ""),
         )
         if (top := report.law.asymptote_tps) is not None:
             ax.axhline(top, color="tab:gray", linestyle=":", linewidth=1)
