@@ -14,7 +14,8 @@ PDSIM_KV_BYTES_PER_TOKEN (16281), PDSIM_KV_POOL_TOKENS (derived from the previou
 --mem-fraction-static), PDSIM_OUTPUT_TOKENS (128, tokens before EOS when no max is given),
 PDSIM_SEED (--random-seed or 0), PDSIM_DEGRADED (auto = on for nixl | on | off),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
-wall seconds per simulated second) and PDSIM_SHUTDOWN_TIMEOUT_S (30).
+wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30) and PDSIM_PAIR_PARTNER
+(a decode's own prefill as bootstrap host:port; unset = no cross-pair accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
@@ -132,6 +133,7 @@ class Knobs:
     degraded_mode: str = "fail"
     time_scale: float = 1.0
     shutdown_timeout_s: float = 30.0
+    pair_partner: str | None = None
     # SGLang's own PD variables
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
@@ -173,6 +175,7 @@ class Knobs:
             ),
             time_scale=scale,
             shutdown_timeout_s=_env_float(env, "PDSIM_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
+            pair_partner=env.get("PDSIM_PAIR_PARTNER") or None,
             bootstrap_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
             ),

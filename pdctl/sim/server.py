@@ -846,6 +846,7 @@ class SimServer:
         ev: Event | None = first
         while ev is not None:
             if isinstance(ev, Abort):
+                # serving_base.create_streaming_error_response wraps it: {"error": {...}}.
                 err = {
                     "object": "error",
                     "message": ev.message,
@@ -853,7 +854,7 @@ class SimServer:
                     "param": None,
                     "code": int(ev.status),
                 }
-                await resp.write(f"data: {_dumps(err)}\n\n".encode())
+                await resp.write(f"data: {_dumps({'error': err})}\n\n".encode())
                 break
             if isinstance(ev, Token):
                 if chat and not role_sent:

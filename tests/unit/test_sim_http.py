@@ -157,7 +157,7 @@ def test_pd_request_without_bootstrap_room() -> None:
             {"messages": [{"role": "user", "content": "hi"}], "stream": True},
         )
         assert status == 200
-        err = json.loads(text.split("\n\n")[0][len("data: ") :])
+        err = json.loads(text.split("\n\n")[0][len("data: ") :])["error"]
         assert (err["object"], err["type"], err["code"]) == ("error", "BAD_REQUEST", 400)
         assert text.rstrip().endswith("data: [DONE]")
 
