@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from pdctl.bench.stream import STREAM_FIELDS, StreamCheck, sse_payload
 from pdctl.sim.args import resolve
 from pdctl.sim.logs import configure
 from pdctl.sim.server import SimServer, running
@@ -256,31 +257,76 @@ async def in_process(
         yield server
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One load request: its HTTP status (0: no answer) and why it failed (None: passed)."""
+
+    status: int
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def served_model(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10) -> str:
+    """The first model `/v1/models` lists (smg wants `model` in every chat request)."""
+    r = requests.get(f"{url}/v1/models", headers=dict(headers or {}), timeout=timeout)
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
+def stream_chat(
+    session: requests.Session, url: str, model: str, max_tokens: int, timeout: float
+) -> Outcome:
+    """One streamed chat completion, judged by pdctl.bench.stream's failure rule."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "load"}],
+        "max_tokens": max_tokens,
+        **STREAM_FIELDS,
+    }
+    try:
+        with session.post(
+            f"{url}/v1/chat/completions", json=body, stream=True, timeout=timeout
+        ) as r:
+            if r.status_code != 200:
+                return Outcome(r.status_code, f"HTTP {r.status_code}: {r.text[:200]}")
+            check = StreamCheck(max_tokens)
+            try:
+                for line in r.iter_lines():
+                    payload = sse_payload(line)
+                    if payload is not None:
+                        check.feed(payload)
+            except requests.RequestException as e:  # the stream was cut
+                return Outcome(200, f"stream cut after {check.tokens} tokens: {e}")
+            return Outcome(200, check.failure())
+    except requests.RequestException as e:
+        return Outcome(0, f"no answer: {type(e).__name__}: {e}")
+
+
 @contextlib.contextmanager
 def constant_load(
     url: str,
     clients: int = 4,
-    max_new_tokens: int = 8,
+    max_tokens: int = 8,
     headers: Mapping[str, str] | None = None,
     timeout: float = 60.0,
-) -> Iterator[list[int]]:
-    """Closed-loop `/generate` clients until the block ends; yields the HTTP status of every
-    request as it completes (0 for a request that got no answer)."""
+    model: str | None = None,
+) -> Iterator[list[Outcome]]:
+    """Closed-loop clients sending streamed chat completions (`ignore_eos`, `max_tokens`)
+    until the block ends; yields every request's Outcome as it completes. `model` defaults
+    to the first one the server lists."""
 
+    model = model or served_model(url, headers)
     stop = threading.Event()
-    outcomes: list[int] = []
-    body = {"text": "load", "sampling_params": {"max_new_tokens": max_new_tokens}}
+    outcomes: list[Outcome] = []
 
     def client() -> None:
         with requests.Session() as s:
             s.headers.update(headers or {})
             while not stop.is_set():
-                try:
-                    outcomes.append(
-                        s.post(f"{url}/generate", json=body, timeout=timeout).status_code
-                    )
-                except requests.RequestException:
-                    outcomes.append(0)
+                outcomes.append(stream_chat(s, url, model, max_tokens, timeout))
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
