@@ -234,8 +234,8 @@ class FakeGateway:
     def remove(self, urls: list[str]) -> None:
         self.calls += [f"remove {u}" for u in urls]
 
-    def add(self, url: str, kind: str, port: int | None = None) -> None:
-        self.calls.append(f"add {url}")
+    def add(self, url: str, kind: str, port: int | None = None, pairing: str | None = None) -> None:
+        self.calls.append(f"add {url} pairing {pairing}")
 
     def wait(self, pred: Any, timeout: float, step: float = 0.25) -> bool:
         return True
@@ -312,7 +312,12 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
     assert rep.ok and list(rep.phases) == list(restart.PHASES)
-    assert sorted(gw.calls[-2:]) == ["add http://10.0.0.1:30010", "add http://10.0.0.1:30011"]
+    # Bound to each other: smg combines a prefill only with decodes of its pairing protocol.
+    pair_id = ops.source.pairs()[1].id
+    assert sorted(gw.calls[-2:]) == [
+        f"add http://10.0.0.1:30010 pairing {pair_id}",
+        f"add http://10.0.0.1:30011 pairing {pair_id}",
+    ]
     assert [j for j, _ in sd.jobs] == ["stop", "reset-failed", "start"]
 
 
