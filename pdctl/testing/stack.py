@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +149,33 @@ class SimProc:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+CROSS_PAIR_METRIC = "pdsim_cross_pair_transfers_total"
+
+
+def partner_env(prefill: SimProc) -> dict[str, str]:
+    """The knob that tells a decode its pair's prefill (cross-pair accounting)."""
+    return {"PDSIM_PAIR_PARTNER": f"127.0.0.1:{prefill.bootstrap_port}"}
+
+
+def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
+    """Per running decode (by URL), the KV transfers it took from another pair's prefill.
+    The counter dies with the process: read it before a decode stops."""
+    out: dict[str, float] = {}
+    for sim in decodes:
+        if sim.proc is None or sim.proc.poll() is not None:
+            continue
+        text = requests.get(f"{sim.url}/metrics", timeout=5).text
+        values = [
+            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_PAIR_METRIC)
+        ]
+        if not values:
+            raise RuntimeError(
+                f"{sim.url} exposes no {CROSS_PAIR_METRIC}: PDSIM_PAIR_PARTNER unset"
+            )
+        out[sim.url] = sum(values)
+    return out
 
 
 @dataclass

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from pdctl import topology
 from pdctl.ops import lock
@@ -25,9 +24,14 @@ from pdctl.ops.doctor import doctor
 from pdctl.ops.restart import register_pair, restart_instance, restart_pair, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
-from pdctl.testing.stack import Gateway, SimProc, constant_load, wait_until
-
-CROSS_PAIR = "pdsim_cross_pair_transfers_total"
+from pdctl.testing.stack import (
+    Gateway,
+    SimProc,
+    constant_load,
+    cross_pair_transfers,
+    partner_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.gateway
 
@@ -46,8 +50,8 @@ def two_pairs(
     pairs = []
     for n in range(2):
         prefill = sim_factory("prefill", env=ENV)
-        partner = {"PDSIM_PAIR_PARTNER": f"127.0.0.1:{prefill.bootstrap_port}"}
-        pairs.append(LocalPair(f"pd{n}", prefill, sim_factory("decode", env={**ENV, **partner})))
+        decode = sim_factory("decode", env={**ENV, **partner_env(prefill)})
+        pairs.append(LocalPair(f"pd{n}", prefill, decode))
     for p in pairs:
         p.prefill.wait_healthy()
         p.decode.wait_healthy()
@@ -208,17 +212,8 @@ def test_local_topology_round_trips(two_pairs: tuple[Ops, LocalUnits], tmp_path:
     assert topology.read(path) == ops_topology
 
 
-def _cross_pair_transfers(units: LocalUnits) -> dict[str, float]:
-    """Per decode, the transfers it took from another pair's prefill (the sim's counter)."""
-    out: dict[str, float] = {}
-    for unit, sim in units.procs.items():
-        if sim.mode != "decode" or sim.proc is None or sim.proc.poll() is not None:
-            continue
-        text = requests.get(f"{sim.url}/metrics", timeout=5).text
-        values = [float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_PAIR)]
-        assert values, f"{unit} exposes no {CROSS_PAIR} (PDSIM_PAIR_PARTNER unset?)"
-        out[unit] = sum(values)
-    return out
+def _decodes(units: LocalUnits) -> list[SimProc]:
+    return [sim for sim in units.procs.values() if sim.mode == "decode"]
 
 
 def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
@@ -232,7 +227,7 @@ def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
     stop = units.stop
 
     def stop_after_reading(*names: str) -> None:
-        snapshots.append(_cross_pair_transfers(units))
+        snapshots.append(cross_pair_transfers(_decodes(units)))
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
@@ -242,7 +237,7 @@ def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
         reports = [r for _ in range(rolls) for r in restart_pairs(ops, ops.source.pairs())]
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 50, 30, "load after the rolls")
-    snapshots.append(_cross_pair_transfers(units))
+    snapshots.append(cross_pair_transfers(_decodes(units)))
     assert [r.ok for r in reports] == [True] * 2 * rolls, [r.error for r in reports]
     assert len(snapshots) == 2 * rolls + 1 and all(len(s) == 2 or len(s) == 1 for s in snapshots)
     crossed = [s for s in snapshots if any(s.values())]
