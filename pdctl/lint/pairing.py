@@ -87,11 +87,12 @@ def pair_routing(dep: Deployment) -> Iterator[Problem]:
     yield Problem(
         where="profile",
         message=f"{len(pairs)} pairs, gateway routing {found}: smg picks a prefill and a decode "
-        "for each request separately, and only round_robin on both sides over equal counts "
-        "keeps prefill i with decode i. Requests that cross pairs break the pair as the unit of "
+        "for each request separately. Requests that cross pairs break the pair as the unit of "
         "restart (a restarted decode leaves stale state in every prefill that served it, and "
         "pdctl restart --both clears only its own pair) and, without RDMA, move KV between "
-        "hosts over TCP",
+        "hosts over TCP. pdctl binds a pair's workers when it registers them; until then "
+        "(the workers on the gateway's command line) only round_robin on both sides over "
+        "equal counts can keep prefill i with decode i",
         fix="router.policy: round_robin; drop --policy, --prefill-policy, --decode-policy, "
         "--prefill and --decode from router.extra_args",
     )
