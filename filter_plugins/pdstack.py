@@ -145,4 +145,5 @@ class FilterModule:
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
+            **render.FILTERS,
         }

@@ -7,13 +7,13 @@ test all call these functions, so no flag is derived twice.
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from pdctl.escape import env_file_value, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
 
 INSTALL_DIR = "/opt/pdstack"
@@ -77,14 +77,15 @@ def command(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
 
 
 def flag_lines(heads: list[list[str]], args: list[str]) -> list[str]:
-    """A line per head, then one flag and its values per line, quoted, so unit diffs read flag
-    by flag. Values before the first flag stay on the last head's line."""
-    lines = [shlex.join(head) for head in heads]
+    """A line per head, then one flag and its values per line, quoted for systemd's ExecStart=,
+    so unit diffs read flag by flag. Values before the first flag stay on the last head's line.
+    Only a flag starts a line, so no continuation line can start a comment."""
+    lines = [systemd_command(head) for head in heads]
     for token in args:
         if token.startswith("--"):
-            lines.append(shlex.quote(token))
+            lines.append(systemd_word(token))
         else:
-            lines[-1] += " " + shlex.quote(token)
+            lines[-1] += " " + systemd_word(token)
     return lines
 
 
@@ -140,7 +141,12 @@ class RenderedInstance:
     command: list[str]
     environment: dict[str, str]
     env_file: str
+    env_text: str  # the env file's content
     unit: str
+
+
+# The quoting filters the templates use; filter_plugins/pdstack.py gives Ansible the same.
+FILTERS = {"pdstack_env_value": env_file_value}
 
 
 def _jinja() -> jinja2.Environment:
@@ -151,6 +157,7 @@ def _jinja() -> jinja2.Environment:
         trim_blocks=True,
     )
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
+    env.filters.update(FILTERS)
     return env
 
 
@@ -173,10 +180,12 @@ def render_instance(inst: Instance, dep: Deployment) -> RenderedInstance:
     ctx = unit_context(inst, dep)
     jenv = _jinja()
     unit = jenv.get_template("engine.service.j2").render(ansible_managed=MANAGED, **ctx)
+    env_text = jenv.get_template("engine.env.j2").render(ansible_managed=MANAGED, **ctx)
     return RenderedInstance(
         instance=inst,
         command=ctx["command"],
         environment=ctx["env"],
         env_file=ctx["env_file"],
+        env_text=env_text,
         unit=unit,
     )

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from pdctl import __version__
+from pdctl import __version__, errors
 from pdctl.cli import analyze_commands, bench_commands, ops_commands, spec_commands
-from pdctl.errors import PdctlError
 from pdctl.exporter.command import exporter
 
 
@@ -37,14 +34,4 @@ for command in [
 
 
 def main() -> None:
-    try:
-        cli.main(standalone_mode=False)
-    except PdctlError as e:
-        click.secho(f"Error: {e}", fg="red", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+    errors.run(cli, "pdctl")

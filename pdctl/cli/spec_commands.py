@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -62,12 +63,12 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
         return
     for r in rendered:
         click.secho(f"# {r.instance.id} -> {r.instance.unit}", bold=True)
-        click.echo("## environment")
-        click.echo("".join(f"{k}={v}\n" for k, v in r.environment.items()))
+        click.echo(f"## environment ({r.env_file})")
+        click.echo(r.env_text)
         click.echo("## unit")
         click.echo(r.unit)
     click.secho(f"# gateway on {dep.router_host}", bold=True)
-    click.echo("smg " + " ".join(router_args(dep)))
+    click.echo(shlex.join(["smg", *router_args(dep)]))
 
 
 def _exit_code(findings: list[Finding], strict: bool) -> int:

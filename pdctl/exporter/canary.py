@@ -34,6 +34,10 @@ class CanaryResult:
     error: str | None = None
 
 
+def _has_text(body: object) -> bool:
+    return isinstance(body, dict) and "text" in body
+
+
 def probe(target: PairTarget, timeout_s: float, session: requests.Session) -> CanaryResult:
     body = {
         "text": "ping",
@@ -54,7 +58,7 @@ def probe(target: PairTarget, timeout_s: float, session: requests.Session) -> Ca
                 response = leg.result()
                 if response.status_code != 200:
                     error = error or f"{role} answered HTTP {response.status_code}"
-                elif role == "decode" and "text" not in response.json():
+                elif role == "decode" and not _has_text(response.json()):
                     error = error or "decode answered without generated text"
             except (requests.RequestException, ValueError) as e:
                 error = error or f"{role}: {type(e).__name__}: {e}"

@@ -104,7 +104,7 @@ def pair_findings(s: Status) -> list[Finding]:
                 "pdctl restart --router",
             )
         )
-    for i in s.instances:
+    for i in s.instances if s.gateway.ready else []:  # else the gateway's view is unknown
         if i.probe.healthy and i.gateway is None:
             out.append(
                 _warning(

@@ -35,6 +35,23 @@ class StepFailed(PdctlError):
         super().__init__(f"{phase}: {message}")
 
 
+class Interrupted(PdctlError):
+    """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back."""
+
+    exit_code = 130  # 128 + SIGINT, what a shell reports for ^C
+
+    def __init__(self, pair: str, phase: str) -> None:
+        state = "may be out of" if phase == "drain" else "is out of"
+        if phase in PHASES[1:4]:
+            state += " the gateway (drained) and its engines may be stopped or starting"
+        else:
+            state += " the gateway (drained)"
+        super().__init__(
+            f"interrupted during {phase} of pair {pair}: it {state}; pdctl status shows it. "
+            f"Put it back with: pdctl restart --both --pair {pair}"
+        )
+
+
 @dataclass
 class Report:
     """The outcome for one pair (or the gateway, or one instance)."""
@@ -196,32 +213,37 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
         )
 
 
+def _start(sd: Systemd, pair: Pair) -> None:
+    sd.reset_failed(*(i.unit for i in pair.instances))  # a crashed side starts clean
+    sd.start(pair.spec.target)
+
+
 def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("drain", lambda: _drain(ops, pair, drain_required)),
+        ("stop", lambda: sd.stop(pair.spec.target)),
+        ("start", lambda: _start(sd, pair)),
+        ("health", lambda: _wait_healthy(ops, sd, pair)),
+        ("canary", lambda: _first_canary(ops, pair)),
+        ("verify", lambda: _verify(ops, pair)),
+        ("register", lambda: register_pair(ops, pair)),
+    ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
+    phase = steps[0][0]
     try:
-        with _timed(rep.phases, "drain"):
-            _drain(ops, pair, drain_required)
-        with _timed(rep.phases, "stop"):
-            sd.stop(pair.spec.target)
-        with _timed(rep.phases, "start"):
-            sd.reset_failed(*units)  # a crashed side starts clean, its failure recorded
-            sd.start(pair.spec.target)
-        with _timed(rep.phases, "health"):
-            _wait_healthy(ops, sd, pair)
-        with _timed(rep.phases, "canary"):
-            _first_canary(ops, pair)
-        with _timed(rep.phases, "verify"):
-            _verify(ops, pair)
-        with _timed(rep.phases, "register"):
-            register_pair(ops, pair)
+        for phase, step in steps:
+            with _timed(rep.phases, phase):
+                step()
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, units)
         if not isinstance(e, StepFailed) or e.phase != "drain":
             rep.error += " (the pair stays out of the gateway)"
+    except KeyboardInterrupt:
+        raise Interrupted(pair.id, phase) from None
     rep.lines = [_instance_line(sd, i, None if rep.ok else rep.error) for i in pair.instances]
     return rep
 

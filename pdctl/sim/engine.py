@@ -19,17 +19,21 @@ from http import HTTPStatus
 from .args import GIB, SimConfig
 from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
 from .metrics import SimMetrics
-from .model import Clock, FakeText, KVPool, StepModel
+from .model import Clock, KVPool, StepModel
+from .sampling import EOS_TOKEN_ID, Sample, Sampler
 
 
 @dataclass(frozen=True)
 class Token:
-    text: str
+    text: str  # the output text it releases (stop strings and their possible starts held back)
+    sample: Sample | None = None
 
 
 @dataclass(frozen=True)
 class Finish:
     reason: str  # "length" | "stop"
+    matched: int | str | None = None  # the stop string or token id, as meta_info reports it
+    tail: str = ""  # text held back for a stop string that never came
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Req:
     max_new_tokens: int
     finish_reason: str  # reported when max_new_tokens is reached
     stream: bool
-    text: FakeText
+    text: Sampler
     created: float
     room: int | None = None
     log_metrics: bool = True
@@ -113,7 +117,7 @@ class Engine:
     def start_decoding(self, req: Req) -> None:
         """Decode server: the KV arrived; the prefill's first token goes out now."""
         self.transfer.discard(req)
-        self._emit(req, req.text.next_token())
+        self._emit(req, req.text.next())
         if not req.done:
             self.running.append(req)
             self._wake.set()
@@ -153,10 +157,10 @@ class Engine:
         """Prefill server: the KV reached the decode; answer with the first token."""
         if not req.done:
             req.max_new_tokens = 1
-            self._emit(req, req.text.next_token())
+            self._emit(req, req.text.next())
 
     # ----- outputs -------------------------------------------------------------------
-    def _emit(self, req: Req, text: str) -> None:
+    def _emit(self, req: Req, sample: Sample) -> None:
         now = self.clock.now()
         req.generated += 1
         if req.first_token_at is None:
@@ -164,9 +168,13 @@ class Engine:
         elif self.metrics and req.log_metrics and req.last_token_at is not None:
             self.metrics.tok_observe(self.metrics.inter_token_latency, now - req.last_token_at)
         req.last_token_at = now
-        req.out.put_nowait(Token(text))
-        if req.generated >= req.max_new_tokens:
-            req.out.put_nowait(Finish(req.finish_reason))
+        req.out.put_nowait(Token(sample.visible, sample))
+        if sample.matched is not None:
+            req.out.put_nowait(Finish("stop", sample.matched))
+            self._finish(req)
+        elif req.generated >= req.max_new_tokens:
+            eos = EOS_TOKEN_ID if req.finish_reason == "stop" else None
+            req.out.put_nowait(Finish(req.finish_reason, eos, req.text.flush()))
             self._finish(req)
 
     # ----- the loop ------------------------------------------------------------------
@@ -231,7 +239,7 @@ class Engine:
             if prefill_server and not req.fake_bootstrap:
                 req.prefilled.set()
             else:
-                self._emit(req, req.text.next_token())
+                self._emit(req, req.text.next())
         stats = PrefillStats(
             new_seq=len(batch),
             new_token=new_tokens,
@@ -261,7 +269,7 @@ class Engine:
         await self.clock.sleep(step_ms / 1000)
         for req in self.running:
             if not req.done:
-                self._emit(req, req.text.next_token())
+                self._emit(req, req.text.next())
         self.last_cuda_graph = graph
         self.forward_ct_decode += 1
         self._tokens_since_log += n
