@@ -55,6 +55,7 @@ class _Worker(BaseModel):
     status: str = "?"
     is_healthy: bool = False
     load: int | None = 0
+    pairing_protocol: str | None = None
 
 
 class _Workers(BaseModel):
@@ -69,6 +70,7 @@ class GatewayWorker:
     status: str  # ready | draining | ...
     healthy: bool
     load: int  # in-flight requests the gateway has open on it
+    pairing: str | None = None  # pairing protocol; pdctl registers a pair's workers with its id
 
 
 class GatewayAdmin:
@@ -108,7 +110,15 @@ class GatewayAdmin:
                 f"({why}): is {self.url} the smg gateway?"
             ) from None
         return [
-            GatewayWorker(w.id, w.url, w.worker_type, w.status, w.is_healthy, w.load or 0)
+            GatewayWorker(
+                w.id,
+                w.url,
+                w.worker_type,
+                w.status,
+                w.is_healthy,
+                w.load or 0,
+                w.pairing_protocol,
+            )
             for w in listing.workers
         ]
 

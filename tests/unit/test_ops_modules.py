@@ -326,24 +326,44 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
 
 # ----- doctor ---------------------------------------------------------------------------
 def _status(
-    canary_ok: bool, decode_health: str = "ok", usage: float = 0.0, active: str = "active"
+    canary_ok: bool,
+    decode_health: str = "ok",
+    usage: float = 0.0,
+    active: str = "active",
+    pairs: tuple[str, ...] = ("pd0",),
+    pairing: dict[str, str | None] | None = None,  # pair -> its workers' pairing protocol
 ) -> Status:
-    t = topo(pairs=("pd0",))
+    t = topo(pairs=pairs)
     insts = []
     for inst in t.instances:
         health = decode_health if inst.role.value == "decode" else "ok"
         unit = UnitStatus(inst.unit, "loaded", active, "running", 9, time.time(), 0, [])
         probe = EngineProbe(inst.url, health, running=0, queued=0, token_usage=usage)
-        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
+        bound = (pairing or {}).get(inst.pair, f"node-a/{inst.pair}")
+        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0, bound)
         insts.append(InstanceStatus(inst, unit, None, probe, worker))
     canary = CanaryResult(
         canary_ok, 8, 0 if canary_ok else 5, None, None if canary_ok else "decode answered HTTP 500"
     )
     return Status(
         insts,
-        [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
+        [PairStatus(f"node-a/{p}", f"pdstack-{p}.target", canary) for p in pairs],
         GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)),
     )
+
+
+def test_workers_not_bound_to_their_pair_are_found_when_pairs_can_mix() -> None:
+    two = ("pd0", "pd1")
+    assert doctor.pair_findings(_status(True, pairs=two)) == []
+    found = doctor.pair_findings(_status(True, pairs=two, pairing={"pd1": None}))
+    assert [(f.id, f.where) for f in found] == [
+        ("live-unbound", "node-a/pd1-prefill"),
+        ("live-unbound", "node-a/pd1-decode"),
+    ]
+    assert "pairing protocol (none), not node-a/pd1" in found[0].message
+    assert found[0].fix == "pdctl restart --both --pair node-a/pd1"
+    # One pair has nothing to mix with.
+    assert doctor.pair_findings(_status(True, pairing={"pd0": None})) == []
 
 
 def test_degraded_pair_versus_pair_down() -> None:
