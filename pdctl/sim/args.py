@@ -14,9 +14,10 @@ PDSIM_KV_BYTES_PER_TOKEN (16281), PDSIM_KV_POOL_TOKENS (derived from the previou
 --mem-fraction-static), PDSIM_OUTPUT_TOKENS (128, tokens before EOS when no max is given),
 PDSIM_SEED (--random-seed or 0), PDSIM_DEGRADED (auto = on for nixl | on | off),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
-wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30) and PDSIM_SPEC_ACCEPT_LEN
+wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
 (mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
-the draft tokens).
+the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefill as bootstrap host:port; unset =
+no cross-pair accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
@@ -152,6 +153,7 @@ class Knobs:
     time_scale: float = 1.0
     shutdown_timeout_s: float = 30.0
     spec_accept_len: float | None = None  # with --speculative-algorithm; see resolve()
+    pair_partner: str | None = None
     # SGLang's own PD variables
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
@@ -198,6 +200,7 @@ class Knobs:
                 if env.get("PDSIM_SPEC_ACCEPT_LEN")
                 else None
             ),
+            pair_partner=env.get("PDSIM_PAIR_PARTNER") or None,
             bootstrap_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
             ),
