@@ -245,7 +245,8 @@ def _unit_state(i: InstanceStatus) -> str:
 def _in_gateway(g: GatewayWorker | None) -> str:
     if g is None:
         return "gateway [yellow]not registered[/]"
-    return f"gateway {g.status}{'' if g.healthy else ' [red](unhealthy)[/]'}, load {g.load}"
+    sick = "" if g.healthy else " [red](unhealthy)[/]"
+    return f"gateway {escape(g.status)}{sick}, load {g.load}"
 
 
 ENGINE_FIELDS: list[tuple[int, Callable[[InstanceStatus], str]]] = [
@@ -279,7 +280,7 @@ PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
             None: "-",
             "routed": "routed",
             "drained": f"[yellow]drained[/]: pdctl restart --both --pair {p.id}",
-        }.get(p.gateway, f"[red]{p.gateway}[/]"),
+        }.get(p.gateway, _red_unless(False, p.gateway)),
     ),
     (0, lambda p: _canary(p.canary)),
     (0, lambda p: f"[dim]{p.target}[/]"),
@@ -295,7 +296,7 @@ GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [
             if g.canary is None
             else f"request ok {_num(g.canary.latency_s, '{:.3f}s')}"
             if g.canary.ok
-            else f"request [red]{g.canary.error}[/]"
+            else "request " + _red_unless(False, g.canary.error)
         ),
     ),
 ]
