@@ -237,8 +237,8 @@ def _red_unless(ok: bool, text: str | None) -> str:
 
 def _unit_state(i: InstanceStatus) -> str:
     u = i.unit
-    if u is None:
-        return _red_unless(False, i.unit_error)
+    if u is None:  # the error itself: on the engine's line, or once under its host (view)
+        return "[red]unit ?[/]"
     return u.sub if u.active == "active" else f"[red]{u.active}/{u.sub}[/]"
 
 
@@ -367,6 +367,10 @@ def view(s: Status) -> Group:
     ]
     for host, by_pair in hosts.items():
         out.append(Text(host, style="bold underline"))
+        # systemd unreadable on the host (ssh down): said once, not per engine
+        if errors := [i.unit_error for insts in by_pair.values() for i in insts if i.unit is None]:
+            more = f" (and {_n(len(errors) - 1, 'more unit')})" if len(errors) > 1 else ""
+            out.append(_Line(2, [(0, "systemd:"), (0, _red_unless(False, errors[0]) + more)]))
         for name, insts in by_pair.items():
             if (p := pairs.get(f"{host}/{name}")) is not None:
                 out.append(_line(2, PAIR_FIELDS, p))

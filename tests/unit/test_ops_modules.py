@@ -877,3 +877,23 @@ def test_status_view_says_the_lock_is_free_or_unreadable() -> None:
     error = "cannot read the restart lock /run/x: Permission denied"
     text = " ".join(" ".join(_render(replace(_fleet_status(), lock_error=error), 80)).split())
     assert f"restart lock: {error}" in text
+
+
+def test_status_view_says_an_unreachable_hosts_systemd_error_once() -> None:
+    s = _fleet_status()
+    host = LONG_HOSTS[1]
+    down = [
+        replace(i, unit=None, unit_error=f"{host}: unreachable: `systemctl show {i.instance.unit}`")
+        if i.instance.host == host
+        else i
+        for i in s.instances
+    ]
+    lines = _render(replace(s, instances=down), 80)
+    text = " ".join(" ".join(lines).split())
+    assert text.count(f"{host}: unreachable") == 1  # once under the host, not per engine
+    assert (
+        "systemd: " + f"{host}: unreachable: `systemctl show pdstack-pd0-prefill.service`" in text
+    )
+    assert "(and 3 more units)" in text
+    assert sum("unit ?" in line for line in lines) == 4  # the engines of that host
+    assert all(len(line) <= 80 for line in lines)
