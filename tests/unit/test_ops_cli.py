@@ -95,9 +95,9 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
         c.restarted.append([p.id for p in chosen])
         return [Report(p.id, lines=[f"OK: {i.id}" for i in p.instances]) for p in chosen]
 
-    def router(_ops: Ops) -> Report:
+    def router(_ops: Ops) -> list[Report]:
         c.routers += 1
-        return Report("gateway", lines=["OK: gateway"])
+        return [Report("gateway", lines=["OK: gateway"])]
 
     def single(_ops: Ops, inst: Any) -> Report:
         c.singles.append(inst.id)

@@ -233,7 +233,11 @@ class FakeSystemd:
 
 
 class FakeGateway:
-    def __init__(self) -> None:
+    # The real idempotent registration, over the fake listing and add below.
+    register = gateway.GatewayAdmin.register
+
+    def __init__(self, url: str = "http://gw:8000") -> None:
+        self.url = url
         self.calls: list[str] = []
 
     def remove(self, urls: list[str]) -> None:
@@ -492,7 +496,7 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
 
 def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
     sd, gw = FakeSystemd(), FakeGateway()
-    rep = restart.restart_router(fake_ops(sd, gw))
+    (rep,) = restart.restart_router(fake_ops(sd, gw))
     assert rep.ok and rep.lines == ["OK: node-a/gateway (pdstack-gateway.service)"]
     assert sd.jobs == [("restart", ("pdstack-gateway.service",))]
     assert gw.calls.count("readiness") == 3
