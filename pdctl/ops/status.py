@@ -1,16 +1,16 @@
-"""One view of the deployment: units, engines, pair canaries, the gateway's view."""
+"""One view of the deployment: units, engines, pair canaries, every gateway's view."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.table import Table
 
 from pdctl.errors import PdctlError
 from pdctl.ops.context import Ops
-from pdctl.ops.gateway import GatewayError, GatewayWorker
+from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
@@ -48,18 +48,28 @@ class GatewayStatus:
     ready: bool
     detail: str
     canary: CanaryResult | None = None  # a request through the gateway (any pair)
+    # Its view of the pairs' workers: "4/4 ready, 4 bound" (bound: the pair's pairing protocol)
+    view: str = "-"
+
+    @property
+    def ok(self) -> bool:
+        return self.ready and self.canary is not None and self.canary.ok
 
 
 @dataclass(frozen=True)
 class Status:
     instances: list[InstanceStatus]
     pairs: list[PairStatus]
-    gateway: GatewayStatus
+    gateway: GatewayStatus  # the first; the instance and pair views are its
+    others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
+
+    @property
+    def gateways(self) -> list[GatewayStatus]:
+        return [self.gateway, *self.others]
 
     @property
     def healthy(self) -> bool:
-        gw = self.gateway
-        gateway_ok = gw.ready and gw.canary is not None and gw.canary.ok
+        gateway_ok = all(g.ok for g in self.gateways)
         pairs_ok = all(p.canary.ok and not p.drained for p in self.pairs)
         engines_ok = all(
             i.probe.healthy and i.unit is not None and i.unit.active == "active"
@@ -86,9 +96,10 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
             p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
         )
-    calls["gateway"] = lambda: _gateway(ops)
+    for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):
+        calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
     got = concurrently(calls)
-    gw_status, workers = got["gateway"]
+    gw_status, workers = got["gateway:0"]
     by_url = {w.url: w for w in workers or []}
     instances = []
     for i in topo.instances:
@@ -108,6 +119,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
             for p in pairs
         ],
         gateway=gw_status,
+        others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
     )
 
 
@@ -118,15 +130,22 @@ def _routing(pair: Pair, by_url: dict[str, GatewayWorker], got: dict[str, Any]) 
     return "drained" if up else "not routed"
 
 
-def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
-    """The gateway's status and workers (None: it did not list them)."""
-    url = ops.source.topology.router.url
+def _gateway(
+    url: str, admin: GatewayAdmin, pairs: list[Pair]
+) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
+    """A gateway's status and workers (None: it did not list them)."""
     try:
-        ready, detail = ops.gateway.readiness()
-        canary = gateway_canary(url, ops.gateway.headers)
-        return GatewayStatus(url, ready, detail, canary), ops.gateway.workers()
+        ready, detail = admin.readiness()
+        canary = gateway_canary(url, admin.headers)
+        workers = admin.workers()
     except GatewayError as e:
         return GatewayStatus(url, False, str(e)), None
+    pairing = {i.url: p.id for p in pairs for i in p.instances}
+    ours = [w for w in workers if w.url in pairing]
+    up = sum(w.status == "ready" and w.healthy for w in ours)
+    bound = sum(w.pairing == pairing[w.url] for w in ours)
+    view = f"{up}/{len(pairing)} ready, {bound} bound"
+    return GatewayStatus(url, ready, detail, canary, view), workers
 
 
 def to_json(s: Status) -> dict[str, Any]:
@@ -168,6 +187,7 @@ def to_json(s: Status) -> dict[str, Any]:
             for p in s.pairs
         ],
         "gateway": asdict(s.gateway),
+        "gateways": [asdict(g) for g in s.gateways],
     }
 
 
@@ -238,14 +258,16 @@ def tables(s: Status) -> list[Table]:
             "drained": f"[yellow]drained[/]: pdctl restart --both --pair {pr.id}",
         }.get(pr.gateway, f"[red]{pr.gateway}[/]")
         pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"), routing)
-    gt = Table(title="Gateway", title_justify="left")
-    for col in ("url", "readiness", "request", "latency"):
+    gt = Table(title="Gateways", title_justify="left")
+    for col in ("url", "readiness", "request", "latency", "workers"):
         gt.add_column(col)
-    gc = s.gateway.canary
-    gt.add_row(
-        s.gateway.url,
-        ("ready " if s.gateway.ready else "[red]NOT READY[/] ") + s.gateway.detail,
-        "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
-        _num(gc.latency_s if gc else None, "{:.3f}s"),
-    )
+    for gs in s.gateways:
+        gc = gs.canary
+        gt.add_row(
+            gs.url,
+            ("ready " if gs.ready else "[red]NOT READY[/] ") + gs.detail,
+            "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
+            _num(gc.latency_s if gc else None, "{:.3f}s"),
+            gs.view,
+        )
     return [t, pt, gt]

@@ -21,6 +21,7 @@ from pdctl import render, topology
 from pdctl.ops.context import Ops
 from pdctl.ops.doctor import doctor
 from pdctl.ops.restart import restart_pairs
+from pdctl.ops.status import collect
 from pdctl.testing.localproc import HOST, LocalPair, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -181,6 +182,11 @@ def test_two_gateways_roll_under_load_with_both_bound(
     assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
     for gw in gws:
         assert _pairings(gw) == _expected(ops)
+    status = collect(ops, canary_count=2)  # pdctl status: each gateway's view
+    assert [(g.url, g.view) for g in status.gateways] == [
+        (gw.url, "4/4 ready, 4 bound") for gw in gws
+    ]
+    assert status.healthy
     assert [s for s in snapshots if any(s.values())] == []
     failed = [o.failure for o in [*first, *second] if not o.ok]
     assert not failed, f"{len(failed)} of {len(first) + len(second)} failed: {failed[:5]}"
