@@ -227,11 +227,6 @@ class GatewayAdmin:
             time.sleep(step)
 
 
-def gone(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
-    wanted = set(urls)
-    return lambda ws: not any(w.url in wanted for w in ws)
-
-
 def drained(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
     """Removed, or draining with nothing in flight (smg takes ~5 s more to remove an idle
     worker; waiting for that would only lengthen every rolling restart)."""

@@ -431,6 +431,19 @@ def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
         restart.register_gateways(ops, ("gw9",), timeout=1)
 
 
+def test_register_waits_until_drained_entries_are_gone_or_bound_again() -> None:
+    url = "http://10.0.0.1:30000"
+    settled = gateway.settled([url], "node-a/pd0")
+
+    def held(status: str, pairing: str | None) -> list[GatewayWorker]:
+        return [GatewayWorker("a", url, "prefill", status, True, 0, pairing)]
+
+    assert settled([])  # removed: POST /workers would be accepted
+    assert not settled(held("draining", "node-a/pd0"))  # smg would answer 409
+    assert settled(held("ready", "node-a/pd0"))  # a gateway restart registered it already
+    assert not settled(held("ready", None))  # unbound: must be drained first
+
+
 def test_register_waits_bounded_for_a_gateway_that_does_not_answer() -> None:
     ops = fake_ops(FakeSystemd(), Unreachable("http://gw1:8000"))
     (d,) = restart.register_gateways(ops, (), timeout=0.3)
