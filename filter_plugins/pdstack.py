@@ -15,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from pdctl import names, render, topology
 from pdctl.errors import PdctlError
+from pdctl.escape import systemd_command
 from pdctl.spec import Deployment, EngineKind, Instance, load_deployment
 from pdctl.spec.load import resolve_profile
 
@@ -47,7 +48,8 @@ def _packages(dep: Deployment) -> dict[str, list[str]]:
     engine = ["pdctl"]
     if dep.profile.engine.kind is EngineKind.SGLANG:
         engine = [f"sglang=={v.sglang}", f"{v.nixl_package}=={v.nixl}", *engine]
-    return {"engine": engine, "gateway": [f"{v.gateway_package}=={v.gateway}"]}
+    # pdctl on a gateway host registers the pairs after each gateway start (ExecStartPost=).
+    return {"engine": engine, "gateway": [f"{v.gateway_package}=={v.gateway}", "pdctl"]}
 
 
 def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
@@ -86,6 +88,8 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
         "gateway": {
             "host": dep.router_host,
+            # Every [router] host runs a gateway over all pairs; its URL by host.
+            "urls": {g.name: dep.gateway_url(g) for g in dep.gateways},
             "unit": names.GATEWAY_UNIT,
             "env_file": names.GATEWAY_ENV_FILE,
             "key_var": names.GATEWAY_KEY_VAR,
@@ -95,6 +99,10 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             # The key's line only when the role has a key to write into env_file.
             "command_lines": render.gateway_command_lines(dep, api_key=False),
             "command_lines_api_key": render.gateway_command_lines(dep, api_key=True),
+            # ExecStartPost= per gateway host: registers every pair, bound, after each start.
+            "register": {
+                g.name: systemd_command(render.register_command(g.name)) for g in dep.gateways
+            },
         },
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {

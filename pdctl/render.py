@@ -115,13 +115,12 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
 
 
 def router_args(dep: Deployment) -> list[str]:
-    """`smg launch` arguments: every prefill (with bootstrap port) and decode of the inventory."""
+    """`smg launch` arguments: PD mode with no workers. A worker on smg's command line cannot
+    carry a pairing protocol, so the unit's ExecStartPost= registers every pair bound to
+    itself (`register_command`; docs/operations.md, "Pairs stay pairs")."""
     r = dep.profile.router
-    args = ["launch", "--pd-disaggregation"]
-    for prefill, decode in dep.pairs():
-        args += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
-        args += ["--decode", decode.url]
-    args += [
+    args = [
+        "launch", "--pd-disaggregation",
         "--host", r.host,
         "--port", str(r.port),
         "--policy", r.policy,
@@ -140,6 +139,20 @@ def gateway_command_lines(dep: Deployment, api_key: bool) -> list[str]:
         # Unquoted: systemd substitutes ${VAR} with the value as one argument.
         lines.append(f"--api-key ${{{names.GATEWAY_KEY_VAR}}}")
     return lines
+
+
+# How long the gateway unit's ExecStartPost= waits for smg to answer; inside systemd's
+# default TimeoutStartSec (90 s), which bounds the whole start.
+REGISTER_TIMEOUT_S = 60
+
+
+def register_command(gateway_host: str) -> list[str]:
+    """The gateway unit's ExecStartPost=: register every pair with this host's gateway, bound
+    by pairing protocol. It reads the key from the unit's environment, like smg."""
+    return [
+        f"{names.VENV}/bin/pdctl", "gateway", "register",
+        "--gateway", gateway_host, "--timeout", str(REGISTER_TIMEOUT_S),
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)

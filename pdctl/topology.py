@@ -2,18 +2,21 @@
 
 pdctl on a host reads it instead of the inventory and profile, so it works where Ansible and the
 deployment sources are absent. It holds the whole deployment (every host's pairs and the
-gateway), because a pair's peer and the router may live on another host.
+gateways), because a pair's peer and the gateways may live on other hosts. Every host of the
+inventory's [router] group runs a gateway over every pair (`gateways`); `router` is the first
+of them, the one clients and `pdctl status` use by default.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from pdctl import names
-from pdctl.errors import SpecError
+from pdctl.errors import PdctlError, SpecError
 from pdctl.spec import Deployment, Instance, Role
 from pdctl.spec.load import key_path
 
@@ -61,6 +64,28 @@ class Topology(_Frozen):
     instances: list[TopologyInstance]
     pairs: list[TopologyPair]
     router: TopologyRouter
+    gateways: list[TopologyRouter] = []  # router first; left out: [router]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _router_is_first_gateway(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gateways" not in data and "router" in data:
+            return {**data, "gateways": [data["router"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _first_gateway_is_router(self) -> Topology:
+        if not self.gateways or self.gateways[0] != self.router:
+            raise ValueError("gateways must start with router (the first gateway)")
+        return self
+
+    def gateway(self, host: str) -> TopologyRouter:
+        """The gateway on inventory host `host`."""
+        for g in self.gateways:
+            if g.host == host:
+                return g
+        hosts = ", ".join(g.host for g in self.gateways)
+        raise PdctlError(f"no gateway on {host!r}; gateways run on: {hosts}")
 
     def on_host(self, host: str) -> list[TopologyInstance]:
         return [i for i in self.instances if i.host == host]
@@ -82,7 +107,16 @@ def _instance(inst: Instance) -> TopologyInstance:
 
 
 def from_deployment(dep: Deployment) -> Topology:
-    router = dep.profile.router
+    metrics_port = dep.profile.router.metrics_port
+    gateways = [
+        TopologyRouter(
+            host=g.name,
+            url=dep.gateway_url(g),
+            metrics_url=f"http://{g.address}:{metrics_port}/metrics",
+            unit=names.GATEWAY_UNIT,
+        )
+        for g in dep.gateways
+    ]
     return Topology(
         model=dep.profile.model.served_name,
         engine=dep.profile.engine.kind.value,
@@ -91,12 +125,8 @@ def from_deployment(dep: Deployment) -> Topology:
             TopologyPair(host=p.host, name=p.pair, target=p.pair_target, prefill=p.id, decode=d.id)
             for p, d in dep.pairs()
         ],
-        router=TopologyRouter(
-            host=dep.router_host,
-            url=dep.router_url,
-            metrics_url=f"http://{dep.router_address}:{router.metrics_port}/metrics",
-            unit=names.GATEWAY_UNIT,
-        ),
+        router=gateways[0],
+        gateways=gateways,
     )
 
 

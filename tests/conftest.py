@@ -30,6 +30,20 @@ def require_tool(name: str) -> Path:
     return require_path(found, name)
 
 
+TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
+
+
+def two_gateways_inventory(tmp_path: Path) -> Path:
+    """deploy/examples/two-hosts.ini with both hosts in [router]: two gateways."""
+    text = TWO_HOSTS.read_text()
+    assert "[router]\ngpu-node-1\n\n" in text
+    text = text.replace("[router]\ngpu-node-1\n", "[router]\ngpu-node-1\ngpu-node-2\n")
+    text = text.replace("=../profiles/", f"={ROOT}/deploy/profiles/")
+    path = tmp_path / "two-gateways.ini"
+    path.write_text(text)
+    return path
+
+
 def one_pair_topology(
     host: str,
     prefill_url: str,

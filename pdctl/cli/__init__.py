@@ -22,6 +22,7 @@ COMMANDS = {
     "restart": "pdctl.cli.ops_commands:restart",
     "doctor": "pdctl.cli.ops_commands:doctor",
     "recover": "pdctl.cli.ops_commands:recover",
+    "gateway": "pdctl.cli.ops_commands:gateway",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",
     "exporter": "pdctl.exporter.command:exporter",

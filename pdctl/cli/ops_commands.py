@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +34,7 @@ from pdctl.ops.recover import recover as run_recover
 from pdctl.ops.restart import (
     Report,
     plan_lines,
+    register_gateways,
     restart_instance,
     restart_pairs,
     restart_router,
@@ -159,7 +161,11 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--both", is_flag=True, help="Restart prefill and decode of each pair together.")
 @click.option("--prefill", is_flag=True, help="Prefill alone: refused without --force.")
 @click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
-@click.option("--router", is_flag=True, help="Restart only the gateway (it holds no state).")
+@click.option(
+    "--router",
+    is_flag=True,
+    help="Restart only the gateways, one at a time (they hold no state).",
+)
 @click.option(
     "--pair", "pairs", multiple=True, metavar="NAME", help="Pair NAME or HOST/NAME; repeatable."
 )
@@ -215,14 +221,13 @@ def restart(
     timeouts = Timeouts(drain=drain_timeout, health=health_timeout, canary=canary_timeout)
     ops = _ops(topology_path, inventory, profile, timeouts)
     if router:
-        r = ops.source.topology.router
         _confirm(
             yes,
-            [f"gateway {r.unit} on {r.host} ({r.url})"],
-            "Restart the gateway? Requests in flight through it fail.",
+            [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
+            "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
         with lock.held("pdctl restart --router"):
-            reports = [restart_router(ops)]
+            reports = restart_router(ops)
     else:
         chosen = ops.source.select(pairs, all_pairs)
         if sides:
@@ -355,3 +360,68 @@ def recover(
     rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_timeout)
     _print_reports([rep], "table")
     sys.exit(0 if rep.ok else 1)
+
+
+@click.group()
+def gateway() -> None:
+    """The gateways (smg): every host of the inventory's [router] group runs one."""
+
+
+@gateway.command("register")
+@source_options
+@format_option
+@click.option(
+    "--gateway",
+    "hosts",
+    multiple=True,
+    metavar="HOST",
+    help="The gateway on inventory host HOST; repeatable. Default: every gateway.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for each gateway to answer (it may be starting).",
+)
+def register(
+    topology_path: Path,
+    inventory: Path,
+    profile: Path | None,
+    fmt: str,
+    hosts: tuple[str, ...],
+    timeout: float,
+) -> None:
+    """Register every pair with the gateways, each pair bound by its id.
+
+    smg starts with no workers; the gateway unit runs this after every start
+    (ExecStartPost=), so each pair's prefill and decode carry the pair's id as pairing
+    protocol and smg never combines one pair's prefill with another pair's decode.
+
+    It does not wait for the engines: smg adds each worker once its engine answers. Safe to
+    run again: workers a gateway holds are left alone; one held without its pair's protocol
+    is reported "unbound" (pdctl restart --both --pair NAME rebinds it without failing
+    requests), one being drained "draining" (a restart is under way).
+
+    \b
+    Exit codes: 0 done; 1 a gateway did not answer within --timeout; 2 bad input.
+    \b
+    Examples:
+      pdctl gateway register
+      pdctl gateway register --gateway router-1 --timeout 30
+    """
+    done = register_gateways(_ops(topology_path, inventory, profile), hosts, timeout)
+    if fmt == "json":
+        click.echo(json.dumps([asdict(d) for d in done], indent=2))
+    else:
+        for d in done:
+            if d.error:
+                click.secho(f"FAILED: {d.host} ({d.url}): {d.error}", fg="red")
+                continue
+            counts = Counter(state.split(" ")[0] for state in d.workers.values())
+            summary = ", ".join(f"{n} {state}" for state, n in counts.items())
+            click.echo(f"OK: {d.host} ({d.url}): {summary or 'no workers'}")
+            for url, state in d.workers.items():
+                if state not in ("added", "bound"):
+                    click.secho(f"  Warning: {url} {state}", fg="yellow")
+    sys.exit(1 if any(d.error for d in done) else 0)

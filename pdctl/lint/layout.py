@@ -108,7 +108,7 @@ def port_collision(dep: Deployment) -> Iterator[Problem]:
                 users.setdefault(inst.bootstrap_port, []).append(
                     (f"{inst.name} bootstrap", instance_key(dep, inst, "bootstrap_port"))
                 )
-        if host.name == dep.router_host:
+        if host.name in {g.name for g in dep.gateways}:
             users.setdefault(router.port, []).append(("router", "router.port"))
             users.setdefault(router.metrics_port, []).append(
                 ("router metrics", "router.metrics_port")

@@ -49,3 +49,24 @@ def mooncake_ib_device(dep: Deployment) -> Iterator[Problem]:
                     fix="engine.common.extra_args: add "
                     f"--disaggregation-ib-device {','.join(nics)}",
                 )
+
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+@rule(
+    "router-host-shared",
+    Severity.ERROR,
+    "several [router] hosts, each to bind one specific router.host address",
+)
+def router_host_shared(dep: Deployment) -> Iterator[Problem]:
+    host = dep.profile.router.host
+    if len(dep.gateways) < 2 or host in WILDCARDS:
+        return
+    yield Problem(
+        where="profile",
+        message=f"router.host {host} is one address, but every [router] host "
+        f"({', '.join(g.name for g in dep.gateways)}) runs a gateway bound to it: the "
+        "gateways on the hosts that do not own it fail to start",
+        fix="router.host: 0.0.0.0 (each gateway listens on its own host's addresses)",
+    )

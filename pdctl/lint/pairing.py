@@ -80,7 +80,8 @@ def pair_routing(dep: Deployment) -> Iterator[Problem]:
     # smg takes the last --policy; --prefill-policy / --decode-policy override it per side.
     main = flags["--policy"][0]
     policies = {side: (flags.get(flag) or (main,))[0] for side, flag in POLICY_FLAGS.items()}
-    counts = {side: args.count(f"--{side}") for side in POLICY_FLAGS}
+    # The gateway unit registers each pair's prefill and decode; router.extra_args may add more.
+    counts = {side: len(pairs) + args.count(f"--{side}") for side in POLICY_FLAGS}
     if set(policies.values()) == {"round_robin"} and counts["prefill"] == counts["decode"]:
         return
     found = ", ".join(f"{side} {policies[side]} over {counts[side]}" for side in POLICY_FLAGS)
@@ -90,9 +91,9 @@ def pair_routing(dep: Deployment) -> Iterator[Problem]:
         "for each request separately. Requests that cross pairs break the pair as the unit of "
         "restart (a restarted decode leaves stale state in every prefill that served it, and "
         "pdctl restart --both clears only its own pair) and, without RDMA, move KV between "
-        "hosts over TCP. pdctl binds a pair's workers when it registers them; until then "
-        "(the workers on the gateway's command line) only round_robin on both sides over "
-        "equal counts can keep prefill i with decode i",
+        "hosts over TCP. pdctl binds each pair's workers when it registers them (the gateway "
+        "unit does at every start); workers added another way are unbound, and only "
+        "round_robin on both sides over equal counts can keep prefill i with decode i",
         fix="router.policy: round_robin; drop --policy, --prefill-policy, --decode-policy, "
         "--prefill and --decode from router.extra_args",
     )

@@ -30,10 +30,16 @@ def _echo(line: str) -> None:
 class Ops:
     source: Source
     systemd_for: Callable[[str], Systemd]
-    gateway: GatewayAdmin
+    gateway: GatewayAdmin  # the first gateway (topology.router)
     timeouts: Timeouts = field(default_factory=Timeouts)
     canary_count: int = 5
     say: Callable[[str], None] = _echo  # progress lines (stderr, so --format json stays clean)
+    other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
+
+    @property
+    def gateways(self) -> list[GatewayAdmin]:
+        """Every gateway: drain and register act on all of them."""
+        return [self.gateway, *self.other_gateways]
 
     def systemd(self, host: str) -> Systemd:
         return self.systemd_for(host)
@@ -42,7 +48,8 @@ class Ops:
 def host_addresses(source: Source) -> dict[str, str]:
     topo = source.topology
     out = {i.host: urlsplit(i.url).hostname or i.host for i in topo.instances}
-    out.setdefault(topo.router.host, urlsplit(topo.router.url).hostname or topo.router.host)
+    for g in topo.gateways:
+        out.setdefault(g.host, urlsplit(g.url).hostname or g.host)
     return out
 
 
@@ -56,9 +63,6 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
             cache[host] = for_host(host, addresses.get(host, host))
         return cache[host]
 
-    return Ops(
-        source,
-        systemd_for,
-        GatewayAdmin(source.topology.router.url, api_key()),
-        timeouts or Timeouts(),
-    )
+    key = api_key()
+    first, *others = (GatewayAdmin(g.url, key) for g in source.topology.gateways)
+    return Ops(source, systemd_for, first, timeouts or Timeouts(), other_gateways=others)

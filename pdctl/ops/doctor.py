@@ -95,15 +95,11 @@ def pair_findings(s: Status) -> list[Finding]:
                     f"run pdctl restart --both --pair {p.id}",
                 )
             )
-    if not s.gateway.ready:
-        out.append(
-            _error(
-                "live-gateway",
-                s.gateway.url,
-                f"gateway not ready: {s.gateway.detail}",
-                "pdctl restart --router",
-            )
-        )
+    out += [
+        _error("live-gateway", g.url, f"gateway not ready: {g.detail}", "pdctl restart --router")
+        for g in s.gateways
+        if not g.ready
+    ]
     for i in s.instances if s.gateway.ready else []:  # else the gateway's view is unknown
         pair = f"{i.instance.host}/{i.instance.pair}"
         if i.probe.healthy and i.gateway is None:

@@ -2,10 +2,12 @@
 
 smg 1.13: `DELETE /workers/{id}` answers 202 and marks the worker `draining` (no new
 requests; `load` counts the ones still in flight), then removes it a few seconds later.
-`POST /workers` with an URL it still holds answers 409: taken as "already registered".
-In PD mode smg picks prefill and decode separately; `pairing_protocol` on `POST /workers`
-restricts a prefill to decodes with the same protocol (docs/operations.md, "Pairs stay
-pairs").
+`POST /workers` answers 202 at once and a background job adds the worker when its engine
+answers (up to smg's --worker-startup-timeout-secs, 30 min): GET /workers lists it only then.
+`POST /workers` with an URL it holds or is still adding answers 409: taken as "already
+registered". In PD mode smg picks prefill and decode separately; `pairing_protocol` on
+`POST /workers` restricts a prefill to decodes with the same protocol (docs/operations.md,
+"Pairs stay pairs").
 """
 
 from __future__ import annotations
@@ -71,6 +73,16 @@ class GatewayWorker:
     healthy: bool
     load: int  # in-flight requests the gateway has open on it
     pairing: str | None = None  # pairing protocol; pdctl registers a pair's workers with its id
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One worker as pdctl registers it: bound to its pair by pairing protocol."""
+
+    url: str
+    worker_type: str  # prefill | decode
+    bootstrap_port: int | None
+    pairing: str  # the pair's id
 
 
 class GatewayAdmin:
@@ -160,6 +172,48 @@ class GatewayAdmin:
                 f"gateway: POST /workers {url} answered {r.status_code}: {r.text[:200]}"
             )
 
+    def register(self, regs: Iterable[Registration]) -> dict[str, str]:
+        """Add the workers the gateway does not hold, bound (idempotent: a worker it holds is
+        left alone). Does not wait for the engines: smg adds each one once it answers.
+        Returns per URL: added, bound (already, with its pairing), draining (being taken out:
+        a restart is under way), or `unbound (pairing X)` (held without its pair's protocol:
+        only `pdctl restart --both` rebinds it without failing its requests)."""
+        held = {w.url: w for w in self.workers()}
+        out: dict[str, str] = {}
+        todo: list[Registration] = []
+        for r in regs:
+            w = held.get(r.url)
+            if w is None:
+                out[r.url] = "added"
+                todo.append(r)
+            elif w.status == "draining":
+                out[r.url] = "draining"
+            elif w.pairing == r.pairing:
+                out[r.url] = "bound"
+            else:
+                out[r.url] = f"unbound (pairing {w.pairing or 'none'})"
+        # At once, for the reason `remove` gives.
+        concurrently(
+            {
+                r.url: partial(self.add, r.url, r.worker_type, r.bootstrap_port, r.pairing)
+                for r in todo
+            }
+        )
+        return out
+
+    def wait_answering(self, timeout: float, step: float = 0.25) -> None:
+        """Wait until GET /workers answers (a gateway that is starting); GatewayError after
+        `timeout` with the last error."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.workers()
+                return
+            except GatewayError as e:
+                if time.monotonic() >= deadline:
+                    raise GatewayError(f"{e} (still, after {timeout:.0f}s)") from None
+            time.sleep(step)
+
     def wait(
         self, pred: Callable[[list[GatewayWorker]], bool], timeout: float, step: float = 0.25
     ) -> bool:
@@ -173,16 +227,20 @@ class GatewayAdmin:
             time.sleep(step)
 
 
-def gone(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
-    wanted = set(urls)
-    return lambda ws: not any(w.url in wanted for w in ws)
-
-
 def drained(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:
     """Removed, or draining with nothing in flight (smg takes ~5 s more to remove an idle
     worker; waiting for that would only lengthen every rolling restart)."""
     wanted = set(urls)
     return lambda ws: all(w.status == "draining" and w.load == 0 for w in ws if w.url in wanted)
+
+
+def settled(urls: Iterable[str], pairing: str) -> Callable[[list[GatewayWorker]], bool]:
+    """Each worker gone (a drain's removal done: smg answers 409 until then) or held bound to
+    `pairing` and not draining (added back already, e.g. by a gateway restart's register)."""
+    wanted = set(urls)
+    return lambda ws: all(
+        w.pairing == pairing and w.status != "draining" for w in ws if w.url in wanted
+    )
 
 
 def ready(urls: Iterable[str]) -> Callable[[list[GatewayWorker]], bool]:

@@ -75,19 +75,21 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
 
 
 def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
-    t, gw = ops.timeouts, ops.source.topology.router.url
+    t = ops.timeouts
+    gw = ", ".join(g.url for g in ops.gateways)
+    each = "each gateway" if len(ops.gateways) > 1 else "the gateway"
     out: list[str] = []
     for n, p in enumerate(pairs, 1):
         out += [
             f"{n}. pair {p.id} ({p.spec.target}): {p.prefill.url} + {p.decode.url}",
-            f"   drain     remove both from the gateway {gw}, wait <= {t.drain:.0f}s for "
+            f"   drain     remove both from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
             f"   stop      systemctl stop {p.spec.target} on {p.spec.host} (both engines)",
             f"   start     systemctl start {p.spec.target}",
             f"   health    wait <= {t.health:.0f}s for /health on both",
             "   canary    a request through this pair's PD path (retried until it passes)",
             f"   verify    {ops.canary_count} more; every one must pass",
-            "   register  add both back to the gateway, bound to each other (pairing "
+            f"   register  add both back to {each}, bound to each other (pairing "
             f"protocol {p.id}), wait until it routes to them",
         ]
     if len(pairs) > 1:
@@ -166,48 +168,116 @@ def _verify(ops: Ops, pair: Pair) -> None:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 
 
-def register_pair(ops: Ops, pair: Pair) -> None:
-    """Add both engines to the gateway, bound to each other, and wait until it routes to them."""
-    gw = ops.gateway
+def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
+    """Both workers of each pair, bound to each other by the pair's id as pairing protocol:
+    smg then never combines them with another pair's worker, whatever its round robin
+    rotations say (docs/operations.md, "Pairs stay pairs")."""
+    return [
+        gateway.Registration(
+            i.url,
+            i.role.value,
+            i.bootstrap_port if i.role is Role.PREFILL else None,
+            pairing=p.id,
+        )
+        for p in pairs
+        for i in p.instances
+    ]
+
+
+def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.GatewayAdmin]:
+    """The gateways that answer. Required: every one must, or StepFailed names those that
+    do not (before anything changes); else the others are skipped with a line saying so (a
+    gateway that comes back registers every pair itself, ExecStartPost=)."""
+
+    def answers(gw: gateway.GatewayAdmin) -> str | None:
+        try:
+            gw.workers()
+            return None
+        except gateway.GatewayError as e:
+            return str(e)
+
+    errors = concurrently({gw.url: partial(answers, gw) for gw in ops.gateways})
+    down = [e for e in errors.values() if e is not None]
+    if down and required:
+        stopped = "; nothing was stopped" if phase == "drain" else ""
+        raise StepFailed(phase, "; ".join(down) + stopped)
+    for e in down:
+        ops.say(f"  {pair.id}: cannot {phase} ({e}); going on")
+    return [gw for gw in ops.gateways if errors[gw.url] is None]
+
+
+def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:
+    """Add both engines to every gateway, bound to each other, and wait until each routes
+    to them."""
     urls = [i.url for i in pair.instances]
-    # smg answers 409 while the drained entries are still being removed.
-    if not gw.wait(gateway.gone(urls), ops.timeouts.register):
-        raise StepFailed(
-            "register",
-            f"the gateway still lists the drained workers after {ops.timeouts.register:.0f}s",
-        )
-    # Both at once, for the reason gateway.GatewayAdmin.remove gives, and bound to each
-    # other: with the pair's id as pairing protocol smg never combines them with another
-    # pair's worker, whatever its round robin rotations say (docs/operations.md).
-    concurrently(
-        {
-            i.url: partial(
-                gw.add,
-                i.url,
-                i.role.value,
-                i.bootstrap_port if i.role is Role.PREFILL else None,
-                pairing=pair.id,
+    t = ops.timeouts.register
+
+    def register(gw: gateway.GatewayAdmin) -> None:
+        # smg answers 409 while the drained entries are still being removed.
+        if not gw.wait(gateway.settled(urls, pair.id), t):
+            raise StepFailed(
+                "register", f"gateway {gw.url} still lists the drained workers after {t:.0f}s"
             )
-            for i in pair.instances
-        }
-    )
-    if not gw.wait(gateway.ready(urls), ops.timeouts.register):
-        raise StepFailed(
-            "register", f"the gateway did not mark both ready within {ops.timeouts.register:.0f}s"
-        )
+        gw.register(registrations([pair]))
+        if not gw.wait(gateway.ready(urls), t):
+            raise StepFailed(
+                "register", f"gateway {gw.url} did not mark both ready within {t:.0f}s"
+            )
+
+    gws = _reachable(ops, pair, "register", required)
+    concurrently({gw.url: partial(register, gw) for gw in gws})
+
+
+@dataclass
+class GatewayRegistration:
+    """What `pdctl gateway register` did at one gateway."""
+
+    host: str
+    url: str
+    workers: dict[str, str] = field(default_factory=dict)  # URL -> GatewayAdmin.register's word
+    error: str | None = None  # the gateway did not answer in time
+
+
+def register_gateways(
+    ops: Ops, hosts: tuple[str, ...], timeout: float
+) -> list[GatewayRegistration]:
+    """Register every pair, bound, with the gateways on `hosts` (default: all), each waited
+    for up to `timeout` s to answer (it may be starting). The gateway unit runs this after
+    each start: smg starts empty, so no worker is ever held unbound."""
+    topo = ops.source.topology
+    chosen = [topo.gateway(h) for h in hosts] if hosts else topo.gateways
+    admins = {g.host: gw for g, gw in zip(topo.gateways, ops.gateways, strict=True)}
+    regs = registrations(ops.source.pairs())
+
+    def one(host: str, url: str) -> GatewayRegistration:
+        out = GatewayRegistration(host, url)
+        try:
+            admins[host].wait_answering(timeout)
+            out.workers = admins[host].register(regs)
+        except gateway.GatewayError as e:
+            out.error = str(e)
+        return out
+
+    done = concurrently({g.host: partial(one, g.host, g.url) for g in chosen})
+    return list(done.values())
 
 
 def _drain(ops: Ops, pair: Pair, required: bool) -> None:
     urls = [i.url for i in pair.instances]
     try:
-        ops.gateway.remove(urls)
-        drained = ops.gateway.wait(gateway.drained(urls), ops.timeouts.drain)
+        # Every gateway must answer before any stops routing: a gateway left out would keep
+        # sending requests to engines about to stop.
+        gws = _reachable(ops, pair, "drain", required)
+        concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
+        waited = concurrently(
+            {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
+        )
     except gateway.GatewayError as e:
         if required:
             raise StepFailed("drain", f"{e}; nothing was stopped") from None
         ops.say(f"  {pair.id}: cannot drain ({e}); going on")
         return
-    if not drained:
+    if not all(waited.values()):
         ops.say(
             f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s; "
             "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
@@ -230,7 +300,7 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
         ("health", lambda: _wait_healthy(ops, sd, pair)),
         ("canary", lambda: _first_canary(ops, pair)),
         ("verify", lambda: _verify(ops, pair)),
-        ("register", lambda: register_pair(ops, pair)),
+        ("register", lambda: register_pair(ops, pair, drain_required)),
     ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
     phase = steps[0][0]
@@ -270,33 +340,38 @@ def _until(ops: Ops, ok: Callable[[], bool], timeout: float, failure: str) -> No
         time.sleep(ops.timeouts.poll)
 
 
-def _gateway_ready(ops: Ops) -> Callable[[], bool]:
+def _gateway_ready(gw: gateway.GatewayAdmin) -> Callable[[], bool]:
     def ready() -> bool:
         try:
-            return ops.gateway.readiness()[0]
+            return gw.readiness()[0]
         except gateway.GatewayError:
             return False  # restarting: not listening yet
 
     return ready
 
 
-def restart_router(ops: Ops) -> Report:
-    r = ops.source.topology.router
-    sd = ops.systemd(r.host)
-    rep = Report(r.unit)
-    try:
-        with _timed(rep.phases, "restart"):
-            sd.restart(r.unit)
-        with _timed(rep.phases, "health"):
-            _until(ops, _gateway_ready(ops), ops.timeouts.register, "gateway not ready")
-    except PdctlError as e:
-        rep.ok, rep.error = False, str(e)
-        rep.journal = _journal(sd, [r.unit])
-    rep.lines = [
-        f"{'OK' if rep.ok else 'FAILED'}: {r.host}/gateway ({r.unit})"
-        + ("" if rep.ok else f": {rep.error}")
-    ]
-    return rep
+def restart_router(ops: Ops) -> list[Report]:
+    """Every gateway, one at a time (the others keep serving); the first failure stops."""
+    reports: list[Report] = []
+    for r, gw in zip(ops.source.topology.gateways, ops.gateways, strict=True):
+        sd = ops.systemd(r.host)
+        rep = Report(f"{r.host}/{r.unit}")
+        try:
+            with _timed(rep.phases, "restart"):
+                sd.restart(r.unit)
+            with _timed(rep.phases, "health"):
+                _until(ops, _gateway_ready(gw), ops.timeouts.register, "gateway not ready")
+        except PdctlError as e:
+            rep.ok, rep.error = False, str(e)
+            rep.journal = _journal(sd, [r.unit])
+        rep.lines = [
+            f"{'OK' if rep.ok else 'FAILED'}: {r.host}/gateway ({r.unit})"
+            + ("" if rep.ok else f": {rep.error}")
+        ]
+        reports.append(rep)
+        if not rep.ok:
+            break
+    return reports
 
 
 def restart_instance(ops: Ops, inst: TopologyInstance) -> Report:

@@ -1,11 +1,11 @@
-"""One view of the deployment: units, engines, pair canaries, the gateway's view, the restart
+"""One view of the deployment: units, engines, pair canaries, every gateway's view, the restart
 lock; and its rendering for a terminal, per host and pair, that fits 80 columns."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -15,7 +15,7 @@ from rich.text import Text
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
-from pdctl.ops.gateway import GatewayError, GatewayWorker
+from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
@@ -58,20 +58,30 @@ class GatewayStatus:
     ready: bool
     detail: str
     canary: CanaryResult | None = None  # a request through the gateway (any pair)
+    # Its view of the pairs' workers: "4/4 ready, 4 bound" (bound: the pair's pairing protocol)
+    view: str = "-"
+
+    @property
+    def ok(self) -> bool:
+        return self.ready and self.canary is not None and self.canary.ok
 
 
 @dataclass(frozen=True)
 class Status:
     instances: list[InstanceStatus]
     pairs: list[PairStatus]
-    gateway: GatewayStatus
+    gateway: GatewayStatus  # the first; the instance and pair views are its
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
+    others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
+
+    @property
+    def gateways(self) -> list[GatewayStatus]:
+        return [self.gateway, *self.others]
 
     @property
     def healthy(self) -> bool:
-        gw = self.gateway
-        gateway_ok = gw.ready and gw.canary is not None and gw.canary.ok
+        gateway_ok = all(g.ok for g in self.gateways)
         pairs_ok = all(p.canary.ok and not p.drained for p in self.pairs)
         engines_ok = all(
             i.probe.healthy and i.unit is not None and i.unit.active == "active"
@@ -98,10 +108,11 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
             p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
         )
-    calls["gateway"] = lambda: _gateway(ops)
+    for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):
+        calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
     calls["lock"] = _lock
     got = concurrently(calls, PROBE_WORKERS)
-    gw_status, workers = got["gateway"]
+    gw_status, workers = got["gateway:0"]
     by_url = {w.url: w for w in workers or []}
     instances = []
     for i in topo.instances:
@@ -121,6 +132,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
             for p in pairs
         ],
         gateway=gw_status,
+        others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
         lock=got["lock"][0],
         lock_error=got["lock"][1],
     )
@@ -140,15 +152,22 @@ def _routing(pair: Pair, by_url: dict[str, GatewayWorker], got: dict[str, Any]) 
     return "drained" if up else "not routed"
 
 
-def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
-    """The gateway's status and workers (None: it did not list them)."""
-    url = ops.source.topology.router.url
+def _gateway(
+    url: str, admin: GatewayAdmin, pairs: list[Pair]
+) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
+    """A gateway's status and workers (None: it did not list them)."""
     try:
-        ready, detail = ops.gateway.readiness()
-        canary = gateway_canary(url, ops.gateway.headers)
-        return GatewayStatus(url, ready, detail, canary), ops.gateway.workers()
+        ready, detail = admin.readiness()
+        canary = gateway_canary(url, admin.headers)
+        workers = admin.workers()
     except GatewayError as e:
         return GatewayStatus(url, False, str(e)), None
+    pairing = {i.url: p.id for p in pairs for i in p.instances}
+    ours = [w for w in workers if w.url in pairing]
+    up = sum(w.status == "ready" and w.healthy for w in ours)
+    bound = sum(w.pairing == pairing[w.url] for w in ours)
+    view = f"{up}/{len(pairing)} ready, {bound} bound"
+    return GatewayStatus(url, ready, detail, canary, view), workers
 
 
 def to_json(s: Status) -> dict[str, Any]:
@@ -190,6 +209,7 @@ def to_json(s: Status) -> dict[str, Any]:
             for p in s.pairs
         ],
         "gateway": asdict(s.gateway),
+        "gateways": [asdict(g) for g in s.gateways],
         "restart_lock": {
             "held": s.lock is not None,
             "pid": s.lock.pid if s.lock else None,
@@ -299,6 +319,7 @@ GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [
             else "request " + _red_unless(False, g.canary.error)
         ),
     ),
+    (0, lambda g: f"workers {escape(g.view)}"),
 ]
 
 
@@ -359,7 +380,7 @@ def view(s: Status) -> Group:
     pairs = {p.id: p for p in s.pairs}
     verdict = "[green]healthy[/]" if s.healthy else "[red bold]NOT HEALTHY[/]"
     n_pairs = sum(len(by_pair) for by_pair in hosts.values())
-    gateways = [s.gateway]
+    gateways = s.gateways
     fleet = f"{_n(n_pairs, 'pair')} on {_n(len(hosts), 'host')}, {_n(len(gateways), 'gateway')}"
     out: list[Any] = [
         _Line(0, [(0, verdict), (0, fleet)]),

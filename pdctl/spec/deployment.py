@@ -53,13 +53,29 @@ class HostSpec:
 
 
 @dataclass(frozen=True)
+class GatewayHost:
+    """A host of the inventory's [router] group: each runs a gateway over every pair."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
 class Deployment:
     profile: Profile
     profile_path: Path
     inventory_path: Path
     hosts: list[HostSpec]
-    router_host: str
-    router_address: str
+    gateways: list[GatewayHost]  # in inventory order; never empty
+
+    @property
+    def router_host(self) -> str:
+        """The first gateway's host: the one clients and benchmarks use by default."""
+        return self.gateways[0].name
+
+    @property
+    def router_address(self) -> str:
+        return self.gateways[0].address
 
     @property
     def instances(self) -> list[Instance]:
@@ -77,4 +93,7 @@ class Deployment:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.router_address}:{self.profile.router.port}"
+        return self.gateway_url(self.gateways[0])
+
+    def gateway_url(self, gateway: GatewayHost) -> str:
+        return f"http://{gateway.address}:{self.profile.router.port}"

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pdctl import names
 from pdctl.errors import SpecError
-from pdctl.spec.deployment import Deployment, HostSpec, Instance
+from pdctl.spec.deployment import Deployment, GatewayHost, HostSpec, Instance
 from pdctl.spec.profile import (
     LONG_CONTEXT_ENV,
     InstanceSpec,
@@ -269,14 +269,12 @@ def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> D
                 f"({', '.join(engine_hosts)})",
             )
     hosts = [_resolve_host(name, profile, inventory) for name in engine_hosts]
-    router = router_hosts[0]
     return Deployment(
         profile=profile,
         profile_path=profile_path,
         inventory_path=inventory_path,
         hosts=hosts,
-        router_host=router,
-        router_address=_address(router, inventory),
+        gateways=[GatewayHost(name, _address(name, inventory)) for name in router_hosts],
     )
 
 

@@ -111,7 +111,23 @@ def _instance(p: LocalPair, role: Role) -> TopologyInstance:
     )
 
 
-def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
+def _gateway(gateway: Gateway, host: str) -> TopologyRouter:
+    return TopologyRouter(
+        host=host,
+        url=gateway.url,
+        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+        unit=names.GATEWAY_UNIT,
+    )
+
+
+def local_topology(
+    pairs: Sequence[LocalPair], gateway: Gateway, others: Sequence[Gateway] = ()
+) -> Topology:
+    """One host; `others` are more gateways (hosts local-2, local-3, ...)."""
+    gateways = [
+        _gateway(gateway, HOST),
+        *(_gateway(g, f"{HOST}-{n}") for n, g in enumerate(others, 2)),
+    ]
     return Topology(
         model="sim",
         engine="sim",
@@ -126,24 +142,24 @@ def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
             )
             for p in pairs
         ],
-        router=TopologyRouter(
-            host=HOST,
-            url=gateway.url,
-            metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-            unit=names.GATEWAY_UNIT,
-        ),
+        router=gateways[0],
+        gateways=gateways,
     )
 
 
 def local_ops(
-    pairs: Sequence[LocalPair], gateway: Gateway, timeouts: Timeouts | None = None
+    pairs: Sequence[LocalPair],
+    gateway: Gateway,
+    timeouts: Timeouts | None = None,
+    others: Sequence[Gateway] = (),
 ) -> tuple[Ops, LocalUnits]:
     units = LocalUnits(pairs)
     systemd: Systemd = units
     ops = Ops(
-        Source(local_topology(pairs, gateway), None),
+        Source(local_topology(pairs, gateway, others), None),
         lambda _host: systemd,
         GatewayAdmin(gateway.url),
         timeouts or Timeouts(health=60, canary=30),
+        other_gateways=[GatewayAdmin(g.url) for g in others],
     )
     return ops, units

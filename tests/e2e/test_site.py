@@ -163,6 +163,15 @@ def test_completion_flows_through_the_gateway_over_the_pd_path(site: Site) -> No
     after = [_engine_requests(u) for u in urls]
     # The gateway in PD mode sends each request to the prefill and the decode.
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    # smg started with no workers; its unit's ExecStartPost= registered each pair bound.
+    workers = requests.get(
+        f"{dep['gateway']['url']}/workers",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=10,
+    ).json()["workers"]
+    pairs = {i["inst"]["url"]: f"{site.host.name}/{i['inst']['pair']}" for i in
+             dep["hosts"][site.host.name]["instances"]}  # fmt: skip
+    assert {w["url"]: w.get("pairing_protocol") for w in workers} == pairs
 
 
 def test_stopping_the_pair_target_stops_both_engines(site: Site) -> None:

@@ -12,6 +12,7 @@ import pytest
 from pdctl.lint import Severity, lint
 from pdctl.render import render_instance, router_args
 from pdctl.spec import load_deployment
+from tests.conftest import two_gateways_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
@@ -58,15 +59,17 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     data = filters.pdstack_deployment(str(TWO_HOSTS), "../profiles/reference.yml")
     gateway = data["gateway"]
     assert gateway["host"] == "gpu-node-1" and gateway["url"] == "http://10.0.0.11:8000"
+    assert gateway["urls"] == {"gpu-node-1": "http://10.0.0.11:8000"}
     lines = gateway["command_lines"]
     assert lines[0] == "/opt/pdstack/venv/bin/smg launch"
     assert lines.count("--pd-disaggregation") == 1
-    assert [line for line in lines if line.startswith(("--prefill", "--decode"))] == [
-        "--prefill http://10.0.0.11:30000 8998",
-        "--decode http://10.0.0.11:30001",
-        "--prefill http://10.0.0.12:30000 8998",
-        "--decode http://10.0.0.12:30001",
-    ]
+    # No worker on smg's command line (it could not carry a pairing protocol): the unit's
+    # ExecStartPost= registers both pairs, bound.
+    assert [line for line in lines if line.startswith(("--prefill", "--decode"))] == []
+    assert gateway["register"] == {
+        "gpu-node-1": "/opt/pdstack/venv/bin/pdctl gateway register --gateway gpu-node-1 "
+        "--timeout 60"
+    }
     # The same tokens `pdctl render` prints: one source of gateway flags.
     dep = load_deployment(TWO_HOSTS)
     assert shlex.split(" ".join(lines))[1:] == router_args(dep)
@@ -105,7 +108,7 @@ def test_packages_per_engine_kind() -> None:
     ref = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(REFERENCE))["packages"]
     assert ref == {
         "engine": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"],
-        "gateway": ["smg==1.13.0"],
+        "gateway": ["smg==1.13.0", "pdctl"],
     }
     sim = filters.pdstack_deployment(str(ROOT / "inventory.ini"), "deploy/profiles/sim.yml")
     assert sim["packages"]["engine"] == ["pdctl"]
@@ -129,3 +132,18 @@ def test_unit_verify_command_runs_systemd_analyze_on_the_unit_name() -> None:
         "pdstack-pd0.target",
         "/tmp/ansible-tmp/source",
     ]
+
+
+def test_every_router_host_gets_a_gateway_and_its_own_register_line(tmp_path: Path) -> None:
+    data = filters.pdstack_deployment(str(two_gateways_inventory(tmp_path)), str(REFERENCE))
+    gateway = data["gateway"]
+    assert gateway["urls"] == {
+        "gpu-node-1": "http://10.0.0.11:8000",
+        "gpu-node-2": "http://10.0.0.12:8000",
+    }
+    assert {h: line.split()[-3] for h, line in gateway["register"].items()} == {
+        "gpu-node-1": "gpu-node-1",
+        "gpu-node-2": "gpu-node-2",
+    }
+    topo = data["topology"]
+    assert "host: gpu-node-2\n  url: http://10.0.0.12:8000" in topo

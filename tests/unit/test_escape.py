@@ -306,6 +306,8 @@ def test_gateway_unit_parses_back_to_smg_args(unit_dir: Path, load: Any, shipped
         .render(
             ansible_managed=render.MANAGED,
             command_lines=render.gateway_command_lines(dep, api_key=True),
+            # Parsed by systemd too: the run below fails on a malformed ExecStartPost=.
+            register_command=systemd_command(render.register_command("gpu-node-1")),
             api_key_set=True,
             env_file=names.GATEWAY_ENV_FILE,
             state_dir=names.STATE_DIR,

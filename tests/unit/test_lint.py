@@ -41,6 +41,7 @@ class Case:
     fix: str  # the fix must name this key path
     base: str = "reference"
     router: str | None = None  # inventory [router] host for the good case
+    routers: str | None = None  # inventory [router] hosts (one a line) for both cases
     extra: dict[str, Any] = field(default_factory=dict)  # edits applied to both
 
 
@@ -141,6 +142,8 @@ CASES = [
     Case("context-over-native", {"model.native_context_length": 4096},
          {"model.native_context_length": 8192}, "engine.common.context_length",
          extra={"engine.common.env.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}),
+    Case("router-host-shared", {"router.host": "10.0.0.11"}, {"router.host": "0.0.0.0"},
+         "router.host: 0.0.0.0", routers="ctl-1\nctl-2"),
 ]  # fmt: skip
 
 
@@ -150,7 +153,7 @@ def _findings(dep: Deployment, rule: str) -> list[Finding]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
 def test_rule_trips_on_bad_profile(case: Case, load: Load, shipped: Shipped) -> None:
-    dep = load(edit(edit(shipped(case.base), case.extra), case.bad))
+    dep = load(edit(edit(shipped(case.base), case.extra), case.bad), router=case.routers)
     found = _findings(dep, case.rule)
     assert found, f"{case.rule} did not fire; got {[f.id for f in lint(dep)]}"
     severity = next(r.severity for r in RULES if r.id == case.rule)
@@ -161,7 +164,9 @@ def test_rule_trips_on_bad_profile(case: Case, load: Load, shipped: Shipped) -> 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
 def test_rule_passes_near_miss(case: Case, load: Load, shipped: Shipped) -> None:
-    dep = load(edit(edit(shipped(case.base), case.extra), case.good), router=case.router)
+    dep = load(
+        edit(edit(shipped(case.base), case.extra), case.good), router=case.router or case.routers
+    )
     assert not _findings(dep, case.rule)
 
 

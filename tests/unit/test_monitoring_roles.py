@@ -16,7 +16,7 @@ import yaml
 from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render_rules
 from pdctl.spec import load_deployment
 from pdctl.topology import from_deployment
-from tests.conftest import ROOT, require_tool
+from tests.conftest import ROOT, require_tool, two_gateways_inventory
 
 PROMETHEUS_TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
@@ -140,3 +140,17 @@ def test_grafana_provisioning_is_read_only_with_a_fixed_uid() -> None:
     defaults = yaml.safe_load((GRAFANA_VARS.parent.parent / "defaults" / "main.yml").read_text())
     assert "pdstack_grafana_admin_password" not in defaults, "no default password"
     assert defaults["pdstack_grafana_anonymous_access"] is False
+
+
+def test_every_gateway_is_a_scrape_target(tmp_path: Path) -> None:
+    topo = from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(PROMETHEUS_TEMPLATES),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    text = env.get_template("gateway.json.j2").render(topology=topo.model_dump(mode="json"))
+    assert json.loads(text) == [
+        {"targets": ["10.0.0.11:29000"], "labels": {"role": "gateway", "host": "gpu-node-1"}},
+        {"targets": ["10.0.0.12:29000"], "labels": {"role": "gateway", "host": "gpu-node-2"}},
+    ]

@@ -95,9 +95,9 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
         c.restarted.append([p.id for p in chosen])
         return [Report(p.id, lines=[f"OK: {i.id}" for i in p.instances]) for p in chosen]
 
-    def router(_ops: Ops) -> Report:
+    def router(_ops: Ops) -> list[Report]:
         c.routers += 1
-        return Report("gateway", lines=["OK: gateway"])
+        return [Report("gateway", lines=["OK: gateway"])]
 
     def single(_ops: Ops, inst: Any) -> Report:
         c.singles.append(inst.id)
@@ -278,14 +278,14 @@ def test_status_json(
     assert out["pairs"][0]["canary"]["ok"] is ok
     assert out["gateway"]["ready"] is True
     # scripts read these keys: the fleet view added one (restart_lock) and changed none
-    assert list(out) == ["healthy", "instances", "pairs", "gateway", "restart_lock"]
+    assert list(out) == ["healthy", "instances", "pairs", "gateway", "gateways", "restart_lock"]
     assert list(inst) == [
         "id", "pair", "role", "unit", "active", "sub", "pid", "uptime_s", "restarts",
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
         "gen_throughput", "metrics_error", "url", "gateway",
     ]  # fmt: skip
     assert list(out["pairs"][0]) == ["id", "target", "canary", "gateway", "drained"]
-    assert list(out["gateway"]) == ["url", "ready", "detail", "canary"]
+    assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
 

@@ -233,7 +233,12 @@ class FakeSystemd:
 
 
 class FakeGateway:
-    def __init__(self) -> None:
+    # The real registration and wait, over the fake listing and add below.
+    register = gateway.GatewayAdmin.register
+    wait_answering = gateway.GatewayAdmin.wait_answering
+
+    def __init__(self, url: str = "http://gw:8000") -> None:
+        self.url = url
         self.calls: list[str] = []
 
     def remove(self, urls: list[str]) -> None:
@@ -255,14 +260,27 @@ class FakeGateway:
         return True, "ready"
 
 
-def fake_ops(sd: FakeSystemd, gw: FakeGateway) -> Ops:
+def fake_ops(sd: FakeSystemd, gw: FakeGateway, *others: FakeGateway) -> Ops:
+    t = topo()
+    if others:  # a gateway per fake, the first on the topology's router host
+        extra = [
+            t.router.model_copy(update={"host": f"router-{n}", "url": o.url})
+            for n, o in enumerate(others, 2)
+        ]
+        t = t.model_copy(update={"gateways": [t.router, *extra]})
     return Ops(
-        Source(topo(), None),
+        Source(t, None),
         lambda _h: sd,
         gw,  # type: ignore[arg-type]
         Timeouts(health=0.3, canary=0.3, poll=0.01),
         say=lambda _l: None,
+        other_gateways=list(others),  # type: ignore[arg-type]
     )
+
+
+class Unreachable(FakeGateway):
+    def workers(self) -> list[GatewayWorker]:
+        raise gateway.GatewayError(f"gateway {self.url}: ConnectionError: refused")
 
 
 def test_plan_lines_name_every_step() -> None:
@@ -324,6 +342,113 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
         f"add http://10.0.0.1:30011 pairing {pair_id}",
     ]
     assert [j for j, _ in sd.jobs] == ["stop", "reset-failed", "start"]
+
+
+def test_restart_drains_and_registers_at_every_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    sd, gws = FakeSystemd(), [FakeGateway("http://gw1:8000"), FakeGateway("http://gw2:8000")]
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(
+        restart.pdclient, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+    )
+    ops = fake_ops(sd, *gws)
+    pair = ops.source.pairs()[0]
+    (rep,) = restart.restart_pairs(ops, [pair])
+    assert rep.ok, rep.error
+    for gw in gws:
+        assert sorted(gw.calls) == [
+            f"add http://10.0.0.1:30000 pairing {pair.id}",
+            f"add http://10.0.0.1:30001 pairing {pair.id}",
+            "remove http://10.0.0.1:30000",
+            "remove http://10.0.0.1:30001",
+        ]
+    assert "remove both from each gateway (http://gw1:8000, http://gw2:8000)" in "\n".join(
+        restart.plan_lines(ops, [pair])
+    )
+
+
+def test_an_unreachable_gateway_during_drain_stops_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
+    ops = fake_ops(sd, up, down)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs())
+    assert not rep.ok and rep.error is not None
+    assert rep.error.startswith("drain: gateway http://gw2:8000: ConnectionError: refused")
+    assert rep.error.endswith("nothing was stopped")
+    assert sd.jobs == [] and up.calls == []  # not even the reachable gateway drained it
+
+
+def test_recovery_skips_an_unreachable_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken pair is restarted even when a gateway is down; that gateway registers every
+    pair itself when it starts again."""
+    sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(
+        restart.pdclient, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+    )
+    said: list[str] = []
+    ops = fake_ops(sd, up, down)
+    ops.say = said.append
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], drain_required=False)
+    assert rep.ok, rep.error
+    assert sum(c.startswith("add") for c in up.calls) == 2
+    assert any("cannot drain (gateway http://gw2:8000" in line for line in said)
+    assert any("cannot register (gateway http://gw2:8000" in line for line in said)
+
+
+def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
+    class Holding(FakeGateway):
+        def workers(self) -> list[GatewayWorker]:
+            return [
+                GatewayWorker(
+                    "a", "http://10.0.0.1:30000", "prefill", "ready", True, 0, "node-a/pd0"
+                ),
+                GatewayWorker("b", "http://10.0.0.1:30001", "decode", "ready", True, 0, None),
+                GatewayWorker("c", "http://10.0.0.1:30010", "prefill", "draining", True, 1, None),
+            ]
+
+    held, fresh = Holding("http://gw1:8000"), FakeGateway("http://gw2:8000")
+    ops = fake_ops(FakeSystemd(), held, fresh)
+    done = restart.register_gateways(ops, (), timeout=1)
+    assert [(d.host, d.error) for d in done] == [("node-a", None), ("router-2", None)]
+    assert done[0].workers == {
+        "http://10.0.0.1:30000": "bound",
+        "http://10.0.0.1:30001": "unbound (pairing none)",
+        "http://10.0.0.1:30010": "draining",
+        "http://10.0.0.1:30011": "added",
+    }
+    assert held.calls == ["add http://10.0.0.1:30011 pairing node-a/pd1"]
+    assert set(done[1].workers.values()) == {"added"}
+    assert sorted(fresh.calls) == [
+        "add http://10.0.0.1:30000 pairing node-a/pd0",
+        "add http://10.0.0.1:30001 pairing node-a/pd0",
+        "add http://10.0.0.1:30010 pairing node-a/pd1",
+        "add http://10.0.0.1:30011 pairing node-a/pd1",
+    ]
+    (only,) = restart.register_gateways(ops, ("router-2",), timeout=1)
+    assert only.url == "http://gw2:8000"
+    with pytest.raises(PdctlError, match="no gateway on 'gw9'; gateways run on: node-a, router-2"):
+        restart.register_gateways(ops, ("gw9",), timeout=1)
+
+
+def test_register_waits_until_drained_entries_are_gone_or_bound_again() -> None:
+    url = "http://10.0.0.1:30000"
+    settled = gateway.settled([url], "node-a/pd0")
+
+    def held(status: str, pairing: str | None) -> list[GatewayWorker]:
+        return [GatewayWorker("a", url, "prefill", status, True, 0, pairing)]
+
+    assert settled([])  # removed: POST /workers would be accepted
+    assert not settled(held("draining", "node-a/pd0"))  # smg would answer 409
+    assert settled(held("ready", "node-a/pd0"))  # a gateway restart registered it already
+    assert not settled(held("ready", None))  # unbound: must be drained first
+
+
+def test_register_waits_bounded_for_a_gateway_that_does_not_answer() -> None:
+    ops = fake_ops(FakeSystemd(), Unreachable("http://gw1:8000"))
+    (d,) = restart.register_gateways(ops, (), timeout=0.3)
+    assert d.workers == {} and d.error is not None
+    assert d.error == "gateway http://gw1:8000: ConnectionError: refused (still, after 0s)"
 
 
 # ----- doctor ---------------------------------------------------------------------------
@@ -492,7 +617,7 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
 
 def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
     sd, gw = FakeSystemd(), FakeGateway()
-    rep = restart.restart_router(fake_ops(sd, gw))
+    (rep,) = restart.restart_router(fake_ops(sd, gw))
     assert rep.ok and rep.lines == ["OK: node-a/gateway (pdstack-gateway.service)"]
     assert sd.jobs == [("restart", ("pdstack-gateway.service",))]
     assert gw.calls.count("readiness") == 3
@@ -752,6 +877,7 @@ def _fleet_topology(urls: list[str], router_url: str) -> Topology:
     for inst, url in zip(d["instances"], urls, strict=True):
         inst["url"] = url
     d["router"]["url"] = router_url
+    d["gateways"][0]["url"] = router_url  # the router is the first gateway
     return Topology.model_validate(d)
 
 

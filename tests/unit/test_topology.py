@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdctl import names, topology
-from pdctl.errors import SpecError
+from pdctl.errors import PdctlError, SpecError
 from pdctl.spec import Role, load_deployment
+from tests.conftest import two_gateways_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
@@ -38,6 +40,44 @@ def test_contents_span_every_host() -> None:
     assert topo.router.url == "http://10.0.0.11:8000"
     assert topo.router.metrics_url == "http://10.0.0.11:29000/metrics"
     assert topo.router.unit == names.GATEWAY_UNIT
+    assert topo.gateways == [topo.router]
+
+
+def test_every_router_host_is_a_gateway(tmp_path: Path) -> None:
+    topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
+    assert [(g.host, g.url, g.metrics_url) for g in topo.gateways] == [
+        ("gpu-node-1", "http://10.0.0.11:8000", "http://10.0.0.11:29000/metrics"),
+        ("gpu-node-2", "http://10.0.0.12:8000", "http://10.0.0.12:29000/metrics"),
+    ]
+    assert topo.router == topo.gateways[0]  # clients' default: the first [router] host
+    assert topo.gateway("gpu-node-2") == topo.gateways[1]
+    with pytest.raises(
+        PdctlError, match="no gateway on 'gpu-node-3'; gateways run on: gpu-node-1, gpu-node-2"
+    ):
+        topo.gateway("gpu-node-3")
+    path = tmp_path / "topology.yaml"
+    path.write_text(topology.dump(topo))
+    assert topology.read(path) == topo
+
+
+def test_a_file_without_gateways_has_its_router_as_only_gateway(tmp_path: Path) -> None:
+    """Files site.yml wrote before gateways existed stay readable."""
+    topo = topology.from_deployment(load_deployment(TWO_HOSTS))
+    data = yaml.safe_load(topology.dump(topo))
+    del data["gateways"]
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert topology.read(path).gateways == [topo.router]
+
+
+def test_gateways_must_start_with_the_router(tmp_path: Path) -> None:
+    topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
+    data = yaml.safe_load(topology.dump(topo))
+    data["gateways"].reverse()
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="gateways must start with router"):
+        topology.read(path)
 
 
 @pytest.mark.parametrize(
