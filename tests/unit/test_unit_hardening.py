@@ -1,0 +1,222 @@
+"""Every systemd unit the roles write: scored by `systemd-analyze security --offline=true`
+against the exposure each kind may have (docs/security.md), and validated before it is
+installed. The nftables rules of the engine role render to a table nft accepts."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+from pdctl import render
+from pdctl.spec import load_deployment
+from tests.conftest import ROOT, require_tool
+
+ROLES = ROOT / "roles"
+# Highest exposure allowed per unit (systemd-analyze's 0-10 scale; 7.8 was the old default).
+LIMITS = {
+    "engine": 4.0,
+    "pdstack-gateway.service": 3.0,
+    "pd-exporter.service": 3.0,
+    "pdstack-recover@.service": 5.0,
+    "pdstack-firewall.service": 5.0,
+}
+
+
+def _jinja(*dirs: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(dirs),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
+    return env
+
+
+@pytest.fixture(scope="module")
+def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The reference deployment's units, rendered with the values the roles' tasks pass."""
+    out = tmp_path_factory.mktemp("units")
+    dep = load_deployment(ROOT / "inventory.ini")
+    files: dict[str, str] = {}
+    for inst in dep.instances:
+        files[inst.unit] = render.render_instance(inst, dep).unit
+    common = {"ansible_managed": render.MANAGED}
+    env = _jinja(ROOT / "templates")
+    files["pdstack-gateway.service"] = env.get_template("gateway.service.j2").render(
+        **common,
+        command_lines=render.flag_lines([[f"{render.VENV}/bin/smg"]], render.router_args(dep)),
+        api_key_set=True,
+        env_file=f"{render.CONFIG_DIR}/gateway.env",
+        state_dir="/var/lib/pdstack-gateway",
+        state_name="pdstack-gateway",
+        user="pdstack-gw",
+    )
+    files["pdstack-recover@.service"] = env.get_template("recover@.service.j2").render(
+        **common, venv=render.VENV, host=dep.hosts[0].name
+    )
+    exporter = _jinja(ROLES / "pdstack_exporter" / "templates")
+    files["pd-exporter.service"] = exporter.get_template("pd-exporter.service.j2").render(
+        **common,
+        _pdstack_exporter_user="pdstack-exporter",
+        _pdstack_exporter_groups=[render.SERVICE_USER, "systemd-journal"],
+        _pdstack_exporter_layout={"venv": render.VENV, "topology_file": "/etc/pdstack/t.yaml"},
+        inventory_hostname=dep.hosts[0].name,
+        **yaml.safe_load((ROLES / "pdstack_exporter" / "defaults" / "main.yml").read_text()),
+    )
+    engine = _jinja(ROLES / "pdstack_engine" / "templates")
+    files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
+        **common, rules_file=f"{render.CONFIG_DIR}/firewall.nft"
+    )
+    paths = {}
+    for name, text in files.items():
+        (out / name).write_text(text)
+        paths[name] = out / name
+    return paths
+
+
+def exposure(unit: Path) -> float:
+    tool = require_tool("systemd-analyze")
+    result = subprocess.run(
+        [str(tool), "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout[-2000:] + result.stderr
+    return float(match.group(1))
+
+
+def _limit(name: str) -> float:
+    return LIMITS["engine" if name.endswith(("-prefill.service", "-decode.service")) else name]
+
+
+def test_every_unit_kind_is_scored(units: dict[str, Path]) -> None:
+    kinds = {"engine" if n.endswith(("-prefill.service", "-decode.service")) else n for n in units}
+    assert kinds == set(LIMITS)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["pdstack-pd0-prefill.service", "pdstack-pd0-decode.service", *list(LIMITS)[1:]],
+)
+def test_exposure_within_limit(units: dict[str, Path], name: str) -> None:
+    score = exposure(units[name])
+    print(f"{name}: {score}")
+    assert score <= _limit(name), f"{name} scores {score}, above {_limit(name)}"
+
+
+def test_the_limits_bite(units: dict[str, Path], tmp_path: Path) -> None:
+    """Without its hardening block a unit is back above its limit: the score measures them."""
+    text = units["pdstack-gateway.service"].read_text()
+    bare = tmp_path / "pdstack-gateway.service"
+    bare.write_text(re.sub(r"(?ms)^# The gateway needs no device.*?^\n", "\n", text))
+    assert "CapabilityBoundingSet" not in bare.read_text()
+    assert exposure(bare) > LIMITS["pdstack-gateway.service"]
+
+
+def test_engines_reach_only_gpu_and_rdma_devices(units: dict[str, Path]) -> None:
+    text = units["pdstack-pd0-prefill.service"].read_text()
+    allowed = re.findall(r"^DeviceAllow=(\S+) rw$", text, re.M)
+    assert "DevicePolicy=closed" in text.splitlines()
+    assert allowed and all("nvidia" in d or "infiniband" in d for d in allowed), allowed
+    # JIT compilers (Triton, torch.compile) need writable executable memory.
+    assert not re.search(r"^MemoryDenyWriteExecute=", text, re.M)
+
+
+def test_gateway_runs_as_its_own_user(units: dict[str, Path]) -> None:
+    gateway = units["pdstack-gateway.service"].read_text()
+    engine = units["pdstack-pd0-decode.service"].read_text()
+    user = re.compile(r"^User=(\S+)$", re.M)
+    g, e = user.search(gateway), user.search(engine)
+    assert g and e and g.group(1) != e.group(1)
+    # Engines cannot see the gateway's processes (its argv holds the key).
+    assert "ProtectProc=invisible" in engine.splitlines()
+
+
+def _unit_tasks() -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for tasks in sorted(ROLES.glob("*/tasks/*.yml")):
+        for task in yaml.safe_load(tasks.read_text()) or []:
+            args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
+            if args and "/etc/systemd/system/" in str(args.get("dest", "")):
+                found.append((tasks, task))
+    return found
+
+
+def test_every_unit_file_a_role_writes_is_validated() -> None:
+    tasks = _unit_tasks()
+    names = {t["name"] for _, t in tasks}
+    # Engines, pair targets, recovery, firewall, gateway, pd-exporter.
+    assert len(tasks) == 6, names
+    for path, task in tasks:
+        args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
+        assert "pdstack_unit_verify" in str(args.get("validate", "")), f"{path}: {task['name']}"
+
+
+def test_firewall_rules_render_to_a_table_nft_accepts(tmp_path: Path) -> None:
+    """Through Ansible, with the role's own variables: sources from every inventory group."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "[pd_hosts]\ngpu1 ansible_host=10.0.0.11\ngpu2 ansible_host=10.0.0.12\n"
+        "[router]\ngw ansible_host=10.0.0.2\n[monitoring]\nlocalhost\n"
+    )
+    out = tmp_path / "firewall.nft"
+    playbook = tmp_path / "play.yml"
+    role = ROLES / "pdstack_engine"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{
+                "hosts": "gpu1",
+                "connection": "local",
+                "gather_facts": False,
+                "vars_files": [str(role / "vars" / "main.yml")],
+                "vars": {
+                    **yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+                    "pdstack_engine_firewall_allow": ["192.0.2.0/24", "2001:db8::/32"],
+                },
+                "tasks": [{
+                    "ansible.builtin.template": {
+                        "src": str(role / "templates" / "pdstack-firewall.nft.j2"),
+                        "dest": str(out),
+                        "mode": "0644",
+                    },
+                    "vars": {
+                        "ports": [30000, 30001, 8998],
+                        "sources4": "{{ _pdstack_engine_firewall_sources4 }}",
+                        "sources6": "{{ _pdstack_engine_firewall_sources6 }}",
+                    },
+                }],
+            }]
+        )
+    )  # fmt: skip
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(playbook),
+            "-e", f"ansible_python_interpreter={sys.executable}",
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    text = out.read_text()
+    elements = dict(re.findall(r"set (\w+) \{.*?elements = \{ (.*?) \}", text, re.S))
+    assert elements["engine_ports"] == "30000, 30001, 8998"
+    assert set(elements["allowed4"].split(", ")) == {
+        "10.0.0.11", "10.0.0.12", "10.0.0.2", '"localhost"', "192.0.2.0/24",
+    }  # fmt: skip
+    assert elements["allowed6"] == "2001:db8::/32"
+    # Only TCP to the engine ports reaches the source check and its reject.
+    hook, check_chain = text.split("chain input", 1)[1].split("chain engines", 1)
+    assert re.findall(r"^\t\t(\S.*)$", hook, re.M)[1:] == ["tcp dport @engine_ports jump engines"]
+    assert check_chain.rstrip().splitlines()[-3].strip() == "counter reject with tcp reset"
+    check = subprocess.run(
+        [str(require_tool("nft")), "-c", "-f", str(out)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
