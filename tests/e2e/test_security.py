@@ -130,9 +130,14 @@ def test_the_gateway_key_is_out_of_the_engines_reach(site: Site, converged: dict
     host = site.host
     gateway_unit = converged["gateway"]["unit"]
     engine_unit = converged["hosts"][host.name]["instances"][0]["inst"]["unit"]
-    show = "systemctl show -p User -p MainPID --value"
-    g_user, g_pid = host.ssh(f"{show} {gateway_unit}", check=True).stdout.split()
-    e_user, e_pid = host.ssh(f"{show} {engine_unit}", check=True).stdout.split()
+
+    def user_and_pid(unit: str) -> tuple[str, str]:
+        out = host.ssh(f"systemctl show -p User -p MainPID {unit}", check=True).stdout
+        props = dict(line.split("=", 1) for line in out.splitlines())
+        return props["User"], props["MainPID"]
+
+    g_user, g_pid = user_and_pid(gateway_unit)
+    e_user, e_pid = user_and_pid(engine_unit)
     assert g_user != e_user, "the gateway runs as the engines' user"
     # The key is in the gateway's argv (smg has no other way): readable by anyone on the host...
     assert API_KEY in host.ssh(f"tr '\\0' ' ' < /proc/{g_pid}/cmdline", check=True).stdout
