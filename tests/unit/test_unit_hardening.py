@@ -160,63 +160,76 @@ def test_every_unit_file_a_role_writes_is_validated() -> None:
         assert "pdstack_unit_verify" in str(args.get("validate", "")), f"{path}: {task['name']}"
 
 
-def test_firewall_rules_render_to_a_table_nft_accepts(tmp_path: Path) -> None:
-    """Through Ansible, with the role's own variables: sources from every inventory group."""
-    inventory = tmp_path / "hosts.ini"
-    inventory.write_text(
-        "[pd_hosts]\ngpu1 ansible_host=10.0.0.11\ngpu2 ansible_host=10.0.0.12\n"
-        "[router]\ngw ansible_host=10.0.0.2\n[monitoring]\nlocalhost\n"
-    )
-    out = tmp_path / "firewall.nft"
-    playbook = tmp_path / "play.yml"
+def _firewall_tasks(out: Path) -> list[dict[str, Any]]:
+    """The role's own tasks that resolve the sources and write the rules, writing to `out`."""
+    tasks = yaml.safe_load((ROLES / "pdstack_engine" / "tasks" / "firewall.yml").read_text())
+    picked = [
+        t for t in tasks if "firewall's host names" in t["name"] or "every host name" in t["name"]
+    ]
+    (write,) = [t for t in tasks if t["name"] == "Write the firewall rules"]
+    args = dict(write["ansible.builtin.template"], dest=str(out))
+    args["src"] = str(ROLES / "pdstack_engine" / "templates" / args["src"])
+    del args["validate"], args["owner"], args["group"]  # nft -c below; no root needed
+    vars_ = dict(write["vars"], ports=[30000, 30001, 8998])
+    return [*picked, {"ansible.builtin.template": args, "vars": vars_}]
+
+
+def _converge_firewall(tmp_path: Path, inventory: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "hosts.ini").write_text(inventory)
     role = ROLES / "pdstack_engine"
-    playbook.write_text(
-        yaml.safe_dump(
-            [{
-                "hosts": "gpu1",
-                "connection": "local",
-                "gather_facts": False,
-                "vars_files": [str(role / "vars" / "main.yml")],
-                "vars": {
-                    **yaml.safe_load((role / "defaults" / "main.yml").read_text()),
-                    "pdstack_engine_firewall_allow": ["192.0.2.0/24", "2001:db8::/32"],
-                },
-                "tasks": [{
-                    "ansible.builtin.template": {
-                        "src": str(role / "templates" / "pdstack-firewall.nft.j2"),
-                        "dest": str(out),
-                        "mode": "0644",
-                    },
-                    "vars": {
-                        "ports": [30000, 30001, 8998],
-                        "sources4": "{{ _pdstack_engine_firewall_sources4 }}",
-                        "sources6": "{{ _pdstack_engine_firewall_sources6 }}",
-                    },
-                }],
-            }]
-        )
-    )  # fmt: skip
-    result = subprocess.run(
+    play = {
+        "hosts": "gpu1",
+        "connection": "local",
+        "gather_facts": False,
+        "vars_files": [str(role / "vars" / "main.yml")],
+        "vars": {
+            **yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+            "pdstack_engine_firewall_allow": ["192.0.2.0/24", "2001:db8::/32"],
+        },
+        "tasks": _firewall_tasks(tmp_path / "firewall.nft"),
+    }
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
+    return subprocess.run(
         [
-            str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(playbook),
-            "-e", f"ansible_python_interpreter={sys.executable}",
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
+            str(tmp_path / "play.yml"), "-e", f"ansible_python_interpreter={sys.executable}",
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
     )  # fmt: skip
+
+
+def test_firewall_rules_render_to_a_table_nft_accepts(tmp_path: Path) -> None:
+    """Through Ansible, with the role's own tasks and variables: sources from every inventory
+    group, names resolved to addresses on the host (here `localhost`)."""
+    result = _converge_firewall(
+        tmp_path,
+        "[pd_hosts]\ngpu1 ansible_host=10.0.0.11\ngpu2 ansible_host=10.0.0.12\n"
+        "[router]\ngw ansible_host=10.0.0.2\n[monitoring]\nlocalhost\n",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    text = out.read_text()
+    text = (tmp_path / "firewall.nft").read_text()
     elements = dict(re.findall(r"set (\w+) \{.*?elements = \{ (.*?) \}", text, re.S))
     assert elements["engine_ports"] == "30000, 30001, 8998"
     assert set(elements["allowed4"].split(", ")) == {
-        "10.0.0.11", "10.0.0.12", "10.0.0.2", '"localhost"', "192.0.2.0/24",
+        "10.0.0.11", "10.0.0.12", "10.0.0.2", "127.0.0.1", "192.0.2.0/24",
     }  # fmt: skip
-    assert elements["allowed6"] == "2001:db8::/32"
+    assert "2001:db8::/32" in elements["allowed6"].split(", ")
     # Only TCP to the engine ports reaches the source check and its reject.
     hook, check_chain = text.split("chain input", 1)[1].split("chain engines", 1)
     assert re.findall(r"^\t\t(\S.*)$", hook, re.M)[1:] == ["tcp dport @engine_ports jump engines"]
     assert check_chain.rstrip().splitlines()[-3].strip() == "counter reject with tcp reset"
     check = subprocess.run(
-        [str(require_tool("nft")), "-c", "-f", str(out)],
+        [str(require_tool("nft")), "-c", "-f", str(tmp_path / "firewall.nft")],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
+
+
+def test_firewall_refuses_a_name_that_does_not_resolve(tmp_path: Path) -> None:
+    result = _converge_firewall(
+        tmp_path,
+        "[pd_hosts]\ngpu1 ansible_host=10.0.0.11\n[router]\nno-such-host.invalid\n",
+    )
+    assert result.returncode != 0
+    assert "no-such-host.invalid do not resolve on gpu1" in result.stdout
+    assert not (tmp_path / "firewall.nft").exists()
