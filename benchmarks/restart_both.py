@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pdctl.ops.canary import pair_canary
 from pdctl.ops.context import Timeouts
 from pdctl.ops.restart import restart_pair, restart_pairs
 from pdctl.ops.source import Pair
+from pdctl.pdclient import pair_canary
 from pdctl.testing.localproc import LocalPair, local_ops
 from pdctl.testing.stack import Gateway, SimProc, constant_load, smg_binary, start_gateway
 

@@ -13,17 +13,10 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from pdctl import render, topology
+from pdctl import names, render, topology
 from pdctl.errors import PdctlError
 from pdctl.spec import Deployment, EngineKind, Instance, load_deployment
-
-GATEWAY_BIN = f"{render.VENV}/bin/smg"
-
-
-def profile_path(inventory_file: str, profile: str) -> str:
-    """Relative profiles resolve against the inventory's directory, as pdctl resolves them."""
-    path = Path(profile)
-    return str(path if path.is_absolute() else Path(inventory_file).parent / path)
+from pdctl.spec.load import resolve_profile
 
 
 def _instance(inst: Instance) -> dict[str, Any]:
@@ -93,20 +86,32 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
         "gateway": {
             "host": dep.router_host,
-            "unit": topology.GATEWAY_UNIT,
+            "unit": names.GATEWAY_UNIT,
+            "env_file": names.GATEWAY_ENV_FILE,
+            "key_var": names.GATEWAY_KEY_VAR,
             "url": dep.router_url,
             "port": r.port,
             "metrics_port": r.metrics_port,
-            "command_lines": render.flag_lines([[GATEWAY_BIN]], render.router_args(dep)),
+            # The key's line only when the role has a key to write into env_file.
+            "command_lines": render.gateway_command_lines(dep, api_key=False),
+            "command_lines_api_key": render.gateway_command_lines(dep, api_key=True),
         },
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
-            "install_dir": render.INSTALL_DIR,
-            "venv": render.VENV,
-            "config_dir": render.CONFIG_DIR,
-            "state_dir": render.STATE_DIR,
-            "user": render.SERVICE_USER,
-            "topology_file": str(topology.PATH),
+            "install_dir": names.INSTALL_DIR,
+            "venv": names.VENV,
+            "config_dir": names.CONFIG_DIR,
+            "state_dir": names.STATE_DIR,
+            "unit_dir": names.UNIT_DIR,
+            "unit_prefix": f"{names.PREFIX}-",  # every pdstack unit's name starts with it
+            "user": names.SERVICE_USER,
+            "topology_file": names.TOPOLOGY_FILE,
+            "recover_unit": names.RECOVER_UNIT,
+            "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),
+            "docs": list(names.DOCS),
+            # engine.service.j2 and engine.env.j2: the files `pdctl render` renders.
+            "templates_dir": str(render.templates_dir()),
+            "documentation": names.documentation(),
         },
     }
 
@@ -121,12 +126,18 @@ def pdstack_deployment(inventory_file: str, profile: str) -> dict[str, Any]:
 
     Cached, since roles look it up per task; file times in the key make an edited file count.
     """
-    profile = profile_path(inventory_file, profile)
+    profile = pdstack_profile_path(inventory_file, profile)
     return _load(str(inventory_file), profile, (_mtime(inventory_file), _mtime(profile)))
 
 
 def pdstack_profile_path(inventory_file: str, profile: str) -> str:
-    return profile_path(inventory_file, profile)
+    """Relative profiles resolve against the inventory's directory, as pdctl resolves them."""
+    return str(resolve_profile(Path(inventory_file), profile))
+
+
+def pdstack_stale_pairs(found_units: list[str], host_pairs: list[str]) -> dict[str, list[str]]:
+    """What to stop and remove for the pairs that left this host (`pdctl.names.stale_pairs`)."""
+    return names.stale_pairs(found_units, host_pairs)
 
 
 def pdstack_unit_verify(unit: str) -> str:
@@ -145,4 +156,6 @@ class FilterModule:
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
+            **render.FILTERS,
+            "pdstack_stale_pairs": pdstack_stale_pairs,
         }

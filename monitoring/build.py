@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from monitoring.dashboards.render import render_dashboards
+from monitoring.dashboards.export import render_dashboards
 from monitoring.rules_source import RULES_FILE, render_rules
 
 

@@ -6,21 +6,16 @@ test all call these functions, so no flag is derived twice.
 
 from __future__ import annotations
 
-import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from pdctl import names
+from pdctl.escape import env_file_value, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
 
-INSTALL_DIR = "/opt/pdstack"
-VENV = f"{INSTALL_DIR}/venv"
-CONFIG_DIR = "/etc/pdstack"
-STATE_DIR = "/var/lib/pdstack"
-SERVICE_USER = "pdstack"
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
 
@@ -28,7 +23,9 @@ ENGINE_MODULE = {EngineKind.SGLANG: "sglang.launch_server", EngineKind.SIM: "pdc
 
 
 def templates_dir() -> Path:
-    return Path(os.environ.get("PDSTACK_TEMPLATES", Path(__file__).parent.parent / "templates"))
+    """The unit and env templates, shipped in the package; the roles template the same files
+    (the filter plugin hands them this directory)."""
+    return Path(__file__).parent / "templates"
 
 
 def launch_args(inst: Instance, dep: Deployment) -> list[str]:
@@ -70,25 +67,26 @@ def _numa_and_engine(inst: Instance, dep: Deployment, venv: str) -> tuple[list[s
     return numa, engine
 
 
-def command(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
+def command(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """The full ExecStart: pinned to the instance's NUMA node, then the engine."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return numa + engine + launch_args(inst, dep)
 
 
 def flag_lines(heads: list[list[str]], args: list[str]) -> list[str]:
-    """A line per head, then one flag and its values per line, quoted, so unit diffs read flag
-    by flag. Values before the first flag stay on the last head's line."""
-    lines = [shlex.join(head) for head in heads]
+    """A line per head, then one flag and its values per line, quoted for systemd's ExecStart=,
+    so unit diffs read flag by flag. Values before the first flag stay on the last head's line.
+    Only a flag starts a line, so no continuation line can start a comment."""
+    lines = [systemd_command(head) for head in heads]
     for token in args:
         if token.startswith("--"):
-            lines.append(shlex.quote(token))
+            lines.append(systemd_word(token))
         else:
-            lines[-1] += " " + shlex.quote(token)
+            lines[-1] += " " + systemd_word(token)
     return lines
 
 
-def command_lines(inst: Instance, dep: Deployment, venv: str = VENV) -> list[str]:
+def command_lines(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """`command` split by `flag_lines`."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return flag_lines([numa, engine], launch_args(inst, dep))
@@ -130,49 +128,69 @@ def router_args(dep: Deployment) -> list[str]:
     return args + list(r.extra_args)
 
 
+def gateway_command_lines(dep: Deployment, api_key: bool) -> list[str]:
+    """The gateway's ExecStart split by `flag_lines`; with `api_key`, the key comes from the
+    environment (the unit's EnvironmentFile), so it is never written into the unit."""
+    lines = flag_lines([[names.GATEWAY_BIN]], router_args(dep))
+    if api_key:
+        # Unquoted: systemd substitutes ${VAR} with the value as one argument.
+        lines.append(f"--api-key ${{{names.GATEWAY_KEY_VAR}}}")
+    return lines
+
+
 @dataclass(frozen=True)
 class RenderedInstance:
     instance: Instance
     command: list[str]
     environment: dict[str, str]
     env_file: str
+    env_text: str  # the env file's content
     unit: str
 
 
-def _jinja() -> jinja2.Environment:
+# The quoting filters the templates use; filter_plugins/pdstack.py gives Ansible the same.
+FILTERS = {"pdstack_env_value": env_file_value}
+
+
+def jinja_env(directory: Path | None = None) -> jinja2.Environment:
+    """Jinja set up like Ansible's template module (trim_blocks, the `comment` filter)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(templates_dir()),
+        loader=jinja2.FileSystemLoader(directory or templates_dir()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
     )
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
+    env.filters.update(FILTERS)
     return env
 
 
 def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
-    """Variables of templates/engine.service.j2, shared with the Ansible template task."""
+    """Variables of engine.service.j2 and engine.env.j2, shared with the Ansible template tasks."""
     return {
         "inst": inst,
         "command": command(inst, dep),
         "command_lines": command_lines(inst, dep),
         "env": environment(inst, dep),
-        "env_file": f"{CONFIG_DIR}/{inst.name}.env",
-        "install_dir": INSTALL_DIR,
-        "state_dir": STATE_DIR,
-        "user": SERVICE_USER,
+        "env_file": names.env_file(inst.pair, inst.role.value),
+        "recover_unit": names.recover_unit(inst.pair),
+        "documentation": names.documentation(),
+        "state_dir": names.STATE_DIR,
+        "user": names.SERVICE_USER,
         "stop_timeout_s": STOP_TIMEOUT_S,
     }
 
 
 def render_instance(inst: Instance, dep: Deployment) -> RenderedInstance:
     ctx = unit_context(inst, dep)
-    jenv = _jinja()
+    jenv = jinja_env()
     unit = jenv.get_template("engine.service.j2").render(ansible_managed=MANAGED, **ctx)
+    env_text = jenv.get_template("engine.env.j2").render(ansible_managed=MANAGED, **ctx)
     return RenderedInstance(
         instance=inst,
         command=ctx["command"],
         environment=ctx["env"],
         env_file=ctx["env_file"],
+        env_text=env_text,
         unit=unit,
     )

@@ -12,14 +12,14 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pdctl import names
 from pdctl.errors import SpecError
-from pdctl.render import CONFIG_DIR
 from pdctl.spec import Deployment, Instance, Role
 from pdctl.spec.load import key_path
 
-PATH = Path(CONFIG_DIR) / "topology.yaml"
+PATH = Path(names.TOPOLOGY_FILE)
 VERSION = 1
-GATEWAY_UNIT = "pdstack-gateway.service"
+MAX_BYTES = 4 << 20  # thousands of pairs fit; a larger file is not one site.yml wrote
 
 
 class _Frozen(BaseModel):
@@ -95,7 +95,7 @@ def from_deployment(dep: Deployment) -> Topology:
             host=dep.router_host,
             url=dep.router_url,
             metrics_url=f"http://{dep.router_address}:{router.metrics_port}/metrics",
-            unit=GATEWAY_UNIT,
+            unit=names.GATEWAY_UNIT,
         ),
     )
 
@@ -105,19 +105,22 @@ def dump(topo: Topology) -> str:
     return header + yaml.safe_dump(topo.model_dump(mode="json"), sort_keys=False)
 
 
-def write(topo: Topology, path: Path = PATH) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dump(topo))
-    tmp.replace(path)
-
-
 def read(path: Path = PATH) -> Topology:
     """The topology, or a SpecError naming the file and the bad key."""
     try:
-        data = yaml.safe_load(path.read_text())
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise SpecError(
             str(path), "", f"cannot read: {e.strerror} (site.yml writes it on every host)"
+        ) from None
+    if len(raw) > MAX_BYTES:
+        raise SpecError(str(path), "", f"larger than {MAX_BYTES >> 20} MiB: not a topology file")
+    try:
+        data = yaml.safe_load(raw.decode())
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            str(path), "", f"not UTF-8 text (byte {e.start}): not a topology file"
         ) from None
     except yaml.YAMLError as e:
         raise SpecError(str(path), "", f"malformed YAML: {e}") from None
@@ -126,7 +129,29 @@ def read(path: Path = PATH) -> Topology:
     if data.get("version") != VERSION:
         raise SpecError(str(path), "version", f"expected {VERSION}, got {data.get('version')!r}")
     try:
-        return Topology.model_validate(data)
+        topo = Topology.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         raise SpecError(str(path), key_path(first["loc"]), first["msg"]) from None
+    _check_pairs(topo, str(path))
+    return topo
+
+
+def _check_pairs(topo: Topology, file: str) -> None:
+    """Each pair names two instances of the file, with the roles it gives them."""
+    by_id = {i.id: i for i in topo.instances}
+    for n, p in enumerate(topo.pairs):
+        for role in (Role.PREFILL, Role.DECODE):
+            ref = getattr(p, role.value)
+            inst = by_id.get(ref)
+            if inst is None:
+                raise SpecError(
+                    file,
+                    f"pairs[{n}].{role.value}",
+                    f"names instance {ref!r}, which is not under instances "
+                    f"(instances: {', '.join(by_id) or 'none'})",
+                )
+            if inst.role is not role:
+                raise SpecError(
+                    file, f"pairs[{n}].{role.value}", f"{ref!r} is a {inst.role.value} instance"
+                )

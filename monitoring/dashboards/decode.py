@@ -12,6 +12,7 @@ from monitoring.dashboards.panels import (
     Section,
     build_dashboard,
     engine_variables,
+    rank_rate_sum,
     rate_sum,
 )
 
@@ -32,8 +33,11 @@ def build() -> Dashboard:
                 "ops",
                 [
                     Query(
-                        f"sum by (engine, mode) (rate(sglang:cuda_graph_passes_total{{{ENGINE}, "
-                        f'mode=~"decode_.*"}}[{RATE}]))',
+                        rank_rate_sum(
+                            "sglang:cuda_graph_passes_total",
+                            f'{ENGINE}, mode=~"decode_.*"',
+                            "engine, mode",
+                        ),
                         "{{engine}} {{mode}}",
                     )
                 ],
@@ -51,6 +55,24 @@ def build() -> Dashboard:
                     )
                 ],
                 stack=True,
+            ),
+            Panel(
+                "Retractions",
+                "Running requests sent back to the queue because decode ran out of KV, per "
+                "second (counted once, not per TP rank), and the retracted requests of the last "
+                "logged batch. No data means none since the engine started.",
+                "reqps",
+                [
+                    Query(
+                        rank_rate_sum("sglang:num_retracted_requests_total", ENGINE, "engine"),
+                        "retracted/s {{engine}}",
+                    ),
+                    Query(
+                        f'max by (engine) (sglang:num_retracted_reqs{{{ENGINE}, role="decode"}})',
+                        "last batch {{engine}}",
+                    ),
+                ],
+                kind="bars",
             ),
             Panel(
                 "Running requests vs largest graph",

@@ -80,6 +80,71 @@ def build() -> Dashboard:
             ),
         ],
     )
+    errors = Section(
+        "Errors and load shedding",
+        [
+            Panel(
+                "Gateway errors by type",
+                "Requests the gateway failed per second, by error type. No data means none "
+                "since the gateway started.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_router_request_errors_total", GW, "error_type"),
+                        "{{error_type}}",
+                    )
+                ],
+                width=8,
+                kind="bars",
+            ),
+            Panel(
+                "Worker errors",
+                "Errors talking to workers per second, by worker type and error type.",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_worker_errors_total", GW, "worker_type, error_type"),
+                        "{{worker_type}} {{error_type}}",
+                    )
+                ],
+                width=8,
+                kind="bars",
+            ),
+            Panel(
+                "Load shed",
+                "Requests refused per second: every worker overloaded (by stage) or no "
+                "decode admission slot freed in time (PD admission).",
+                "reqps",
+                [
+                    Query(
+                        rate_sum("smg_worker_overload_shed_total", GW, "stage"),
+                        "overloaded {{stage}}",
+                    ),
+                    Query(
+                        f"sum(rate(smg_pd_admission_sheds_total{{{GW}}}[{RATE}]))",
+                        "PD admission",
+                    ),
+                ],
+                width=8,
+                kind="bars",
+            ),
+            Panel(
+                "Stalled workers",
+                "Liveness veto per worker (1: routing skips it), with the reason.",
+                "none",
+                [Query(f"smg_worker_stalled{{{GW}}}", "{{worker}} {{reason}}")],
+                width=12,
+            ),
+            Panel(
+                "PD prefill duration",
+                "Prefill leg of PD requests as the gateway measures it (dispatch to the "
+                "prefill's answer), quantiles.",
+                "s",
+                quantiles("smg_pd_prefill_duration_seconds", GW, "instance", (0.5, 0.95)),
+                width=12,
+            ),
+        ],
+    )
     latency = Section(
         "Latency",
         [
@@ -150,6 +215,6 @@ def build() -> Dashboard:
         UID,
         "Gateway",
         "The smg gateway: requests, errors, retries, latency, worker health and circuit breakers.",
-        [traffic, latency, workers],
+        [traffic, errors, latency, workers],
         variables(),
     )

@@ -116,18 +116,22 @@ def build() -> Dashboard:
         [
             Panel(
                 "Time to first token",
-                "TTFT quantiles by role. The decode's TTFT includes prefill, "
-                "bootstrap and KV transfer: it is what a client sees.",
+                "TTFT quantiles on decode (and unified) engines: the decode's TTFT includes "
+                "prefill, bootstrap and KV transfer; a PD prefill never records TTFT.",
                 "s",
-                quantiles("sglang:time_to_first_token_seconds", ENGINE, "role"),
+                quantiles(
+                    "sglang:time_to_first_token_seconds", f'{ENGINE}, role!="prefill"', "role"
+                ),
                 width=8,
             ),
             Panel(
                 "Inter-token latency",
                 "Gap between streamed tokens (decode step time as the "
-                "client sees it), quantiles by role.",
+                "client sees it), quantiles; a PD prefill never records it.",
                 "s",
-                quantiles("sglang:inter_token_latency_seconds", ENGINE, "role"),
+                quantiles(
+                    "sglang:inter_token_latency_seconds", f'{ENGINE}, role!="prefill"', "role"
+                ),
                 width=8,
             ),
             Panel(

@@ -30,6 +30,12 @@ def rate_sum(metric: str, selector: str, by: str) -> str:
     return f"sum by ({by}) (rate({metric}{{{selector}}}[{RATE}]))"
 
 
+def rank_rate_sum(metric: str, selector: str, by: str) -> str:
+    """For counters every TP rank increments for the same event (failures, retractions,
+    decode passes): one rank's rate, not TP times it (docs/monitoring.md)."""
+    return f"sum by ({by}) (max without (tp_rank) (rate({metric}{{{selector}}}[{RATE}])))"
+
+
 @dataclass(frozen=True)
 class Query:
     expr: str

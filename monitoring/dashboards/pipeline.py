@@ -12,6 +12,7 @@ from monitoring.dashboards.panels import (
     build_dashboard,
     engine_variables,
     quantiles,
+    rank_rate_sum,
     rate_sum,
 )
 
@@ -55,6 +56,26 @@ def build() -> Dashboard:
                 "short",
                 [_gauge("sglang:num_decode_transfer_queue_reqs")],
                 width=6,
+            ),
+            Panel(
+                "Decode host-receive queue",
+                "Requests on decode whose KV is being received into host memory "
+                "(hierarchical cache); 0 without it.",
+                "short",
+                [_gauge("sglang:num_decode_host_receive_queue_reqs")],
+            ),
+            Panel(
+                "Pending prealloc token usage",
+                "Share of the decode KV pool reserved for transfers still in flight: "
+                "high with a long transfer queue means decode memory waits on KV.",
+                "percentunit",
+                [
+                    Query(
+                        "max by (engine) (sglang:pending_prealloc_token_usage"
+                        f'{{{ENGINE}, role="decode"}})',
+                        "{{engine}}",
+                    )
+                ],
             ),
         ],
     )
@@ -101,7 +122,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("sglang:num_bootstrap_failed_reqs_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_bootstrap_failed_reqs_total", ENGINE, "engine"),
                         "{{engine}}",
                     )
                 ],
@@ -115,7 +136,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("sglang:num_transfer_failed_reqs_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_transfer_failed_reqs_total", ENGINE, "engine"),
                         "{{engine}}",
                     )
                 ],
@@ -128,7 +149,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("sglang:num_prefill_retries_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_prefill_retries_total", ENGINE, "engine"),
                         "retries {{engine}}",
                     ),
                     Query(

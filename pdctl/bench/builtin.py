@@ -35,7 +35,12 @@ async def run_level(
     async def one(prompt_index: int) -> RequestOutput:
         async with sem:
             return await stream_request(
-                session, target.url, target.endpoint, target.model, prompts[prompt_index]
+                session,
+                target.url,
+                target.endpoint,
+                target.model,
+                prompts[prompt_index],
+                target.headers,
             )
 
     if warmup_requests:

@@ -59,7 +59,12 @@ def _chunk_text(endpoint: str, data: dict[str, Any]) -> str:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, base_url: str, endpoint: str, model: str, prompt: Prompt
+    session: aiohttp.ClientSession,
+    base_url: str,
+    endpoint: str,
+    model: str,
+    prompt: Prompt,
+    headers: dict[str, str] | None = None,
 ) -> RequestOutput:
     out = RequestOutput(prompt_len=prompt.prompt_len)
     output_len = prompt.output_len
@@ -67,7 +72,8 @@ async def stream_request(
     out.start_time = most_recent = st
     try:
         url = base_url.rstrip("/") + ENDPOINTS[endpoint]
-        async with session.post(url, json=_payload(endpoint, model, prompt)) as resp:
+        body = _payload(endpoint, model, prompt)
+        async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status} {resp.reason}: {(await resp.text())[:500]}"
                 return out

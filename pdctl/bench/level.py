@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdctl.errors import PdctlError
 
@@ -17,6 +17,12 @@ class Target:
     model: str
     endpoint: str  # completions | chat
     metrics_urls: tuple[str, ...] = ()  # engine /metrics sampled while a level runs
+    api_key: str | None = field(default=None, repr=False)  # the gateway's, sent as a Bearer
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """For requests to `url` only: engine /metrics never see the key."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 @dataclass(frozen=True)

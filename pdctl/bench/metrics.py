@@ -23,8 +23,6 @@ import numpy as np
 
 from pdctl.bench.client import RequestOutput
 
-STATS = ("mean", "median", "std", "p90", "p95", "p99")
-
 
 def _stats(name: str, seconds: Sequence[float]) -> dict[str, float]:
     ms = np.asarray(seconds or [0.0], dtype=float) * 1000.0  # bench_serving: `x or 0`

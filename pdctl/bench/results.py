@@ -9,8 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.analyze.fit import LinearFit, linear_fit
+from pdctl.bench.compare import COMPARED
 from pdctl.bench.level import BACKENDS, Level, Target
 from pdctl.errors import PdctlError
+
+MAX_BYTES = 64 << 20  # one line per level: a real sweep is kilobytes
+# Fields compare and the TPOT fit compute with.
+NUMERIC = ("completed", "mean_tpot_ms", *(f for f, _, _ in COMPARED))
 
 
 def header(target: Target, level: Level) -> dict[str, Any]:
@@ -39,12 +44,25 @@ def write_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def load(path: Path) -> list[dict[str, Any]]:
     """A sweep's lines, or bench_serving's own --output-file (Infinity included)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
-        raise PdctlError(f"{path}: {e.strerror}") from e
+        raise PdctlError(f"{path}: {e.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise PdctlError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a sweep result file")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise PdctlError(
+            f"{path}: not UTF-8 text (byte {e.start}): not a sweep result file"
+        ) from None
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -55,6 +73,10 @@ def load(path: Path) -> list[dict[str, Any]]:
             raise PdctlError(f"{path}:{n}: not JSON ({e})") from e
         if not isinstance(row, dict) or "max_concurrency" not in row:
             raise PdctlError(f"{path}:{n}: not a bench_serving result line")
+        bad = [k for k in NUMERIC if row.get(k) is not None and not _number(row[k])]
+        if bad or not isinstance(row["max_concurrency"], int):
+            field = bad[0] if bad else "max_concurrency"
+            raise PdctlError(f"{path}:{n}: {field} is {row[field]!r}, not a number")
         rows.append(row)
     return rows
 

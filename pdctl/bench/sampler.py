@@ -3,7 +3,9 @@
 Per poll, over every engine URL: running requests are summed (the batch the decodes carry),
 `is_cuda_graph` takes the minimum (one eager engine is enough to matter) and `token_usage`
 the maximum (the fullest KV pool). Eager decode steps are counted from the
-`cuda_graph_passes_total{mode="decode_none"}` counter between the first and last poll.
+`cuda_graph_passes_total{mode="decode_none"}` counter between the first and last poll; every
+TP rank counts each decode pass (SGLang's batch_result_processor), so one rank's count is
+taken per engine, not their sum.
 An engine that does not answer is skipped; no sample at all leaves the fields out.
 """
 
@@ -38,6 +40,7 @@ def parse_sample(texts: list[str]) -> Sample:
     usage: list[float] = []
     eager: list[float] = []
     for text in texts:
+        eager_by_rank: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == RUNNING:
@@ -47,7 +50,9 @@ def parse_sample(texts: list[str]) -> Sample:
                 elif s.name == TOKEN_USAGE:
                     usage.append(s.value)
                 elif s.name == GRAPH_PASSES and s.labels.get("mode") == EAGER_MODE:
-                    eager.append(s.value)
+                    eager_by_rank[s.labels.get("tp_rank", "0")] = s.value
+        if eager_by_rank:
+            eager.append(max(eager_by_rank.values()))
     return Sample(
         sum(running) if running else None,
         min(graph) if graph else None,

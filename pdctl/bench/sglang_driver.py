@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import tempfile
 from pathlib import Path
@@ -49,6 +50,11 @@ def bench_serving_command(
     ]  # fmt: skip
 
 
+def _env(target: Target) -> dict[str, str] | None:
+    """bench_serving sends $OPENAI_API_KEY as `Authorization: Bearer` (never on its argv)."""
+    return {**os.environ, "OPENAI_API_KEY": target.api_key} if target.api_key else None
+
+
 async def run_level(
     python: str, target: Target, level: Level, extra_args: str = ""
 ) -> dict[str, Any]:
@@ -58,7 +64,9 @@ async def run_level(
         cmd = bench_serving_command(python, target, level, out, extra_args)
         with log.open("wb") as log_f:
             try:
-                proc = await asyncio.create_subprocess_exec(*cmd, stdout=log_f, stderr=log_f)
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdout=log_f, stderr=log_f, env=_env(target)
+                )
             except OSError as e:
                 raise PdctlError(f"cannot run {python}: {e.strerror}") from e
             try:

@@ -25,6 +25,7 @@ from pdctl.errors import PdctlError
 
 CANARY_TIMEOUT_S = 60.0
 CANARY = Prompt("Say hello.", 3, 8)
+NEEDS_KEY = "the gateway wants its API key: --api-key or $PDSTACK_GATEWAY_API_KEY"
 
 
 class Progress(Protocol):
@@ -57,11 +58,15 @@ class SweepOptions:
     sglang_args: str = ""
 
 
-async def resolve_model(session: aiohttp.ClientSession, url: str) -> str:
+async def resolve_model(session: aiohttp.ClientSession, target: Target) -> str:
     """The served model name, as bench_serving finds it: the first of /v1/models."""
+    url = target.url
     try:
         wait = aiohttp.ClientTimeout(total=CANARY_TIMEOUT_S)
-        async with session.get(url.rstrip("/") + "/v1/models", timeout=wait) as resp:
+        models = url.rstrip("/") + "/v1/models"
+        async with session.get(models, timeout=wait, headers=target.headers) as resp:
+            if resp.status == 401:
+                raise PdctlError(f"{models} answered 401: {NEEDS_KEY}")
             body = await resp.json(content_type=None)
             return str(body["data"][0]["id"])
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as e:
@@ -75,7 +80,9 @@ async def canary(session: aiohttp.ClientSession, target: Target) -> None:
     turn every level into a wall of errors (or a hang) instead of one clear message."""
     try:
         out = await asyncio.wait_for(
-            stream_request(session, target.url, target.endpoint, target.model, CANARY),
+            stream_request(
+                session, target.url, target.endpoint, target.model, CANARY, target.headers
+            ),
             CANARY_TIMEOUT_S,
         )
     except TimeoutError:
@@ -84,8 +91,9 @@ async def canary(session: aiohttp.ClientSession, target: Target) -> None:
             "is the prefill/decode pair healthy (pdctl status)?"
         ) from None
     if not out.success or out.ttft == 0.0:
+        hint = f" ({NEEDS_KEY})" if out.error.startswith("HTTP 401") else ""
         raise PdctlError(
-            f"canary request to {target.url} failed: {out.error or 'no text streamed back'}"
+            f"canary request to {target.url} failed: {out.error or 'no text streamed back'}{hint}"
         )
 
 
@@ -141,7 +149,7 @@ async def run_sweep(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if not target.model:
-            target = replace(target, model=await resolve_model(session, target.url))
+            target = replace(target, model=await resolve_model(session, target))
         await canary(session, target)
         for level in levels:
             rows.append(await _run_one(session, target, level, opts, progress))

@@ -1,18 +1,58 @@
-"""The `pdctl` command: one click group; each command module stays thin over plain modules."""
+"""The `pdctl` command: one click group; each command module stays thin over plain modules.
+
+Commands load on first use (click's LazyGroup pattern), so `pdctl validate` does not import
+the ops, bench and exporter stacks (aiohttp, matplotlib, prometheus_client) it never runs.
+"""
 
 from __future__ import annotations
 
-import sys
+import importlib
+from typing import Any
 
 import click
 
-from pdctl import __version__
-from pdctl.cli import analyze_commands, bench_commands, ops_commands, spec_commands
-from pdctl.errors import PdctlError
-from pdctl.exporter.command import exporter
+from pdctl import __version__, errors
+
+# command name -> "module:attribute" of its click command.
+COMMANDS = {
+    "validate": "pdctl.cli.spec_commands:validate",
+    "plan": "pdctl.cli.spec_commands:plan",
+    "render": "pdctl.cli.spec_commands:render",
+    "status": "pdctl.cli.ops_commands:status",
+    "restart": "pdctl.cli.ops_commands:restart",
+    "doctor": "pdctl.cli.ops_commands:doctor",
+    "recover": "pdctl.cli.ops_commands:recover",
+    "bench": "pdctl.cli.bench_commands:bench",
+    "analyze": "pdctl.cli.analyze_commands:analyze",
+    "exporter": "pdctl.exporter.command:exporter",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose commands are imported when they are looked up."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        module, attr = self.lazy[cmd_name].split(":")
+        command = getattr(importlib.import_module(module), attr)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{self.lazy[cmd_name]} is not a click command")
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="pdctl")
 def cli() -> None:
     """Run SGLang prefill/decode disaggregated serving on bare-metal GPU hosts.
@@ -26,25 +66,5 @@ def cli() -> None:
     """
 
 
-for command in [
-    *spec_commands.COMMANDS,
-    *analyze_commands.COMMANDS,
-    *bench_commands.COMMANDS,
-    *ops_commands.COMMANDS,
-    exporter,
-]:
-    cli.add_command(command)
-
-
 def main() -> None:
-    try:
-        cli.main(standalone_mode=False)
-    except PdctlError as e:
-        click.secho(f"Error: {e}", fg="red", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+    errors.run(cli, "pdctl")

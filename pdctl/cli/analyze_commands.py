@@ -102,6 +102,3 @@ def journal(
         render(report, Console())
     if plot is not None and fmt != "json":
         click.echo(f"plot: {plot}")
-
-
-COMMANDS = [analyze]

@@ -15,6 +15,8 @@ from pdctl.bench.level import Target, build_levels
 from pdctl.bench.view import RichProgress, compare_table, fit_line, sweep_table
 from pdctl.cli.analyze_commands import new_file
 from pdctl.cli.options import deployment_options, format_option
+from pdctl.ops.gateway import KEY_FILE, KEY_VAR
+from pdctl.ops.gateway import api_key as gateway_key
 from pdctl.spec import Role, load_deployment
 
 
@@ -37,6 +39,7 @@ def sweep_target(
     profile: Path | None,
     model: str | None,
     endpoint: str,
+    api_key: str | None = None,
 ) -> Target:
     """Where requests go and which engine /metrics are sampled, from options or deployment."""
     if url is None:
@@ -46,7 +49,7 @@ def sweep_target(
             metrics_urls = tuple(i.url + "/metrics" for i in dep.instances if i.role == Role.DECODE)
     elif not metrics_urls:
         metrics_urls = (url.rstrip("/") + "/metrics",)  # an engine answers; a gateway is skipped
-    return Target(url.rstrip("/"), model or "", endpoint, metrics_urls)
+    return Target(url.rstrip("/"), model or "", endpoint, metrics_urls, api_key or gateway_key())
 
 
 @bench.command()
@@ -74,6 +77,13 @@ def sweep_target(
     "--driver", type=click.Choice(["builtin", "sglang"]), default="builtin", show_default=True
 )
 @click.option("--model", help="Model name in requests (default: the first of /v1/models).")
+@click.option(
+    "--api-key",
+    envvar=KEY_VAR,
+    show_envvar=True,
+    help=f"The gateway's API key, sent as Authorization: Bearer (default: {KEY_VAR} in "
+    f"{KEY_FILE} when readable). Prefer the variable: an option shows in `ps`.",
+)
 @click.option(
     "--endpoint",
     type=click.Choice(["completions", "chat"]),
@@ -129,6 +139,7 @@ def sweep(
     num_prompts: str | None,
     driver: str,
     model: str | None,
+    api_key: str | None,
     endpoint: str,
     timeout: float,
     seed: int,
@@ -163,7 +174,7 @@ def sweep(
     from pdctl.bench.sweep import SweepOptions, run_sweep
 
     levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
-    target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint)
+    target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint, api_key)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)
     # With --format json the progress goes to stderr and stdout stays one JSON document.
     console = Console(stderr=fmt == "json")
@@ -217,6 +228,3 @@ def compare_command(before: Path, after: Path, fmt: str) -> None:
     console.print(compare_table(levels, before.name, after.name))
     console.print(f"before: {fit_line(fits[0])}")
     console.print(f"after:  {fit_line(fits[1])}")
-
-
-COMMANDS = [bench]

@@ -22,7 +22,13 @@ from pdctl.lint import Severity
 from pdctl.ops import lock, source
 from pdctl.ops.context import Ops, Timeouts, real_ops
 from pdctl.ops.doctor import doctor as run_doctor
-from pdctl.ops.recover import RateLimit, RecoveryLog, default_state
+from pdctl.ops.recover import (
+    DEFAULT_STATE,
+    LOCK_WAIT_S,
+    RateLimit,
+    RecoveryLog,
+    default_state,
+)
 from pdctl.ops.recover import recover as run_recover
 from pdctl.ops.restart import (
     Report,
@@ -87,6 +93,7 @@ def _ops(
 )
 @click.option(
     "--canaries",
+    type=click.IntRange(min=1),
     default=3,
     show_default=True,
     help="Requests per pair canary (a degraded pair fails only a share).",
@@ -187,7 +194,8 @@ def restart(
 
     \b
     Exit codes: 0 done; 1 a pair failed (journal lines follow); 2 bad input or refused;
-    3 another restart holds the lock.
+    3 another restart holds the lock; 130 interrupted (Ctrl-C): the message names the pair
+    left out of the gateway and the command that puts it back.
     \b
     Examples:
       pdctl restart --both --pair pd0
@@ -256,6 +264,7 @@ def _confirm(yes: bool, targets: list[str], question: str) -> None:
 @format_option
 @click.option(
     "--canaries",
+    type=click.IntRange(min=1),
     default=8,
     show_default=True,
     help="Requests per pair canary; a degraded pair fails a share of them.",
@@ -289,19 +298,32 @@ def doctor(
 @click.option("--pair", "pair_name", required=True, metavar="NAME", help="Pair NAME or HOST/NAME.")
 @click.option(
     "--max-recoveries",
+    type=click.IntRange(min=1),
     default=RateLimit.max_count,
     show_default=True,
     help="Recoveries of one pair allowed within --window.",
 )
 @click.option(
-    "--window", default=RateLimit.window_s, show_default=True, type=float, help="Seconds."
+    "--window",
+    default=RateLimit.window_s,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds.",
 )
 @click.option(
     "--state",
     "state_path",
     type=click.Path(path_type=Path, dir_okay=False),
     default=default_state,
-    show_default=str(default_state()),
+    show_default=f"$PDCTL_RECOVER_STATE or {DEFAULT_STATE}",
+    help="Rate-limit state; its folder must be writable by this user only (created 0700).",
+)
+@click.option(
+    "--lock-timeout",
+    type=click.FloatRange(min=0),
+    default=LOCK_WAIT_S,
+    show_default=True,
+    help="Seconds to wait for a restart holding the lock before exiting 3.",
 )
 def recover(
     topology_path: Path,
@@ -311,18 +333,23 @@ def recover(
     max_recoveries: int,
     window: float,
     state_path: Path,
+    lock_timeout: float,
 ) -> None:
     """Coordinated restart of a pair after one of its engines failed (run by systemd).
 
     Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
     restarts the whole pair (never the failed side alone), at most --max-recoveries times per
     --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
+    If another restart holds the lock it waits for it (--lock-timeout), then recovers.
+    An unreadable state file is started afresh with a warning.
+
+    \b
+    Exit codes: 0 recovered; 1 the restart failed (journal lines follow); 2 bad input or an
+    unsafe state folder; 3 the lock stayed held; 4 rate-limited.
     """
     ops = _ops(topology_path, inventory, profile)
     (pair,) = ops.source.select((pair_name,), False)
-    rep = run_recover(ops, pair, RateLimit(max_recoveries, window), RecoveryLog(state_path))
+    limit = RateLimit(max_recoveries, window)
+    rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_timeout)
     _print_reports([rep], "table")
     sys.exit(0 if rep.ok else 1)
-
-
-COMMANDS = [status, restart, doctor, recover]

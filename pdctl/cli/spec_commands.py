@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -52,6 +53,7 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
                     "command": r.command,
                     "environment": r.environment,
                     "env_file": r.env_file,
+                    "env_file_text": r.env_text,
                     "unit_file": r.unit,
                 }
                 for r in rendered
@@ -62,12 +64,12 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
         return
     for r in rendered:
         click.secho(f"# {r.instance.id} -> {r.instance.unit}", bold=True)
-        click.echo("## environment")
-        click.echo("".join(f"{k}={v}\n" for k, v in r.environment.items()))
+        click.echo(f"## environment ({r.env_file})")
+        click.echo(r.env_text)
         click.echo("## unit")
         click.echo(r.unit)
     click.secho(f"# gateway on {dep.router_host}", bold=True)
-    click.echo("smg " + " ".join(router_args(dep)))
+    click.echo(shlex.join(["smg", *router_args(dep)]))
 
 
 def _exit_code(findings: list[Finding], strict: bool) -> int:
@@ -270,6 +272,3 @@ def _plan_table(p: InstancePlan) -> Table:
 
 def _or_none(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
-
-
-COMMANDS = [validate, plan, render]

@@ -1,21 +1,15 @@
-"""The pair canary: a one-token generate through one pair's PD path, sent the way the
-gateway sends it — the same body to the prefill and the decode at once, with the prefill's
-bootstrap host/port and a random room. It is pinned to the pair (a request to the gateway
-could land on any pair) and fails exactly when bootstrap or KV transfer is broken, which
-each engine's own /health never notices."""
+"""The exporter's pair canary: every pair of this host probed in the background through its
+PD path (pdctl.pdclient.pair_canary, the probe pdctl status and restart use too)."""
 
 from __future__ import annotations
 
-import random
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import requests
 
 from pdctl.exporter.statelog import StateLog
+from pdctl.pdclient import CanaryResult, pair_canary
 
 
 @dataclass(frozen=True)
@@ -24,41 +18,6 @@ class PairTarget:
     prefill_url: str
     decode_url: str
     bootstrap_port: int
-
-
-@dataclass(frozen=True)
-class CanaryResult:
-    success: bool
-    duration_s: float
-    finished_at: float
-    error: str | None = None
-
-
-def probe(target: PairTarget, timeout_s: float, session: requests.Session) -> CanaryResult:
-    body = {
-        "text": "ping",
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-        "bootstrap_host": urlsplit(target.prefill_url).hostname,
-        "bootstrap_port": target.bootstrap_port,
-        "bootstrap_room": random.getrandbits(63),
-    }
-    start = time.monotonic()
-    error: str | None = None
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        legs = {
-            role: pool.submit(session.post, f"{url}/generate", json=body, timeout=timeout_s)
-            for role, url in (("prefill", target.prefill_url), ("decode", target.decode_url))
-        }
-        for role, leg in legs.items():
-            try:
-                response = leg.result()
-                if response.status_code != 200:
-                    error = error or f"{role} answered HTTP {response.status_code}"
-                elif role == "decode" and "text" not in response.json():
-                    error = error or "decode answered without generated text"
-            except (requests.RequestException, ValueError) as e:
-                error = error or f"{role}: {type(e).__name__}: {e}"
-    return CanaryResult(error is None, time.monotonic() - start, time.time(), error)
 
 
 class Canary:
@@ -86,12 +45,18 @@ class Canary:
         with self._lock:
             targets = list(self.targets)
         for target in targets:
-            result = probe(target, self.timeout_s, self._session)
+            result = pair_canary(
+                target.prefill_url,
+                target.decode_url,
+                target.bootstrap_port,
+                timeout=self.timeout_s,
+                session=self._session,
+            )
             self.log.report(f"canary {target.pair}", result.error)
             with self._lock:
                 self.results[target.pair] = result
                 self.runs[target.pair] = self.runs.get(target.pair, 0) + 1
-                if not result.success:
+                if not result.ok:
                     self.failures[target.pair] = self.failures.get(target.pair, 0) + 1
 
     def snapshot(self) -> tuple[dict[str, CanaryResult], dict[str, int], dict[str, int]]:

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.gpu import Nvml
-from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.journal import DecodeJournal
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import HostTargets, TopologyFile, host_targets
@@ -213,7 +213,7 @@ class PdCollector(Collector):
             "pdstack_pair_canary_failures", "Canary generates that failed.", labels=["pair"]
         )
         for pair, result in sorted(results.items()):
-            ok.add_metric([pair], 1.0 if result.success else 0.0)
+            ok.add_metric([pair], 1.0 if result.ok else 0.0)
             took.add_metric([pair], result.duration_s)
             when.add_metric([pair], result.finished_at)
             ran.add_metric([pair], runs.get(pair, 0))

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import socket
 import threading
 from pathlib import Path
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 import click
 from prometheus_client import CollectorRegistry, start_http_server
 
-from pdctl import topology
+from pdctl import errors, topology
+from pdctl.errors import PdctlError
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.collector import PdCollector
 from pdctl.exporter.gpu import Nvml, load_nvml
-from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile
 
@@ -35,6 +38,22 @@ def _journal_files(values: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
+def _listen(address: str, port: int, registry: CollectorRegistry) -> WSGIServer:
+    try:
+        server, _ = start_http_server(port, addr=address, registry=registry)
+    except OSError as e:
+        hint = {
+            errno.EADDRINUSE: f"another process listens there (ss -ltnp 'sport = :{port}'); "
+            "stop it or choose --port",
+            errno.EADDRNOTAVAIL: "not an address of this host; give one of `ip -brief "
+            "address` or 127.0.0.1 (--listen-address)",
+            errno.EACCES: "ports below 1024 need privileges; choose --port",
+        }.get(e.errno or 0, "check --listen-address and --port")
+        why = e.strerror or str(e)  # socket.gaierror: an unknown host name
+        raise PdctlError(f"cannot listen on {address}:{port}: {why}; {hint}") from None
+    return server
+
+
 @click.command("exporter")
 @click.option(
     "--topology",
@@ -51,7 +70,7 @@ def _journal_files(values: tuple[str, ...]) -> dict[str, Path]:
     help="Inventory name of this host in the topology.",
 )
 @click.option("--listen-address", default="127.0.0.1", show_default=True)
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
     "--canary-interval",
     default=15.0,
@@ -85,6 +104,10 @@ def exporter(
 ) -> None:
     """Serve GPU, pair-canary and decode-journal metrics for Prometheus (pd-exporter)."""
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    journals = _journal_files(journal_files)
+    # Bind first: a port in use or a foreign address fails before NVML, threads or probes.
+    registry = CollectorRegistry(auto_describe=False)
+    server = _listen(listen_address, port, registry)
     log = StateLog()
     nvml = Nvml(load_nvml(), log)
     canary = Canary(canary_interval, canary_timeout, log)
@@ -94,13 +117,11 @@ def exporter(
         nvml,
         canary,
         GraphSizes(timeout_s=2.0),
-        _journal_files(journal_files),
+        journals,
         log,
     )
     collector.refresh()
-    registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _ = start_http_server(port, addr=listen_address, registry=registry)
     canary.start()
     logging.getLogger("pdctl.exporter").info(
         "serving on %s:%d for host %s", listen_address, port, host
@@ -120,4 +141,4 @@ def exporter(
 
 
 def main() -> None:
-    exporter.main(prog_name="pd-exporter")
+    errors.run(exporter, "pd-exporter")

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 
-from pdctl.lint.args import flag_values
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import tuning_key
+from pdctl.lint.launch_line import flag_values
 from pdctl.render import launch_args
 from pdctl.spec import Deployment, Instance
 

@@ -7,11 +7,7 @@ from pdctl.spec import Deployment, Instance, Role
 
 def tuning_key(dep: Deployment, role: Role, field: str) -> str:
     """The role's key if its section sets it, else common's if set there, else the role's."""
-    engine = dep.profile.engine
-    role_sets = field in getattr(engine, role.value).model_fields_set
-    if not role_sets and field in engine.common.model_fields_set:
-        return f"engine.common.{field}"
-    return f"engine.{role.value}.{field}"
+    return dep.profile.engine.tuning_key(role, field)
 
 
 def instance_key(dep: Deployment, inst: Instance, field: str) -> str:

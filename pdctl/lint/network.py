@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdctl.lint.args import flag_values
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import hardware_key
+from pdctl.lint.launch_line import flag_values
 from pdctl.render import environment, launch_args
 from pdctl.spec import Deployment
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdctl.lint.args import flag_values
 from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.lint.launch_line import flag_values
 from pdctl.render import environment, launch_args
 from pdctl.spec import Deployment
 

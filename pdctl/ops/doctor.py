@@ -14,7 +14,7 @@ from pdctl.analyze.logparse import DecodeBatch, parse_line
 from pdctl.errors import PdctlError
 from pdctl.lint import Finding, Severity, lint
 from pdctl.ops.context import Ops
-from pdctl.ops.probe import concurrently
+from pdctl.ops.health import concurrently
 from pdctl.ops.status import InstanceStatus, Status, collect
 from pdctl.spec import Role
 
@@ -104,7 +104,7 @@ def pair_findings(s: Status) -> list[Finding]:
                 "pdctl restart --router",
             )
         )
-    for i in s.instances:
+    for i in s.instances if s.gateway.ready else []:  # else the gateway's view is unknown
         if i.probe.healthy and i.gateway is None:
             out.append(
                 _warning(

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from pydantic import BaseModel, ValidationError
 
+from pdctl import names
 from pdctl.errors import PdctlError
-from pdctl.ops.probe import concurrently
-from pdctl.render import CONFIG_DIR
+from pdctl.ops.health import concurrently
 
-KEY_FILE = Path(CONFIG_DIR) / "gateway.env"  # written by the pdstack_gateway role
-KEY_VAR = "PDSTACK_GATEWAY_API_KEY"
+KEY_FILE = Path(names.GATEWAY_ENV_FILE)  # written by the pdstack_gateway role
+KEY_VAR = names.GATEWAY_KEY_VAR
 
 
 class GatewayError(PdctlError):
@@ -40,6 +41,21 @@ def api_key() -> str | None:
     return next(
         (line.split("=", 1)[1].strip() for line in lines if line.startswith(f"{KEY_VAR}=")), None
     )
+
+
+class _Worker(BaseModel):
+    """One entry of smg's GET /workers (fields pdctl reads; smg sends more)."""
+
+    id: str
+    url: str
+    worker_type: str = "?"
+    status: str = "?"
+    is_healthy: bool = False
+    load: int | None = 0
+
+
+class _Workers(BaseModel):
+    workers: list[_Worker] = []
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ class GatewayAdmin:
         if r.status_code == 401:
             raise GatewayError(
                 f"gateway {self.url}: {method} {path} needs the API key: set "
-                f"PDSTACK_GATEWAY_API_KEY (root reads it from {KEY_FILE})"
+                f"{KEY_VAR} (root reads it from {KEY_FILE})"
             )
         return r
 
@@ -76,16 +92,21 @@ class GatewayAdmin:
         r = self._call("GET", "/workers")
         if r.status_code != 200:
             raise GatewayError(f"gateway {self.url}: GET /workers answered {r.status_code}")
+        try:
+            listing = _Workers.model_validate(r.json())
+        except (ValueError, ValidationError) as e:  # not JSON, or not smg's shape
+            if isinstance(e, ValidationError):
+                first = e.errors()[0]
+                why = f"{'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}"
+            else:
+                why = f"not JSON: {r.text[:80]!r}"
+            raise GatewayError(
+                f"gateway {self.url}: GET /workers answered 200 but not smg's worker list "
+                f"({why}): is {self.url} the smg gateway?"
+            ) from None
         return [
-            GatewayWorker(
-                w["id"],
-                w["url"],
-                w.get("worker_type", "?"),
-                w.get("status", "?"),
-                bool(w.get("is_healthy")),
-                int(w.get("load") or 0),
-            )
-            for w in r.json().get("workers", [])
+            GatewayWorker(w.id, w.url, w.worker_type, w.status, w.is_healthy, w.load or 0)
+            for w in listing.workers
         ]
 
     def readiness(self) -> tuple[bool, str]:

@@ -4,24 +4,42 @@
 Rate-limited through a state file: after `max_count` recoveries of a pair within `window_s`
 it does nothing, says why, and exits non-zero, leaving the failed unit failed so the alert
 fires instead of the pair flapping.
+
+recover runs as root, so the state file lives in a folder only root can write (not the
+service user's /var/lib/pdstack): every file operation goes through a descriptor of that
+verified folder, never follows a link, and writes a fresh O_EXCL name before renaming it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import secrets
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+from pydantic import FiniteFloat, TypeAdapter, ValidationError
+
+from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.restart import Report, restart_pair
 from pdctl.ops.source import Pair
 
-DEFAULT_STATE = Path("/var/lib/pdstack/recover-state.json")
+DEFAULT_STATE = Path(names.RECOVER_STATE)
+MAX_STATE_BYTES = 1 << 20  # a few timestamps per pair; anything larger is not ours
+# A restart holding the lock (one pair: drain + health + canary, minutes) finishes well
+# within this; the recover unit's TimeoutStartSec (1800 s) covers this wait plus the restart.
+LOCK_WAIT_S = 600.0
+
+_STATE = TypeAdapter(dict[str, list[FiniteFloat]])
 
 
 def default_state() -> Path:
@@ -38,45 +56,153 @@ class RateLimit:
     window_s: float = 3600.0
 
 
+def _warn(line: str) -> None:
+    click.secho(f"Warning: {line}", fg="yellow", err=True)
+
+
+@contextlib.contextmanager
+def _state_dir(path: Path) -> Iterator[int]:
+    """A descriptor of the state folder, created 0700 if missing; refused unless it is a real
+    folder owned by this user and writable by no one else."""
+    fix = f"install -d -m 0700 -o {os.geteuid()} {path}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise PdctlError(f"state folder {path}: cannot create it ({e.strerror}); {fix}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        what = "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+        raise PdctlError(f"state folder {path}: {what}; remove it, then {fix}") from None
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if st.st_uid != os.geteuid():
+            problem = f"is owned by UID {st.st_uid}, not {os.geteuid()}"
+        elif st.st_mode & 0o022:
+            problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        if problem:
+            raise PdctlError(
+                f"state folder {path} {problem}: its owner could make recover overwrite any "
+                f"file through it; refusing. Fix: chown {os.geteuid()} {path} && chmod 0700 "
+                f"{path}, or --state in a folder only UID {os.geteuid()} can write"
+            )
+        yield fd
+    finally:
+        os.close(fd)
+
+
 class RecoveryLog:
     """Recovery start times per pair, in a JSON file that survives reboots of pdctl."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        self.path, self.clock = path, clock
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], float] = time.time,
+        warn: Callable[[str], None] = _warn,
+    ) -> None:
+        self.path, self.clock, self.warn = path, clock, warn
 
-    def _load(self) -> dict[str, list[float]]:
+    def _load(self, dir_fd: int) -> dict[str, list[float]]:
+        """The state, or {} with a warning when it is unreadable: a broken state file must
+        never stop recovery (it only forgets earlier recoveries)."""
+        name = self.path.name
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+            )
+        except FileNotFoundError:
             return {}
-        return {k: [float(t) for t in v] for k, v in data.items()} if isinstance(data, dict) else {}
+        except OSError as e:
+            why = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            return self._reset(f"{why}")
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return self._reset("not a regular file")
+            raw = f.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            return self._reset(f"larger than {MAX_STATE_BYTES} bytes")
+        try:
+            return _STATE.validate_json(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "top level"
+            return self._reset(f"{where}: {first['msg']}")
+
+    def _reset(self, why: str) -> dict[str, list[float]]:
+        self.warn(
+            f"recover state {self.path} is unreadable ({why}); starting it afresh "
+            "(earlier recoveries no longer count towards the rate limit)"
+        )
+        return {}
+
+    def _write(self, dir_fd: int, data: dict[str, list[float]]) -> None:
+        tmp = f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
+            )
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(data))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                raise
+        except OSError as e:
+            raise PdctlError(f"cannot write the recover state {self.path}: {e.strerror}") from None
+
+    def _recent(self, data: dict[str, list[float]], pair: str, window_s: float) -> list[float]:
+        now = self.clock()
+        return [t for t in data.get(pair, []) if now - t < window_s]
 
     def recent(self, pair: str, window_s: float) -> list[float]:
-        now = self.clock()
-        return [t for t in self._load().get(pair, []) if now - t < window_s]
+        with _state_dir(self.path.parent) as dir_fd:
+            return self._recent(self._load(dir_fd), pair, window_s)
 
     def admit(self, pair: str, limit: RateLimit) -> None:
         """Record a recovery, or raise RateLimited when the pair had too many."""
-        recent = self.recent(pair, limit.window_s)
-        if len(recent) >= limit.max_count:
-            raise RateLimited(
-                f"{pair}: {len(recent)} recoveries in the last {limit.window_s:.0f}s (limit "
-                f"{limit.max_count}); not restarting again. The failed unit stays failed for "
-                f"the alert; fix the cause, then run: pdctl restart --both --pair {pair}"
-            )
-        data = self._load()
-        data[pair] = [*recent, self.clock()]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
+        with _state_dir(self.path.parent) as dir_fd:
+            data = self._load(dir_fd)
+            recent = self._recent(data, pair, limit.window_s)
+            if len(recent) >= limit.max_count:
+                raise RateLimited(
+                    f"{pair}: {len(recent)} recoveries in the last {limit.window_s:.0f}s (limit "
+                    f"{limit.max_count}); not restarting again. The failed unit stays failed "
+                    f"for the alert; fix the cause, then run: pdctl restart --both --pair {pair}"
+                )
+            data[pair] = [*recent, self.clock()]
+            self._write(dir_fd, data)
 
 
 def recover(
-    ops: Ops, pair: Pair, limit: RateLimit, log: RecoveryLog, lock_path: Path | None = None
+    ops: Ops,
+    pair: Pair,
+    limit: RateLimit,
+    log: RecoveryLog,
+    lock_path: Path | None = None,
+    lock_wait: float = LOCK_WAIT_S,
 ) -> Report:
-    """The coordinated restart, once the rate limit and the restart lock allow it."""
-    with lock.held(f"pdctl recover --pair {pair.id}", lock_path):
+    """The coordinated restart, once the rate limit and the restart lock allow it.
+
+    A restart holding the lock (an operator's roll, another pair's recovery) is waited for,
+    bounded: the crash it may have caused still needs recovering after it."""
+    what = f"pdctl recover --pair {pair.id}"
+    with lock.held(what, lock_path, lock_wait, ops.say, ops.timeouts.poll) as got:
+        if got.behind:
+            ops.say(f"{pair.id}: the restart lock is free after {got.waited_s:.0f}s; recovering")
         log.admit(pair.id, limit)
         # The pair is already broken: a gateway we cannot reach must not block recovery.
-        return restart_pair(ops, pair, drain_required=False)
+        rep = restart_pair(ops, pair, drain_required=False)
+    after = f" after waiting {got.waited_s:.0f}s for PID {got.behind}" if got.behind else ""
+    verdict = "recovered" if rep.ok else "recovery FAILED"
+    ops.say(f"{pair.id}: {verdict}: restarted prefill and decode together{after}")
+    return rep

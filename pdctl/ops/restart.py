@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+from pdctl import pdclient
 from pdctl.errors import PdctlError
-from pdctl.ops import canary, gateway
+from pdctl.ops import gateway
 from pdctl.ops.context import Ops
-from pdctl.ops.probe import concurrently, probe_engine
+from pdctl.ops.health import concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import Systemd
 from pdctl.spec import Role
@@ -33,6 +34,23 @@ class StepFailed(PdctlError):
     def __init__(self, phase: str, message: str) -> None:
         self.phase = phase
         super().__init__(f"{phase}: {message}")
+
+
+class Interrupted(PdctlError):
+    """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back."""
+
+    exit_code = 130  # 128 + SIGINT, what a shell reports for ^C
+
+    def __init__(self, pair: str, phase: str) -> None:
+        state = "may be out of" if phase == "drain" else "is out of"
+        if phase in PHASES[1:4]:
+            state += " the gateway (drained) and its engines may be stopped or starting"
+        else:
+            state += " the gateway (drained)"
+        super().__init__(
+            f"interrupted during {phase} of pair {pair}: it {state}; pdctl status shows it. "
+            f"Put it back with: pdctl restart --both --pair {pair}"
+        )
 
 
 @dataclass
@@ -129,7 +147,7 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
     port = pair.prefill.bootstrap_port or 0
     while True:
         left = max(deadline - time.monotonic(), 1.0)
-        first = canary.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
+        first = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
         if first.ok:
             break
         if time.monotonic() >= deadline:
@@ -142,7 +160,7 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
 def _verify(ops: Ops, pair: Pair) -> None:
     """`canary_count` requests must all pass: a degraded pair fails only a share of them."""
     port = pair.prefill.bootstrap_port or 0
-    res = canary.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
+    res = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
     if not res.ok:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 
@@ -188,32 +206,37 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
         )
 
 
+def _start(sd: Systemd, pair: Pair) -> None:
+    sd.reset_failed(*(i.unit for i in pair.instances))  # a crashed side starts clean
+    sd.start(pair.spec.target)
+
+
 def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("drain", lambda: _drain(ops, pair, drain_required)),
+        ("stop", lambda: sd.stop(pair.spec.target)),
+        ("start", lambda: _start(sd, pair)),
+        ("health", lambda: _wait_healthy(ops, sd, pair)),
+        ("canary", lambda: _first_canary(ops, pair)),
+        ("verify", lambda: _verify(ops, pair)),
+        ("register", lambda: _register(ops, pair)),
+    ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
+    phase = steps[0][0]
     try:
-        with _timed(rep.phases, "drain"):
-            _drain(ops, pair, drain_required)
-        with _timed(rep.phases, "stop"):
-            sd.stop(pair.spec.target)
-        with _timed(rep.phases, "start"):
-            sd.reset_failed(*units)  # a crashed side starts clean, its failure recorded
-            sd.start(pair.spec.target)
-        with _timed(rep.phases, "health"):
-            _wait_healthy(ops, sd, pair)
-        with _timed(rep.phases, "canary"):
-            _first_canary(ops, pair)
-        with _timed(rep.phases, "verify"):
-            _verify(ops, pair)
-        with _timed(rep.phases, "register"):
-            _register(ops, pair)
+        for phase, step in steps:
+            with _timed(rep.phases, phase):
+                step()
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, units)
         if not isinstance(e, StepFailed) or e.phase != "drain":
             rep.error += " (the pair stays out of the gateway)"
+    except KeyboardInterrupt:
+        raise Interrupted(pair.id, phase) from None
     rep.lines = [_instance_line(sd, i, None if rep.ok else rep.error) for i in pair.instances]
     return rep
 

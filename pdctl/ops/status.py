@@ -9,11 +9,12 @@ from typing import Any
 from rich.table import Table
 
 from pdctl.errors import PdctlError
-from pdctl.ops.canary import CanaryResult, gateway_canary, pair_canary
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayError, GatewayWorker
-from pdctl.ops.probe import EngineProbe, concurrently, probe_engine
+from pdctl.ops.health import EngineProbe, concurrently, probe_engine
+from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult, gateway_canary, pair_canary
 from pdctl.topology import TopologyInstance
 
 
@@ -31,6 +32,14 @@ class PairStatus:
     id: str
     target: str
     canary: CanaryResult
+    # routed: both sides ready in the gateway; drained: both engines answer /health but the
+    # gateway does not route to the pair (an interrupted restart, a failed one);
+    # not routed: out of the gateway with an engine down; None: the gateway did not answer.
+    gateway: str | None = None
+
+    @property
+    def drained(self) -> bool:
+        return self.gateway == "drained"
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Status:
     def healthy(self) -> bool:
         gw = self.gateway
         gateway_ok = gw.ready and gw.canary is not None and gw.canary.ok
-        pairs_ok = all(p.canary.ok for p in self.pairs)
+        pairs_ok = all(p.canary.ok and not p.drained for p in self.pairs)
         engines_ok = all(
             i.probe.healthy and i.unit is not None and i.unit.active == "active"
             for i in self.instances
@@ -80,7 +89,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
     calls["gateway"] = lambda: _gateway(ops)
     got = concurrently(calls)
     gw_status, workers = got["gateway"]
-    by_url = {w.url: w for w in workers}
+    by_url = {w.url: w for w in workers or []}
     instances = []
     for i in topo.instances:
         unit, unit_error = got[f"unit:{i.id}"]
@@ -89,19 +98,35 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         )
     return Status(
         instances=instances,
-        pairs=[PairStatus(p.id, p.spec.target, got[f"canary:{p.id}"]) for p in pairs],
+        pairs=[
+            PairStatus(
+                p.id,
+                p.spec.target,
+                got[f"canary:{p.id}"],
+                None if workers is None else _routing(p, by_url, got),
+            )
+            for p in pairs
+        ],
         gateway=gw_status,
     )
 
 
-def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker]]:
+def _routing(pair: Pair, by_url: dict[str, GatewayWorker], got: dict[str, Any]) -> str:
+    if all((w := by_url.get(i.url)) and w.status == "ready" for i in pair.instances):
+        return "routed"
+    up = all(got[f"probe:{i.id}"].healthy for i in pair.instances)
+    return "drained" if up else "not routed"
+
+
+def _gateway(ops: Ops) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
+    """The gateway's status and workers (None: it did not list them)."""
     url = ops.source.topology.router.url
     try:
         ready, detail = ops.gateway.readiness()
         canary = gateway_canary(url, ops.gateway.headers)
         return GatewayStatus(url, ready, detail, canary), ops.gateway.workers()
     except GatewayError as e:
-        return GatewayStatus(url, False, str(e)), []
+        return GatewayStatus(url, False, str(e)), None
 
 
 def to_json(s: Status) -> dict[str, Any]:
@@ -132,7 +157,16 @@ def to_json(s: Status) -> dict[str, Any]:
             }
             for i in s.instances
         ],
-        "pairs": [{"id": p.id, "target": p.target, "canary": asdict(p.canary)} for p in s.pairs],
+        "pairs": [
+            {
+                "id": p.id,
+                "target": p.target,
+                "canary": asdict(p.canary),
+                "gateway": p.gateway,
+                "drained": p.drained,
+            }
+            for p in s.pairs
+        ],
         "gateway": asdict(s.gateway),
     }
 
@@ -191,14 +225,19 @@ def tables(s: Status) -> list[Table]:
             gw,
         )
     pt = Table(title="Pairs (a real request through each pair's PD path)", title_justify="left")
-    for col in ("pair", "target", "canary", "latency"):
+    for col in ("pair", "target", "canary", "latency", "gateway"):
         pt.add_column(col)
     for pr in s.pairs:
         c = pr.canary
         verdict = (
             f"ok {c.sent}/{c.sent}" if c.ok else f"[red]FAILED {c.failed}/{c.sent}[/]: {c.error}"
         )
-        pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"))
+        routing = {
+            None: "-",
+            "routed": "routed",
+            "drained": f"[yellow]drained[/]: pdctl restart --both --pair {pr.id}",
+        }.get(pr.gateway, f"[red]{pr.gateway}[/]")
+        pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"), routing)
     gt = Table(title="Gateway", title_justify="left")
     for col in ("url", "readiness", "request", "latency"):
         gt.add_column(col)

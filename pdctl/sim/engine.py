@@ -19,17 +19,21 @@ from http import HTTPStatus
 from .args import GIB, SimConfig
 from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
 from .metrics import SimMetrics
-from .model import Clock, FakeText, KVPool, StepModel
+from .model import Clock, KVPool, StepModel
+from .sampling import EOS_TOKEN_ID, Sample, Sampler
 
 
 @dataclass(frozen=True)
 class Token:
-    text: str
+    text: str  # the output text it releases (stop strings and their possible starts held back)
+    sample: Sample | None = None
 
 
 @dataclass(frozen=True)
 class Finish:
     reason: str  # "length" | "stop"
+    matched: int | str | None = None  # the stop string or token id, as meta_info reports it
+    tail: str = ""  # text held back for a stop string that never came
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Req:
     max_new_tokens: int
     finish_reason: str  # reported when max_new_tokens is reached
     stream: bool
-    text: FakeText
+    text: Sampler
     created: float
     room: int | None = None
     log_metrics: bool = True
@@ -62,6 +66,7 @@ class Req:
     first_token_at: float | None = None
     last_token_at: float | None = None
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)
+    forwarded: bool = False
 
 
 class Engine:
@@ -69,6 +74,8 @@ class Engine:
         k = cfg.knobs
         self.cfg = cfg
         self.metrics = metrics
+        if metrics:
+            metrics.set_tp_size(cfg.args.tp_size)
         self.log = log
         self.clock = Clock(k.time_scale)
         self.steps = StepModel(k.step_a_ms, k.step_b_ms, k.eager_penalty, cfg.decode_buckets)
@@ -113,7 +120,8 @@ class Engine:
     def start_decoding(self, req: Req) -> None:
         """Decode server: the KV arrived; the prefill's first token goes out now."""
         self.transfer.discard(req)
-        self._emit(req, req.text.next_token())
+        req.admitted = self.clock.now()  # enters the decode waiting queue
+        self._emit(req, req.text.next())
         if not req.done:
             self.running.append(req)
             self._wake.set()
@@ -153,10 +161,10 @@ class Engine:
         """Prefill server: the KV reached the decode; answer with the first token."""
         if not req.done:
             req.max_new_tokens = 1
-            self._emit(req, req.text.next_token())
+            self._emit(req, req.text.next())
 
     # ----- outputs -------------------------------------------------------------------
-    def _emit(self, req: Req, text: str) -> None:
+    def _emit(self, req: Req, sample: Sample) -> None:
         now = self.clock.now()
         req.generated += 1
         if req.first_token_at is None:
@@ -164,9 +172,13 @@ class Engine:
         elif self.metrics and req.log_metrics and req.last_token_at is not None:
             self.metrics.tok_observe(self.metrics.inter_token_latency, now - req.last_token_at)
         req.last_token_at = now
-        req.out.put_nowait(Token(text))
-        if req.generated >= req.max_new_tokens:
-            req.out.put_nowait(Finish(req.finish_reason))
+        req.out.put_nowait(Token(sample.visible, sample))
+        if sample.matched is not None:
+            req.out.put_nowait(Finish("stop", sample.matched))
+            self._finish(req)
+        elif req.generated >= req.max_new_tokens:
+            eos = EOS_TOKEN_ID if req.finish_reason == "stop" else None
+            req.out.put_nowait(Finish(req.finish_reason, eos, req.text.flush()))
             self._finish(req)
 
     # ----- the loop ------------------------------------------------------------------
@@ -180,7 +192,12 @@ class Engine:
                 await self._decode_step()
             else:
                 self._wake.clear()
+                idle_from = self.clock.now()
                 await self._wake.wait()
+                if self.metrics:
+                    self.metrics.rank_inc(
+                        self.metrics.scheduler_idle_seconds, self.clock.now() - idle_from
+                    )
 
     def _take_prefill_batch(self) -> list[Req]:
         batch: list[Req] = []
@@ -220,10 +237,10 @@ class Engine:
             if req.done:
                 continue
             if self.metrics and req.log_metrics:
-                self.metrics.sched_observe(
+                self.metrics.rank_observe(
                     self.metrics.queue_time, (req.admitted or now) - req.created
                 )
-                self.metrics.sched_observe(
+                self.metrics.rank_observe(
                     self.metrics.per_stage_req_latency,
                     now - (req.admitted or now),
                     stage="prefill_forward",
@@ -231,7 +248,7 @@ class Engine:
             if prefill_server and not req.fake_bootstrap:
                 req.prefilled.set()
             else:
-                self._emit(req, req.text.next_token())
+                self._emit(req, req.text.next())
         stats = PrefillStats(
             new_seq=len(batch),
             new_token=new_tokens,
@@ -259,15 +276,21 @@ class Engine:
         if not graph and self.cfg.knobs.eager_oom:
             self._crash_oom(n)
         await self.clock.sleep(step_ms / 1000)
+        now = self.clock.now()
         for req in self.running:
+            if self.metrics and req.log_metrics and not req.forwarded and self.cfg.mode == "decode":
+                # set_forward_entry_time: one queue-time sample per request, at its first forward
+                self.metrics.rank_observe(self.metrics.queue_time, now - (req.admitted or now))
+            req.forwarded = True
             if not req.done:
-                self._emit(req, req.text.next_token())
+                self._emit(req, req.text.next())
         self.last_cuda_graph = graph
         self.forward_ct_decode += 1
         self._tokens_since_log += n
         if self.metrics:
             m = self.metrics
-            m.sched_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
+            # batch_result_processor: decode passes are counted by every rank
+            m.rank_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
             m.sched_inc(m.realtime_tokens, n, mode="decode")
         if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
             self._log_decode(n, graph)
@@ -330,17 +353,26 @@ class Engine:
         m.sched_gauge(m.kv_used_tokens, used)
         m.sched_gauge(m.kv_available_tokens, self.pool.size - used)
         m.sched_gauge(m.is_cuda_graph, 1.0 if self.last_cuda_graph else 0.0)
-        m.sched_gauge(m.utilization, min(len(running) / self.cfg.max_running_requests, 1.0))
-        if self.cfg.mode == "prefill":
-            m.sched_gauge(m.num_prefill_bootstrap_queue_reqs, len(self.bootstrap_queue))
-            m.sched_gauge(m.num_prefill_inflight_queue_reqs, len(self.inflight))
-        elif self.cfg.mode == "decode":
-            m.sched_gauge(m.num_decode_prealloc_queue_reqs, len(self.prealloc))
-            m.sched_gauge(m.num_decode_transfer_queue_reqs, len(self.transfer))
-            m.sched_gauge(
-                m.pending_prealloc_token_usage,
-                sum(r.reserved for r in self.transfer) / self.pool.size,
-            )
+        # _calculate_utilization: -1 on prefill; elsewhere max_running_requests_under_SLO has
+        # no setter in 0.5.23, so the gauge stays 0.
+        m.sched_gauge(m.utilization, -1.0 if self.cfg.mode == "prefill" else 0.0)
+        # log_stats writes every PD gauge in every mode (0 outside its role).
+        prefill, decode = self.cfg.mode == "prefill", self.cfg.mode == "decode"
+        m.sched_gauge(
+            m.num_prefill_bootstrap_queue_reqs, len(self.bootstrap_queue) if prefill else 0
+        )
+        m.sched_gauge(m.num_prefill_inflight_queue_reqs, len(self.inflight) if prefill else 0)
+        m.sched_gauge(m.num_decode_prealloc_queue_reqs, len(self.prealloc) if decode else 0)
+        m.sched_gauge(m.num_decode_transfer_queue_reqs, len(self.transfer) if decode else 0)
+        m.sched_gauge(m.num_decode_host_receive_queue_reqs, 0)  # no host-staged receive
+        m.sched_gauge(m.num_decode_deferred_kv_release_reqs, 0)
+        m.sched_gauge(
+            m.pending_prealloc_token_usage,
+            sum(r.reserved for r in self.transfer) / self.pool.size if decode else 0.0,
+        )
+        # The sim reserves each request's whole output up front, so it never retracts.
+        m.sched_gauge(m.num_retracted_reqs, 0, **m.pid)
+        m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:
         if not self.metrics:

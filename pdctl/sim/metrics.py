@@ -5,10 +5,19 @@ Names, types, label names and buckets come from `sglang/srt/observability/metric
 full list of the pinned version is tests/data/sglang_0.5.23_metrics.txt and
 tests/unit/test_sim_metrics_fidelity.py keeps this module a subset of it. SGLang serves
 them from a multiprocess registry, which has no `_created` series; neither does this one.
+
+Who writes what follows tests/data/sglang_0.5.23_recording.txt (derived from SGLang's call
+sites): every TP rank has its own scheduler collector, so the record helpers come in three
+kinds. `sched_*` is the rank-0 path (`current_scheduler_metrics_enabled`: log_stats gauges,
+realtime tokens, prefill CUDA-graph passes); `rank_*` and `constant` are written by every
+rank (`enable_metrics`: failure, retraction and decode-pass counters, the per-request
+histograms, emit_constants); `tok_*` is the single tokenizer process, which in PD prefill
+never observes TTFT, ITL or TPOT.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import prometheus_client
@@ -146,7 +155,7 @@ class SimMetrics:
     """Scheduler families carry model_name, engine_type, tp_rank, pp_rank, moe_ep_rank;
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
-    def __init__(self, model_name: str, engine_type: str) -> None:
+    def __init__(self, model_name: str, engine_type: str, tp_size: int = 1) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.exposed = _Written(self.registry)
         self.sched = {
@@ -156,7 +165,10 @@ class SimMetrics:
             "pp_rank": "0",
             "moe_ep_rank": "0",
         }
+        self.set_tp_size(tp_size)
         self.tok = {"model_name": model_name, "engine_type": engine_type}
+        # Gauges of SGLang's default multiprocess mode ("all") carry the writer's pid.
+        self.pid = {"pid": str(os.getpid())}
         r = self.registry
         sl = list(self.sched)
         tl = list(self.tok)
@@ -195,6 +207,45 @@ class SimMetrics:
         )
         self.pending_prealloc_token_usage = gauge(
             "pending_prealloc_token_usage", "Token usage of pending preallocations."
+        )
+        self.num_decode_host_receive_queue_reqs = gauge(
+            "num_decode_host_receive_queue_reqs", "Requests in the decode host receive queue."
+        )
+        self.num_decode_deferred_kv_release_reqs = gauge(
+            "num_decode_deferred_kv_release_reqs", "Requests waiting for deferred KV release."
+        )
+        self.num_retracted_reqs = Gauge(
+            "sglang:num_retracted_reqs",
+            "The number of retracted requests.",
+            [*sl, "pid"],
+            registry=r,
+        )
+        self.num_paused_reqs = Gauge(
+            "sglang:num_paused_reqs",
+            "The number of paused requests by async weight sync.",
+            [*sl, "pid"],
+            registry=r,
+        )
+        self.num_retracted_requests = Counter(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", sl, registry=r
+        )
+        self.num_retracted_input_tokens = Counter(
+            "sglang:num_retracted_input_tokens",
+            "Total number of retracted input tokens.",
+            sl,
+            registry=r,
+        )
+        self.num_retracted_output_tokens = Counter(
+            "sglang:num_retracted_output_tokens",
+            "Total number of retracted output tokens.",
+            sl,
+            registry=r,
+        )
+        self.scheduler_idle_seconds = Counter(
+            "sglang:scheduler_idle_seconds",
+            "Total wall time while the scheduler has no runnable or queued work.",
+            sl,
+            registry=r,
         )
         self.cuda_graph_passes = Counter(
             "sglang:cuda_graph_passes",
@@ -248,6 +299,13 @@ class SimMetrics:
         self.kv_transfer_bootstrap_ms = Histogram(
             "sglang:kv_transfer_bootstrap_ms",
             "KV transfer bootstrap time (ms).",
+            sl,
+            buckets=KV_BOOTSTRAP_MS_BUCKETS,
+            registry=r,
+        )
+        self.kv_transfer_alloc_ms = Histogram(
+            "sglang:kv_transfer_alloc_ms",
+            "KV transfer allocation wait (ms).",
             sl,
             buckets=KV_BOOTSTRAP_MS_BUCKETS,
             registry=r,
@@ -350,26 +408,54 @@ class SimMetrics:
             registry=r,
         )
 
+    def set_tp_size(self, tp_size: int) -> None:
+        self.ranks = [{**self.sched, "tp_rank": str(rank)} for rank in range(max(tp_size, 1))]
+
     def set_static(
         self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float
     ) -> None:
-        self.sched_gauge(self.max_total_num_tokens, pool_tokens)
-        self.sched_gauge(self.page_size, page_size)
-        self.sched_gauge(self.context_len, context_len)
-        self.sched_gauge(self.weight_memory_usage_gb, weights_gb)
-        self.sched_gauge(self.kv_cache_memory_usage_gb, kv_gb)
+        """emit_constants: every rank (scheduler.py emit_metrics_constants, enable_metrics)."""
+        for gauge, value in (
+            (self.max_total_num_tokens, pool_tokens),
+            (self.page_size, page_size),
+            (self.context_len, context_len),
+            (self.weight_memory_usage_gb, weights_gb),
+            (self.kv_cache_memory_usage_gb, kv_gb),
+        ):
+            for labels in self.ranks:
+                gauge.labels(**labels).set(value)
 
-    def sched_gauge(self, gauge: Gauge, value: float) -> None:
-        gauge.labels(**self.sched).set(value)
+    def sched_gauge(self, gauge: Gauge, value: float, **extra: str) -> None:
+        """log_stats: rank 0 only."""
+        gauge.labels(**self.sched, **extra).set(value)
 
     def sched_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
+        """A counter under `current_scheduler_metrics_enabled`: rank 0 only."""
         counter.labels(**self.sched, **extra).inc(amount)
 
-    def sched_observe(self, hist: Histogram, value: float, **extra: str) -> None:
-        hist.labels(**self.sched, **extra).observe(value)
+    def rank_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
+        """A counter under plain `enable_metrics`: each TP rank counts the same event."""
+        for labels in self.ranks:
+            counter.labels(**labels, **extra).inc(amount)
+
+    def rank_observe(self, hist: Histogram, value: float, **extra: str) -> None:
+        """Per-request histograms (req_time_stats): every rank observes its own copy."""
+        for labels in self.ranks:
+            hist.labels(**labels, **extra).observe(value)
+
+    def _tokenizer_records(self, metric: Counter | Histogram) -> bool:
+        # tokenizer_manager.collect_metrics: "PD prefill workers never observe TTFT, so they
+        # never reach ITL"; TPOT is None there too.
+        return self.sched["engine_type"] != "prefill" or metric not in (
+            self.time_to_first_token,
+            self.inter_token_latency,
+            self.request_time_per_output_token,
+        )
 
     def tok_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
-        counter.labels(**self.tok, **extra).inc(amount)
+        if self._tokenizer_records(counter):
+            counter.labels(**self.tok, **extra).inc(amount)
 
     def tok_observe(self, hist: Histogram, value: float, **extra: str) -> None:
-        hist.labels(**self.tok, **extra).observe(value)
+        if self._tokenizer_records(hist):
+            hist.labels(**self.tok, **extra).observe(value)

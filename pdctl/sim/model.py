@@ -23,19 +23,28 @@ from dataclasses import dataclass
 _VOCAB = [c + v for c in "bdfgklmnprstvz" for v in ("a", "e", "i", "o", "u", "an", "en", "or")]
 
 
+# Fake token ids: word i of the vocabulary is token FIRST_WORD_ID + i (ids below are special).
+FIRST_WORD_ID = 1000
+VOCAB_SIZE = len(_VOCAB)
+
+
+def token_text(token_id: int) -> str:
+    return _VOCAB[token_id - FIRST_WORD_ID] + " "
+
+
 def count_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
 class FakeText:
-    """The fake model's output for one request: words from a generator seeded with
-    (seed, key), each followed by a space."""
+    """The fake model's output for one request: token ids of words (`token_text`, each
+    followed by a space) from a generator seeded with (seed, key)."""
 
     def __init__(self, seed: int, key: str) -> None:
         self._rng = random.Random(f"{seed}:{key}")
 
-    def next_token(self) -> str:
-        return _VOCAB[self._rng.randrange(len(_VOCAB))] + " "
+    def next_id(self) -> int:
+        return FIRST_WORD_ID + self._rng.randrange(len(_VOCAB))
 
 
 def padded_batch(running: int, buckets: list[int]) -> int | None:

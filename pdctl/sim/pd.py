@@ -45,10 +45,6 @@ def degraded_draw(seed: int, room: int, ratio: float) -> bool:
     return random.Random(f"degraded:{seed}:{room}").random() < ratio
 
 
-class PeerLost(Exception):
-    pass
-
-
 # ----------------------------------------------------------------------------------
 # Prefill side
 # ----------------------------------------------------------------------------------
@@ -85,14 +81,14 @@ class PrefillLeg:
             reason = f"Request {req.room} timed out after {elapsed:.1f}s in KVPoll.Bootstrapping"
             room.conclude(FAILED, reason)
             if m:
-                m.sched_inc(m.num_bootstrap_failed_reqs)
+                m.rank_inc(m.num_bootstrap_failed_reqs)
             self._fail(req, "bootstrap", reason)
             return
         finally:
             self.engine.bootstrap_queue.discard(req)
+        bootstrap_ms = (clock.now() - t0) * 1000
         if m:
-            m.sched_observe(m.per_stage_req_latency, clock.now() - t0, stage="prefill_bootstrap")
-            m.sched_observe(m.kv_transfer_bootstrap_ms, (clock.now() - t0) * 1000)
+            m.rank_observe(m.per_stage_req_latency, clock.now() - t0, stage="prefill_bootstrap")
         if req.done:  # the client went away while the room bootstrapped
             room.conclude(FAILED, "Aborted by AbortReq.")
             return
@@ -113,17 +109,21 @@ class PrefillLeg:
             reason = "Failed to transfer KV: stale decode metadata (peer restarted alone)"
             room.conclude(FAILED, reason)
             if m:
-                m.sched_inc(m.num_transfer_failed_reqs)
+                m.rank_inc(m.num_transfer_failed_reqs)
             self._fail(req, "transfer", reason)
             return
         room.conclude(READY)
         if m:
-            m.sched_observe(
+            m.rank_observe(
                 m.per_stage_req_latency, clock.now() - t1, stage="prefill_transfer_kv_cache"
             )
-            m.sched_observe(m.kv_transfer_latency_ms, max(transfer_s * 1000, 0.0))
-            m.sched_observe(m.kv_transfer_speed_gb_s, KV_TRANSFER_GB_S)
-            m.sched_observe(m.kv_transfer_total_mb, mb)
+            m.rank_observe(m.kv_transfer_latency_ms, max(transfer_s * 1000, 0.0))
+            m.rank_observe(m.kv_transfer_speed_gb_s, KV_TRANSFER_GB_S)
+            m.rank_observe(m.kv_transfer_total_mb, mb)
+            # compute_and_observe_kv_transfer_metrics: bootstrap and alloc with the transfer;
+            # the sim's prefill allocates as soon as the room bootstraps.
+            m.rank_observe(m.kv_transfer_bootstrap_ms, bootstrap_ms)
+            m.rank_observe(m.kv_transfer_alloc_ms, 0.0)
         self.engine.complete_prefill(req)
 
     async def _hang(self, req: Req, t0: float) -> None:
@@ -285,12 +285,16 @@ class DecodeLeg:
         peer = await self._ensure_peer(addr)
         if isinstance(peer, str):
             if m:
-                m.sched_inc(m.num_bootstrap_failed_reqs)
+                m.rank_inc(m.num_bootstrap_failed_reqs)
             self._abort(req, "handshake", peer)
             return
+        t_boot = clock.now()
         await self.engine.preallocate(req)
         if req.done:
             return
+        if m:  # set_decode_transfer_queue_entry_time: bootstrap, then wait for KV space
+            m.rank_observe(m.kv_transfer_bootstrap_ms, (t_boot - t0) * 1000)
+            m.rank_observe(m.kv_transfer_alloc_ms, (clock.now() - t_boot) * 1000)
         self.engine.transfer.add(req)
         peer.rooms.add(req.room)
         try:
@@ -301,13 +305,13 @@ class DecodeLeg:
             return
         if state == READY:
             if m:
-                m.sched_observe(
+                m.rank_observe(
                     m.per_stage_req_latency, clock.now() - t0, stage="decode_transferred"
                 )
             self.engine.start_decoding(req)
             return
         if m:
-            m.sched_inc(m.num_transfer_failed_reqs)
+            m.rank_inc(m.num_transfer_failed_reqs)
         self._abort(req, "transfer", reason)
 
     async def _transfer(self, req: Req, peer: Peer, t0: float) -> tuple[str, str]:
@@ -319,7 +323,7 @@ class DecodeLeg:
             if start_id != peer.start_id and self._stale(peer.addr, start_id):
                 peer.degraded = True
             if m:
-                m.sched_observe(m.per_stage_req_latency, clock.now() - t0, stage="decode_bootstrap")
+                m.rank_observe(m.per_stage_req_latency, clock.now() - t0, stage="decode_bootstrap")
         t1 = clock.now()
         # A room the prefill never saw, or a degraded pair's hang: only the heartbeat or
         # the waiting timeout ends the wait.
@@ -342,7 +346,7 @@ class DecodeLeg:
                 return lost
             if result is not None and result[0] != PENDING:
                 if m:
-                    m.sched_observe(
+                    m.rank_observe(
                         m.per_stage_req_latency, clock.now() - t1, stage="decode_waiting"
                     )
                 return result

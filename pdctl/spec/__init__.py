@@ -2,7 +2,7 @@
 
 from pdctl.spec.deployment import Deployment, HostSpec, Instance
 from pdctl.spec.load import load_deployment, load_profile
-from pdctl.spec.model import EngineKind, Profile, Role, Tuning
+from pdctl.spec.profile import EngineKind, Profile, Role, Tuning
 
 __all__ = [
     "Deployment",

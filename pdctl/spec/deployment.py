@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl.spec.model import Hardware, Profile, Role, Tuning
-
-UNIT_PREFIX = "pdstack"
+from pdctl import names
+from pdctl.spec.profile import Hardware, Profile, Role, Tuning
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Instance:
 
     @property
     def name(self) -> str:
-        return f"{self.pair}-{self.role.value}"
+        return names.instance_name(self.pair, self.role.value)
 
     @property
     def id(self) -> str:
@@ -34,11 +33,11 @@ class Instance:
 
     @property
     def unit(self) -> str:
-        return f"{UNIT_PREFIX}-{self.name}.service"
+        return names.engine_unit(self.pair, self.role.value)
 
     @property
     def pair_target(self) -> str:
-        return f"{UNIT_PREFIX}-{self.pair}.target"
+        return names.pair_target(self.pair)
 
     @property
     def url(self) -> str:

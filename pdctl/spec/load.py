@@ -2,23 +2,47 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from pdctl import names
 from pdctl.errors import SpecError
 from pdctl.spec.deployment import Deployment, HostSpec, Instance
-from pdctl.spec.model import InstanceSpec, PairSpec, Profile, Role
+from pdctl.spec.profile import (
+    LONG_CONTEXT_ENV,
+    InstanceSpec,
+    PairSpec,
+    Profile,
+    Role,
+    long_context_allowed,
+)
+from pdctl.spec.text import control_problem, host_problem
 
 ENGINE_GROUP = "pd_hosts"
 ROUTER_GROUP = "router"
 PROFILE_VAR = "pdstack_profile"
+# A profile is a few KiB; the cap answers a wrong file at once instead of parsing megabytes.
+MAX_PROFILE_BYTES = 1 << 20
+# Values after YAML anchors/aliases expand: bounds the walk over a maliciously aliased file.
+MAX_PROFILE_VALUES = 100_000
+MAX_FLOW_DEPTH = 64
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML keeps the last of two equal keys; in a deployment file that hides a mistake."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        # The scanner's work grows with the square of the flow depth: `[[[[...` would hang.
+        if self.flow_level >= MAX_FLOW_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested deeper than {MAX_FLOW_DEPTH} levels", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -36,11 +60,25 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path, max_bytes: int = MAX_PROFILE_BYTES) -> Any:
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror}") from None
+    if len(raw) > max_bytes:
+        raise SpecError(
+            str(path), "", f"larger than {max_bytes // 1024} KiB: not a deployment file"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            str(path),
+            "",
+            f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "a deployment file is YAML text",
+        ) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -48,12 +86,23 @@ def read_yaml(path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(str(path), where, f"malformed YAML: {problem}") from None
+    except RecursionError:  # block nesting (indentation), too deep for the composer
+        raise SpecError(str(path), "", "malformed YAML: nested too deeply") from None
 
 
 def key_path(loc: tuple[int | str, ...]) -> str:
+    """`engine.common.env.NCCL_ALGO`, `layout.pairs[0]`; a key with other characters is shown
+    quoted (`env['NCCL ALGO']`). Pydantic's `[key]` marker (the key itself is wrong) is dropped."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
     return out
 
 
@@ -63,20 +112,80 @@ def _describe(err: Any) -> str:
         return "unknown key (check the spelling; see the reference profile)"
     if kind == "missing":
         return "required key is missing"
+    if kind == "value_error":  # our own validators: the message names the value already
+        return str(err["ctx"]["error"])
     got = err.get("input")
-    shown = "" if isinstance(got, dict | list) else f", got {got!r}"
+    shown = "" if isinstance(got, dict | list) else f", got {_short(got)}"
     return f"{msg[0].lower()}{msg[1:]}{shown}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_strings(data: Any, path: Path) -> None:
+    """No control character in any key or value: every string may reach a unit, an env file,
+    a command line or a label. Walks iteratively, with a budget, so neither deep nesting nor
+    alias bombs make it slow."""
+    stack: list[tuple[tuple[int | str, ...], Any]] = [((), data)]
+    seen = 0
+    while stack:
+        loc, node = stack.pop()
+        seen += 1
+        if seen > MAX_PROFILE_VALUES:
+            raise SpecError(
+                str(path),
+                "",
+                f"more than {MAX_PROFILE_VALUES} values (each YAML alias counted as the copy "
+                "it expands to): not a deployment file",
+            )
+        if isinstance(node, dict):
+            for key, value in node.items():
+                child = (*loc, key if isinstance(key, str) else str(key))
+                if isinstance(key, str) and (problem := control_problem(key)):
+                    raise SpecError(str(path), key_path(child), f"in this key: {problem}")
+                stack.append((child, value))
+        elif isinstance(node, list):
+            stack.extend(((*loc, i), v) for i, v in enumerate(node))
+        elif isinstance(node, str) and (problem := control_problem(node)):
+            raise SpecError(str(path), key_path(loc), problem)
 
 
 def load_profile(path: Path) -> Profile:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError(str(path), "", "a profile must be a YAML mapping (see deploy/profiles/)")
+    _check_strings(data, path)
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         raise SpecError(str(path), key_path(first["loc"]), _describe(first)) from None
+    _check_context_length(profile, path)
+    return profile
+
+
+def _check_context_length(profile: Profile, path: Path) -> None:
+    """SGLang refuses a context_length above the model's own at start-up unless its override
+    variable is true; with it, the lint rule `context-over-native` warns instead."""
+    native = profile.model.native_context_length
+    engine = profile.engine
+    for role in Role:
+        tuning = engine.tuning(role)
+        context = tuning.context_length
+        if native is None or context is None or context <= native:
+            continue
+        if long_context_allowed(tuning.env):
+            continue
+        key = engine.tuning_key(role, "context_length")
+        raise SpecError(
+            str(path),
+            key,
+            f"{context} is above model.native_context_length ({native}): SGLang refuses it at "
+            f'start-up; allowed: at most {native}, or also set {LONG_CONTEXT_ENV}: "1" in '
+            f"{key.removesuffix('context_length')}env to override (a lint warning then)",
+        )
 
 
 class Inventory:
@@ -86,10 +195,19 @@ class Inventory:
         self.path = path
         if not path.exists():
             raise SpecError(str(path), "", "inventory not found (pass -i/--inventory)")
-        from ansible import constants
-        from ansible.errors import AnsibleError
-        from ansible.inventory.manager import InventoryManager
-        from ansible.parsing.dataloader import DataLoader
+        try:
+            from ansible import constants
+            from ansible.errors import AnsibleError
+            from ansible.inventory.manager import InventoryManager
+            from ansible.parsing.dataloader import DataLoader
+        except ImportError:
+            raise SpecError(
+                str(path),
+                "",
+                "reading an Ansible inventory needs ansible-core, which is not installed: pip "
+                "install 'pdctl[controller]'. On a converged host, pdctl status/restart/doctor "
+                f"read {names.TOPOLOGY_FILE} instead (omit -i/-p).",
+            ) from None
 
         # Ansible's parser only warns about a file it cannot read; make that an error here,
         # for this parse only (the filter plugin runs inside ansible-playbook itself).
@@ -127,8 +245,13 @@ def profile_path_from(inventory: Inventory) -> Path:
         raise SpecError(
             str(inventory.path), f"[all:vars] {PROFILE_VAR}", "not set; pass -p/--profile"
         )
-    path = Path(str(value))
-    return path if path.is_absolute() else inventory.path.parent / path
+    return resolve_profile(inventory.path, str(value))
+
+
+def resolve_profile(inventory_path: Path, profile: str) -> Path:
+    """A relative profile path is relative to the inventory's directory."""
+    path = Path(profile)
+    return path if path.is_absolute() else inventory_path.parent / path
 
 
 def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> Deployment:
@@ -158,7 +281,13 @@ def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> D
 
 
 def _address(host: str, inventory: Inventory) -> str:
-    return str(inventory.host_vars(host).get("ansible_host", host))
+    """The host's address (ansible_host, else its name); both reach command lines and labels."""
+    if problem := (control_problem(host) or host_problem(host)):
+        raise SpecError(str(inventory.path), host, f"inventory host name: {problem}")
+    address = str(inventory.host_vars(host).get("ansible_host", host))
+    if problem := (control_problem(address) or host_problem(address)):
+        raise SpecError(str(inventory.path), f"{host}.ansible_host", problem)
+    return address
 
 
 def _resolve_host(name: str, profile: Profile, inventory: Inventory) -> HostSpec:

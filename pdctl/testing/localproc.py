@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from pdctl import names
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
 from pdctl.spec import Role
 from pdctl.testing.stack import Gateway, SimProc
-from pdctl.topology import GATEWAY_UNIT, Topology, TopologyInstance, TopologyPair, TopologyRouter
+from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter
 
 HOST = "local"
 
@@ -29,11 +30,11 @@ class LocalPair:
     decode: SimProc
 
     def unit(self, role: Role) -> str:
-        return f"pdstack-{self.name}-{role.value}.service"
+        return names.engine_unit(self.name, role.value)
 
     @property
     def target(self) -> str:
-        return f"pdstack-{self.name}.target"
+        return names.pair_target(self.name)
 
 
 class LocalUnits:
@@ -95,7 +96,7 @@ class LocalUnits:
 
 def _instance(p: LocalPair, role: Role) -> TopologyInstance:
     sim = p.prefill if role is Role.PREFILL else p.decode
-    name = f"{p.name}-{role.value}"
+    name = names.instance_name(p.name, role.value)
     return TopologyInstance(
         id=f"{HOST}/{name}",
         host=HOST,
@@ -120,8 +121,8 @@ def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
                 host=HOST,
                 name=p.name,
                 target=p.target,
-                prefill=f"{HOST}/{p.name}-prefill",
-                decode=f"{HOST}/{p.name}-decode",
+                prefill=f"{HOST}/{names.instance_name(p.name, Role.PREFILL.value)}",
+                decode=f"{HOST}/{names.instance_name(p.name, Role.DECODE.value)}",
             )
             for p in pairs
         ],
@@ -129,7 +130,7 @@ def local_topology(pairs: Sequence[LocalPair], gateway: Gateway) -> Topology:
             host=HOST,
             url=gateway.url,
             metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-            unit=GATEWAY_UNIT,
+            unit=names.GATEWAY_UNIT,
         ),
     )
 

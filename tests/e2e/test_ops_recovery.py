@@ -17,7 +17,7 @@ import pytest
 import yaml
 from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
 
-from pdctl import render
+from pdctl import names
 from pdctl.testing.stack import constant_load
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-PDCTL = f"{render.VENV}/bin/pdctl"
+PDCTL = f"{names.VENV}/bin/pdctl"
 CANARIES = "--canaries 12"  # a degraded sim pair fails half its requests: 12 cannot all pass
 
 

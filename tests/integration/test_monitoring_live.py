@@ -4,7 +4,8 @@ Prometheus role's own templates. Under load, every PromQL expression of every da
 and every rule must parse and return data, unless listed below with the reason it only has
 data under failure. Then induced failures drive the matching alerts to firing: the decode
 stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
-production incident)."""
+production incident). Both sims run at TP4 as the reference deployment does: counters every
+rank writes for the same event must read once, not four times, in panels and rules."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import pytest
 import requests
 import yaml
 
-from monitoring.dashboards.render import expressions, render_dashboards
+from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
@@ -35,6 +36,7 @@ from tests.conftest import ROOT, one_pair_topology, require_tool
 pytestmark = pytest.mark.gateway
 
 HOST = "testhost"
+TP = 4
 PAIR = f"{HOST}/pd0"
 TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 RATE_INTERVAL = "30s"
@@ -65,6 +67,14 @@ FAILURE_ONLY = {
     "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
     "sglang:num_prefill_retries_total": "written at the first prefill retry",
     "sglang:num_aborted_requests_total": "written at the first aborted request",
+    "sglang:num_retracted_requests_total": "written at the first retraction (sim: never)",
+    "engine:sglang_retracted_requests:rate5m": "recorded from the retraction counter",
+    "smg_router_request_errors_total": "written at the first gateway error",
+    "smg_worker_errors_total": "written at the first worker error",
+    "smg_worker_overload_shed_total": "written at the first request shed for overload",
+    "smg_pd_admission_sheds_total": "written at the first PD admission shed",
+    "smg_worker_stalled": "written when the gateway first vetoes a worker",
+    "smg_pd_prefill_duration_seconds": "not written on this stack (no PD prefill timing)",
     "pdstack_gpu_xid_errors_total": "needs NVML (GPU host) and an XID event",
 }
 GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
@@ -83,6 +93,13 @@ NO_DATA = {
         "Prefill retries and aborts",
     ): "retries and aborts happen only under failure",
     ("pdstack-gateway", "Failed health checks"): "only when a worker fails a health check",
+    ("pdstack-gateway", "Gateway errors by type"): FAILURE_ONLY["smg_router_request_errors_total"],
+    ("pdstack-gateway", "Worker errors"): FAILURE_ONLY["smg_worker_errors_total"],
+    ("pdstack-gateway", "Load shed"): "only when the gateway sheds load",
+    ("pdstack-gateway", "Stalled workers"): FAILURE_ONLY["smg_worker_stalled"],
+    ("pdstack-gateway", "PD prefill duration"): FAILURE_ONLY["smg_pd_prefill_duration_seconds"],
+    ("rules", "engine:sglang_retracted_requests:rate5m"): "retraction counter, see FAILURE_ONLY",
+    ("pdstack-decode", "Retractions"): "the rate line: the sim never retracts (gauge stays 0)",
     ("rules", "engine:sglang_bootstrap_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     ("rules", "engine:sglang_transfer_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     **{
@@ -116,8 +133,9 @@ class Prometheus:
     url: str
     proc: subprocess.Popen[bytes]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        r = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} if at is None else {"query": expr, "time": str(at)}
+        r = requests.get(f"{self.url}/api/v1/query", params=params, timeout=10)
         body = r.json()
         assert body["status"] == "success", (expr, body)
         return list(body["data"]["result"])
@@ -238,11 +256,13 @@ def live(
     promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
     node_exporter = require_tool("prometheus-node-exporter")
     env = {"PDSIM_DEGRADED_FAIL_RATIO": "1"}
-    prefill = sim_factory("prefill", env=env)
+    prefill = sim_factory("prefill", env=env, extra=("--tp-size", str(TP)))
     decode = sim_factory(
         "decode",
         env=env,
         extra=(
+            "--tp-size",
+            str(TP),
             "--cuda-graph-max-bs-decode",
             "8",
             "--max-running-requests",
@@ -367,6 +387,8 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
     live.decode.restart().wait_healthy()
     wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
 
+    assert_counted_once(live.prom)
+
     # The decode stopped: its engine is down (and the pair alert yields to it)...
     live.decode.stop()
     wait_until(
@@ -378,3 +400,52 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
         30,
         "PDGatewayWorkerUnhealthy",
     )
+
+
+def _by_engine(prom: Prometheus, expr: str, at: float) -> dict[str, float]:
+    return {r["metric"].get("engine", ""): float(r["value"][1]) for r in prom.query(expr, at)}
+
+
+def assert_counted_once(prom: Prometheus) -> None:
+    """Each TP rank counts every failed transfer; the panels and rules must show the count
+    of one rank (the number of failed requests), not TP times it."""
+    failures = "sglang:num_transfer_failed_reqs_total"
+    wait_until(lambda: bool(prom.query(f'{failures}{{tp_rank="3"}}')), 30, "transfer failures")
+    time.sleep(3)
+    at = time.time() - 2  # a settled instant, the same for every query below
+    truth = _by_engine(prom, f'sum by (engine) ({failures}{{tp_rank="0"}})', at)
+    assert truth and all(v > 0 for v in truth.values()), truth
+    assert _by_engine(prom, f"sum by (engine) ({failures})", at) == {
+        e: TP * v for e, v in truth.items()
+    }, "every rank writes the counter"
+    panel = next(
+        e
+        for b in map(json.loads, render_dashboards().values())
+        for t, e in expressions(b)
+        if t == "KV transfer failures"
+    )
+    rank0_rate = f'sum by (engine) (rate({failures}{{tp_rank="0"}}[{RATE_INTERVAL}]))'
+    assert _by_engine(prom, substitute(panel, RATE_INTERVAL), at) == pytest.approx(
+        _by_engine(prom, rank0_rate, at)
+    )
+    record = "engine:sglang_transfer_failed_reqs:rate5m"
+    rule = next(
+        r["expr"]
+        for g in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]
+        for r in g["rules"]
+        if r.get("record") == record
+    )
+    rank0_5m = _by_engine(prom, rank0_rate.replace(RATE_INTERVAL, "5m"), at)
+    assert _by_engine(prom, rule, at) == pytest.approx(rank0_5m)
+    # The recorded series lags by up to one evaluation, far from TP times the truth.
+    assert _by_engine(prom, record, at) == pytest.approx(rank0_5m, rel=0.5)
+    passes = "sglang:cuda_graph_passes_total"
+    decode_panel = next(
+        e
+        for b in map(json.loads, render_dashboards().values())
+        for t, e in expressions(b)
+        if t == "Decode passes by mode"
+    )
+    got = sum(float(r["value"][1]) for r in prom.query(substitute(decode_panel, RATE_INTERVAL), at))
+    want = prom.query(f'sum(rate({passes}{{tp_rank="0", mode=~"decode_.*"}}[{RATE_INTERVAL}]))', at)
+    assert got == pytest.approx(float(want[0]["value"][1]))

@@ -21,7 +21,8 @@ from pdctl import topology
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.doctor import doctor
-from pdctl.ops.restart import restart_instance, restart_pair, restart_pairs
+from pdctl.ops.recover import RateLimit, RecoveryLog, recover
+from pdctl.ops.restart import Interrupted, restart_instance, restart_pair, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import Gateway, SimProc, constant_load, wait_until
@@ -121,7 +122,7 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
 ) -> None:
     ops, _ = two_pairs
     topo_file = tmp_path / "topology.yaml"
-    topology.write(ops.source.topology, topo_file)
+    topo_file.write_text(topology.dump(ops.source.topology))
     holding = threading.Event()
     result: list[bool] = []
 
@@ -195,5 +196,53 @@ def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalU
 
 def test_local_topology_round_trips(two_pairs: tuple[Ops, LocalUnits], tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
-    topology.write(ops_topology := two_pairs[0].source.topology, path)
+    path.write_text(topology.dump(ops_topology := two_pairs[0].source.topology))
     assert topology.read(path) == ops_topology
+
+
+def test_an_interrupted_restart_leaves_the_pair_drained_until_restart_both(
+    two_pairs: tuple[Ops, LocalUnits],
+) -> None:
+    ops, _ = two_pairs
+    pd0, pd1 = ops.source.pairs()
+
+    def ctrl_c(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("pdctl.ops.restart._first_canary", ctrl_c)  # ^C once both are healthy
+        with pytest.raises(Interrupted, match=f"during canary of pair {pd0.id}: it is out of"):
+            restart_pair(ops, pd0)
+    s = collect(ops, 1)
+    assert {p.id: p.gateway for p in s.pairs} == {pd0.id: "drained", pd1.id: "routed"}
+    assert not s.healthy
+    assert restart_pair(ops, pd0).ok  # the command the message names puts it back
+    assert {p.gateway for p in collect(ops, 1).pairs} == {"routed"}
+
+
+def test_recover_waits_for_a_running_restart_then_recovers(
+    two_pairs: tuple[Ops, LocalUnits], tmp_path: Path
+) -> None:
+    ops, units = two_pairs
+    pd0, pd1 = ops.source.pairs()
+    said: list[str] = []
+    ops.say = said.append
+    holding, rolled = threading.Event(), []
+
+    def operator_restart() -> None:
+        with lock.held("pdctl restart --both --pair pd1"):
+            holding.set()
+            rolled.append(restart_pair(ops, pd1).ok)
+
+    t = threading.Thread(target=operator_restart)
+    t.start()
+    holding.wait(10)
+    units.stop(pd0.decode.unit)  # pd0's decode dies while pd1's restart holds the lock
+    log = RecoveryLog(tmp_path / "state" / "recover.json")
+    rep = recover(ops, pd0, RateLimit(), log, lock_wait=300)
+    t.join(120)
+    assert rolled == [True] and rep.ok, (rep.error, rep.journal)
+    assert any(line.startswith("waiting for the restart lock: PID") for line in said)
+    assert said[-1].startswith(f"{pd0.id}: recovered: restarted prefill and decode together")
+    assert "after waiting" in said[-1] and "pdctl restart --both --pair pd1" in said[-1]
+    assert collect(ops, 1).healthy

@@ -58,7 +58,12 @@ def test_streamed_chat_and_completions_flow_through_gateway(pd_stack: PDStack) -
     )
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # SGLang's msgspec delta always carries reasoning_content (sse_utils.StreamDelta).
+    assert chunks[0]["choices"][0]["delta"] == {
+        "reasoning_content": None,
+        "role": "assistant",
+        "content": "",
+    }
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert len(text.split()) == 6
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +94,46 @@ def pdctl() -> Callable[..., Run]:
     """pdctl("validate", "-i", path) runs the real entry point in-process: `Error: …` on
     stderr and the exit codes a shell sees, which CliRunner.invoke on the group would not show."""
     return _run_pdctl
+
+
+@dataclass(frozen=True)
+class FakeHttp:
+    url: str
+    seen: list[tuple[str, str]]  # (method, path) of every request
+
+
+@pytest.fixture
+def fake_http() -> Iterator[Callable[[dict[str, tuple[int, bytes]]], FakeHttp]]:
+    """fake_http({"/health": (200, b"..."), ...}) -> a local HTTP server answering each path
+    (any method) with that status and body; other paths get `*` or 404. For engines and
+    gateways that answer what they should not (HTML, binary) without starting real ones."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(routes: dict[str, tuple[int, bytes]]) -> FakeHttp:
+        seen: list[tuple[str, str]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path.split("?")[0]
+                seen.append((self.command, path))
+                status, body = routes.get(path) or routes.get("*") or (404, b"not found")
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_DELETE = _answer
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return FakeHttp(f"http://127.0.0.1:{server.server_port}", seen)
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -70,6 +70,24 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     # The same tokens `pdctl render` prints: one source of gateway flags.
     dep = load_deployment(TWO_HOSTS)
     assert shlex.split(" ".join(lines))[1:] == router_args(dep)
+    # With a key: one more line, the variable systemd fills from the gateway's env file.
+    assert gateway["command_lines_api_key"] == [*lines, "--api-key ${PDSTACK_GATEWAY_API_KEY}"]
+    assert gateway["env_file"] == "/etc/pdstack/gateway.env"
+
+
+def test_stale_pairs_filter_keeps_the_hosts_pairs() -> None:
+    data = filters.pdstack_deployment(str(TWO_HOSTS), "../profiles/reference.yml")
+    keep = [p["pair"] for p in data["hosts"]["gpu-node-1"]["pairs"]]
+    found = ["pdstack-pd0.target", "pdstack-pd0-decode.service", "pdstack-pd9-decode.service"]
+    stale = filters.pdstack_stale_pairs(found, keep)
+    assert stale["pairs"] == ["pd9"] and stale["stop"] == ["pdstack-pd9-decode.service"]
+
+
+def test_profile_path_resolves_like_pdctl() -> None:
+    assert filters.pdstack_profile_path(str(TWO_HOSTS), "../profiles/reference.yml") == str(
+        TWO_HOSTS.parent / "../profiles/reference.yml"
+    )
+    assert filters.pdstack_profile_path(str(TWO_HOSTS), "/abs/p.yml") == "/abs/p.yml"
 
 
 def test_unit_context_is_the_renderers() -> None:

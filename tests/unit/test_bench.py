@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +160,16 @@ def _metrics_text(state: dict[str, Any]) -> str:
 
 
 def _app(state: dict[str, Any]) -> web.Application:
+    @web.middleware
+    async def keyed(request: web.Request, handler: Any) -> web.StreamResponse:
+        """With state["api_key"], the /v1 routes want it, as smg with --api-key does."""
+        auth = request.headers.get("Authorization")
+        state["auth"].append((request.path, auth))
+        key = state["api_key"]
+        if key and request.path.startswith("/v1/") and auth != f"Bearer {key}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
 
@@ -197,7 +207,7 @@ def _app(state: dict[str, Any]) -> web.Application:
             state["inflight"] -= 1
         return resp
 
-    app = web.Application()
+    app = web.Application(middlewares=[keyed])
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", generate)
@@ -208,7 +218,8 @@ def _app(state: dict[str, Any]) -> web.Application:
 @pytest.fixture
 def fake_server() -> Iterator[FakeServer]:
     state: dict[str, Any] = {
-        "inflight": 0, "requests": 0, "bodies": [], "fail_every": 0, "short_by": 0
+        "inflight": 0, "requests": 0, "bodies": [], "fail_every": 0, "short_by": 0,
+        "api_key": None, "auth": [],
     }  # fmt: skip
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,7 +242,8 @@ def fake_server() -> Iterator[FakeServer]:
 def _sweep(
     server: FakeServer, levels: list[Level], out: Path | None = None, **kw: Any
 ) -> list[dict]:
-    target = Target(server.url, "", kw.pop("endpoint", "completions"), (server.url + "/metrics",))
+    endpoint, key = kw.pop("endpoint", "completions"), kw.pop("api_key", None)
+    target = Target(server.url, "", endpoint, (server.url + "/metrics",), key)
     opts = SweepOptions(sample_interval_s=0.05, **kw)
     return asyncio.run(run_sweep(target, levels, opts, output_file=out))
 
@@ -343,6 +355,13 @@ def test_parse_sample_aggregates_engines() -> None:
     assert s.token_usage == pytest.approx(0.05) and s.eager_passes == 8
 
 
+def test_parse_sample_counts_eager_passes_once_per_engine_not_per_tp_rank() -> None:
+    text = "".join(
+        f'sglang:cuda_graph_passes_total{{mode="decode_none",tp_rank="{r}"}} 6\n' for r in range(4)
+    )
+    assert parse_sample([text, text]).eager_passes == 12
+
+
 def _row(c: int, tput: float, tpot: float) -> dict[str, Any]:
     return {
         "max_concurrency": c, "completed": 8, "output_throughput": tput, "mean_tpot_ms": tpot,
@@ -405,7 +424,9 @@ def test_compare_rejects_non_result_files(tmp_path: Path) -> None:
 # --- the sglang driver, with a stand-in for `python -m sglang.bench_serving` ----------------
 
 FAKE_BENCH_SERVING = """#!{python}
-import json, sys
+import json, os, sys
+with open("{argv_log}.key", "w") as f:
+    f.write(os.environ.get("OPENAI_API_KEY", "(none)"))
 args = sys.argv[sys.argv.index("-m") + 2 :]
 opts = dict(zip(args[::2], args[1::2]))
 with open("{argv_log}", "a") as f:
@@ -504,3 +525,59 @@ def test_sweep_refuses_an_output_file_it_could_not_write(tmp_path: Path) -> None
     args = ["bench", "sweep", "--url", "http://127.0.0.1:9", "--output-file", str(missing)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and "is not a directory" in result.output
+
+
+# --- hostile input and a keyed gateway ----------------------------------------------------------
+def test_compare_refuses_binary_and_non_numeric_files(
+    tmp_path: Path, pdctl: Callable[..., Any]
+) -> None:
+    good, binary, text = tmp_path / "good.jsonl", tmp_path / "a.png", tmp_path / "t.jsonl"
+    write_atomic(good, [_row(1, 10.0, 40.0)])
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff" * 64)
+    text.write_text(json.dumps({**_row(1, 10.0, 40.0), "mean_tpot_ms": "fast"}) + "\n")
+    for bad, needle in ((binary, "not UTF-8 text"), (text, ":1: mean_tpot_ms is 'fast'")):
+        r = pdctl("bench", "compare", str(good), str(bad))
+        assert r.exit_code == 2 and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"Error: {bad}") and needle in r.stderr
+        assert r.stderr.count("\n") == 1
+
+
+def test_sweep_sends_the_gateway_key_only_to_the_gateway(fake_server: FakeServer) -> None:
+    fake_server.state["api_key"] = "sekrit"
+    with pytest.raises(PdctlError, match="answered 401: the gateway wants its API key"):
+        _sweep(fake_server, build_levels("1", "1", 8, 2, 1.0, 1))
+    (row,) = _sweep(fake_server, build_levels("1", "2", 8, 2, 1.0, 1), api_key="sekrit")
+    assert row["completed"] == 2 and row["failed"] == 0
+    seen = fake_server.state["auth"]
+    assert {a for p, a in seen if p.startswith("/v1/")} >= {"Bearer sekrit"}
+    assert {a for p, a in seen if p == "/metrics"} == {None}  # engines never see the key
+
+
+def test_sweep_cli_key_from_the_environment(
+    fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_server.state["api_key"] = "from-env"
+    monkeypatch.setattr("pdctl.ops.gateway.KEY_FILE", tmp_path / "absent.env")
+    args = ["bench", "sweep", "--url", fake_server.url, "--concurrency", "1",
+            "--num-prompts", "1", "--input-len", "8", "--output-len", "2"]  # fmt: skip
+    monkeypatch.delenv("PDSTACK_GATEWAY_API_KEY", raising=False)
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code != 0
+    assert "--api-key or $PDSTACK_GATEWAY_API_KEY" in str(refused.exception)
+    monkeypatch.setenv("PDSTACK_GATEWAY_API_KEY", "from-env")
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "from-env" not in result.output
+
+
+def test_sglang_driver_gets_the_key_in_its_environment_not_argv(
+    fake_server: FakeServer, fake_sglang_python: tuple[Path, Path]
+) -> None:
+    python, argv_log = fake_sglang_python
+    fake_server.state["api_key"] = "sekrit"
+    _sweep(
+        fake_server, build_levels("1", None, 8, 2, 1.0, 1),
+        driver="sglang", sglang_python=str(python), api_key="sekrit",
+    )  # fmt: skip
+    assert Path(f"{argv_log}.key").read_text() == "sekrit"  # bench_serving's OPENAI_API_KEY
+    assert "sekrit" not in argv_log.read_text()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from monitoring import build
-from monitoring.dashboards.render import JSON_DIR, expressions, panels, render_dashboards
+from monitoring.dashboards.export import JSON_DIR, expressions, panels, render_dashboards
 from monitoring.promql import counters_outside_rate, metric_names
 from tests.conftest import ROOT
 
@@ -85,3 +85,32 @@ def test_engine_metric_names_exist_in_the_pinned_sglang() -> None:
     unknown = {n for n in used if n.startswith("sglang:")} - known
     assert not unknown
     assert not {n for n in used if n.startswith("sglang_")}, "engines emit sglang:*, not sglang_*"
+
+
+def every_rank_counters() -> set[str]:
+    """Counters each TP rank writes for the same event (tests/data/sglang_0.5.23_recording.txt)."""
+    out = set()
+    for line in (ROOT / "tests" / "data" / "sglang_0.5.23_recording.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _collector, ranks = line.split()[:3]
+            if "every" in ranks.split(",") and name.endswith("_total"):
+                out.add(name)
+    return out
+
+
+def test_rank_local_counters_are_counted_once_not_per_tp_rank() -> None:
+    from tests.unit.test_monitoring_rules import rules
+
+    exprs = [(b["uid"], t, e) for b in BOARDS.values() for t, e in expressions(b)]
+    exprs += [("rules", r.get("record") or r["alert"], r["expr"]) for r in rules()]
+    every = every_rank_counters()
+    assert "sglang:num_transfer_failed_reqs_total" in every
+    checked = 0
+    for where, title, expr in exprs:
+        for name in metric_names(expr) & every:
+            checked += 1
+            # `sum by` over the TP ranks of such a counter is TP times the truth.
+            assert re.search(rf"max without \(tp_rank\) \(\w+\({re.escape(name)}\b", expr) or (
+                f"{name}{{" in expr and 'tp_rank="0"' in expr
+            ), (where, title, expr)
+    assert checked >= 5

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,12 +24,12 @@ from prometheus_client import CollectorRegistry
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.collector import PdCollector
 from pdctl.exporter.gpu import THROTTLE_REASONS, Nvml
-from pdctl.exporter.graphs import GraphSizes
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.journal import DecodeJournal, Histogram, JournalTarget
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile
 from pdctl.topology import Topology, dump
-from tests.conftest import one_pair_topology
+from tests.conftest import ROOT, one_pair_topology
 
 HOST = "gpu-node-1"
 PAIR = f"{HOST}/pd0"
@@ -448,3 +451,41 @@ def test_journal_is_polled_with_a_cursor(tmp_path: Path, monkeypatch: pytest.Mon
         journal.stop()
     calls = (bin_dir / "calls").read_text().splitlines()
     assert "-n 0" in calls[0] and "-u pdstack-pd0-decode.service" in calls[0]
+
+
+# ----- the command's bad input: one line, exit 2, nothing started ---------------------------
+def _exporter(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pdctl.exporter` as systemd runs it (no topology: it would serve regardless)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pdctl.exporter", "--topology", "/nonexistent.yaml", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_exporter_port_out_of_range() -> None:
+    r = _exporter("--port", "70000")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "Invalid value for '--port': 70000 is not in the range 1<=x<=65535" in r.stderr
+
+
+def test_exporter_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _exporter("--port", str(port))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.splitlines()  # bound before anything else runs or logs
+    assert line.startswith(f"Error: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert "choose --port" in line
+
+
+def test_exporter_listen_address_not_on_this_host() -> None:
+    r = _exporter("--listen-address", "192.0.2.1", "--port", "19840")  # TEST-NET-1: not ours
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("Error: cannot listen on 192.0.2.1:19840: Cannot assign requested")
+    assert "not an address of this host" in line

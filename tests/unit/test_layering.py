@@ -15,7 +15,15 @@ RUNTIME = [
     "pdctl.ops.recover",
     "pdctl.ops.doctor",
     "pdctl.exporter.collector",
+    "pdctl.pdclient",
+    "pdctl.names",
     "pdctl.cli",
+    # pdctl.cli loads its commands lazily: check each command module itself.
+    "pdctl.cli.spec_commands",
+    "pdctl.cli.ops_commands",
+    "pdctl.cli.bench_commands",
+    "pdctl.cli.analyze_commands",
+    "pdctl.exporter.command",
 ]
 
 

@@ -120,6 +120,9 @@ CASES = [
          {"engine.common.context_length": DELETE, "model.family": "deepseek-v3",
           "model.path": "/models/DeepSeek-V3", "model.served_name": "dsv3"},
          "engine.common.context_length"),
+    Case("context-over-native", {"model.native_context_length": 4096},
+         {"model.native_context_length": 8192}, "engine.common.context_length",
+         extra={"engine.common.env.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}),
 ]  # fmt: skip
 
 

@@ -106,4 +106,4 @@ def test_rule_engine_metric_names_exist_in_the_pinned_sglang() -> None:
         if re.fullmatch(rx, n)
     }
     assert used - sglang_series_names() == set()
-    assert len(regex_selected) == 5, "the five queue gauges of engine:sglang_pending_reqs:sum"
+    assert len(regex_selected) == 6, "the six queue gauges of engine:sglang_pending_reqs:sum"

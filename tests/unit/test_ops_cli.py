@@ -7,27 +7,33 @@ and tests/integration/test_ops_restart.py); what is tested here is what the CLI 
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from pdctl import topology
 from pdctl.cli import main, ops_commands
 from pdctl.lint import Finding, Severity
 from pdctl.ops import lock
-from pdctl.ops.canary import CanaryResult
 from pdctl.ops.context import Ops
-from pdctl.ops.probe import EngineProbe
-from pdctl.ops.restart import Report
+from pdctl.ops.health import EngineProbe
+from pdctl.ops.restart import Interrupted, Report
 from pdctl.ops.source import Pair
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult
 from pdctl.spec import Deployment
+from tests.conftest import ROOT, one_pair_topology
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def topo_file(
     profile["layout"]["pairs"][1]["prefill"]["gpus"] = [2]
     profile["layout"]["pairs"][1]["decode"]["gpus"] = [3]
     path = tmp_path / "topology.yaml"
-    topology.write(topology.from_deployment(load(profile, hosts=["node-a"])), path)
+    path.write_text(topology.dump(topology.from_deployment(load(profile, hosts=["node-a"]))))
     return path
 
 
@@ -336,3 +342,327 @@ def test_recover_stops_after_the_rate_limit(
     assert "2 recoveries in the last 600s (limit 2)" in r.stderr
     assert "stays failed for the alert" in r.stderr
     assert done == ["node-a/pd0", "node-a/pd0"]
+
+
+# ----- hostile and careless input: one line, never a traceback ------------------------------
+def _one_error_line(r: Run, code: int, *needles: str) -> None:
+    assert r.exit_code == code, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, r.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def test_binary_topology_file(tmp_path: Path, calls: Calls) -> None:
+    path = tmp_path / "topology.yaml"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe" * 50)
+    r = run("status", "--topology", str(path))
+    _one_error_line(r, 2, str(path), "not UTF-8 text")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t["pairs"][0].update(decode="node-a/pd9-decode"), "pairs[0].decode: names"),
+        (
+            lambda t: t["pairs"][0].update(prefill=t["pairs"][0]["decode"]),
+            "pairs[0].prefill: 'node-a/pd0-decode' is a decode instance",
+        ),
+    ],
+)
+def test_topology_pair_naming_a_missing_instance(
+    topo_file: Path, calls: Calls, edit: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    data = yaml.safe_load(topo_file.read_text())
+    edit(data)
+    topo_file.write_text(yaml.safe_dump(data))
+    for command in ("status", "doctor"):
+        _one_error_line(run(command, "--topology", str(topo_file)), 2, message)
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_canaries_below_one_are_refused(topo_file: Path, calls: Calls, count: str) -> None:
+    for command in ("status", "doctor"):
+        r = run(command, "--canaries", count, "--topology", str(topo_file))
+        assert r.exit_code == 2
+        assert "Invalid value for '--canaries'" in r.stderr and "x>=1" in r.stderr
+
+
+class UpSystemd:
+    """Every unit active; restart jobs recorded."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, ...]] = []
+
+    def show(self, unit: str) -> UnitStatus:
+        return UnitStatus(unit, "loaded", "active", "running", 7, None, 0, [])
+
+    def __getattr__(self, verb: str) -> Callable[..., None]:
+        return lambda *units: self.jobs.append((verb, *units))
+
+    def journal(self, unit: str, lines: int = 30) -> list[str]:
+        return []
+
+    def cmdline(self, pid: int) -> list[str]:
+        return []
+
+
+@pytest.fixture
+def junk_stack(
+    tmp_path: Path, fake_http: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, UpSystemd]:
+    """Engines and a gateway that answer 200 with an HTML page to everything; the real ops
+    (no recorders) against a fake systemd."""
+    monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
+    monkeypatch.delenv("PDSTACK_INVENTORY", raising=False)
+    page = (200, b"<html><body>It works!</body></html>")
+    engine, gw = fake_http({"*": page}), fake_http({"*": page})
+    path = tmp_path / "junk-topology.yaml"
+    topo = one_pair_topology(
+        "node-a",
+        engine.url,
+        engine.url,
+        bootstrap_port=1,
+        router_url=gw.url,
+        metrics_url=gw.url + "/metrics",
+    )
+    path.write_text(topology.dump(topo))
+    sd = UpSystemd()
+    monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr: sd)
+    return path, sd
+
+
+def test_status_and_doctor_survive_non_json_engines_and_gateway(
+    junk_stack: tuple[Path, UpSystemd],
+) -> None:
+    path, _ = junk_stack
+    r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    out = json.loads(r.stdout)
+    assert (
+        "GET /workers answered 200 but not smg's worker list (not JSON"
+        in (out["gateway"]["detail"])
+    )
+    assert all(i["health"] == "ok" for i in out["instances"])  # /health 200 is healthy
+    assert all("/metrics is not Prometheus text" in i["metrics_error"] for i in out["instances"])
+    assert "JSONDecodeError" in out["pairs"][0]["canary"]["error"]
+    assert out["pairs"][0]["gateway"] is None  # the gateway's view is unknown
+    r = run("doctor", "--topology", str(path), "--canaries", "1")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+    assert "ERROR live-gateway" in r.stdout and "not smg's worker list" in r.stdout
+    assert "live-unregistered" not in r.stdout  # not claimed while the gateway is unreadable
+
+
+def test_restart_with_a_non_json_gateway_stops_nothing(
+    junk_stack: tuple[Path, UpSystemd],
+) -> None:
+    path, sd = junk_stack
+    r = run("restart", "--both", "--pair", "pd0", "--yes", "--topology", str(path))
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert "drain: gateway" in r.stderr and "not smg's worker list" in r.stderr
+    assert "nothing was stopped" in r.stderr
+    assert sd.jobs == []
+
+
+def test_ctrl_c_mid_restart_names_the_drained_pair_and_the_way_back(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+        raise Interrupted(chosen[0].id, "health")
+
+    monkeypatch.setattr(ops_commands, "restart_pairs", interrupted)
+    r = run("restart", "--both", "--pair", "pd0", "--yes", "--topology", str(topo_file))
+    _one_error_line(
+        r,
+        130,
+        "interrupted during health of pair node-a/pd0",
+        "out of the gateway (drained)",
+        "Put it back with: pdctl restart --both --pair node-a/pd0",
+    )
+
+
+def test_status_shows_a_drained_pair(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _status(True)
+    s.pairs[0] = PairStatus("node-a/pd0", "pdstack-pd0.target", s.pairs[0].canary, "drained")
+    monkeypatch.setattr(ops_commands, "collect", lambda _ops, _n: s)
+    r = run("status", "--topology", str(topo_file))
+    assert r.exit_code == 1  # a pair the gateway does not route to is not healthy
+    assert "drained: pdctl restart --both --pair node-a/pd0" in r.stdout
+    r = run("status", "--format", "json", "--topology", str(topo_file))
+    pair = json.loads(r.stdout)["pairs"][0]
+    assert (pair["gateway"], pair["drained"]) == ("drained", True)
+
+
+# ----- recover: the state folder, a corrupt state file, the lock ----------------------------
+@pytest.fixture
+def recovered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    done: list[str] = []
+
+    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
+        done.append(pair.id)
+        return Report(pair.id, lines=[f"OK: {pair.id}"])
+
+    monkeypatch.setattr("pdctl.ops.recover.restart_pair", fake_restart)
+    return done
+
+
+def _recover(topo_file: Path, state: Path, *extra: str) -> Run:
+    return run(
+        "recover", "--pair", "pd0", "--state", str(state), "--topology", str(topo_file), *extra
+    )
+
+
+def test_recover_resets_a_corrupt_state_file_with_a_warning(
+    topo_file: Path, tmp_path: Path, calls: Calls, recovered: list[str]
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    state = state_dir / "recover.json"
+    for junk in (b"\x00\xff binary", b'{"node-a/pd0": "yesterday"}', b"[1, 2]", b'{"p": [1e999]}'):
+        state.write_bytes(junk)
+        r = _recover(topo_file, state)
+        assert r.exit_code == 0, r.stderr
+        assert "Warning: recover state" in r.stderr and "starting it afresh" in r.stderr
+        assert "Traceback" not in r.stderr
+    assert recovered == ["node-a/pd0"] * 4
+    (stamp,) = json.loads(state.read_text())["node-a/pd0"]  # rewritten, valid again
+    assert isinstance(stamp, float)
+    assert "node-a/pd0: recovered: restarted prefill and decode together" in r.stderr
+
+
+def test_recover_creates_a_missing_state_folder_or_says_why_not(
+    topo_file: Path, tmp_path: Path, calls: Calls, recovered: list[str]
+) -> None:
+    state = tmp_path / "new" / "recover.json"
+    assert _recover(topo_file, state).exit_code == 0
+    assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
+    r = _recover(topo_file, tmp_path / "no" / "such" / "recover.json")
+    _one_error_line(r, 2, "state folder", "cannot create it (No such file or directory)")
+    assert recovered == ["node-a/pd0"]
+
+
+@pytest.mark.parametrize("unsafe", ["group-writable", "other owner", "symlink"])
+def test_recover_refuses_a_state_folder_others_can_write(
+    topo_file: Path, tmp_path: Path, calls: Calls, recovered: list[str], unsafe: str
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    if unsafe == "group-writable":
+        state_dir.chmod(0o770)
+        needle = "writable by group or others (mode 0770)"
+    elif unsafe == "other owner":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(state_dir, 65534, 65534)
+        needle = "is owned by UID 65534"
+    else:
+        real = tmp_path / "real"
+        real.mkdir(mode=0o700)
+        state_dir.rmdir()
+        state_dir.symlink_to(real)
+        needle = "a symbolic link"
+    r = _recover(topo_file, state_dir / "recover.json")
+    _one_error_line(r, 2, str(state_dir), needle)
+    assert recovered == []
+
+
+def test_recover_never_writes_through_a_planted_link(
+    topo_file: Path, tmp_path: Path, calls: Calls, recovered: list[str]
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    victim = tmp_path / "shadow"
+    victim.write_text("root:secret\n")
+    state = state_dir / "recover.json"
+    state.symlink_to(victim)
+    r = _recover(topo_file, state)
+    assert r.exit_code == 0 and "a symbolic link" in r.stderr
+    assert victim.read_text() == "root:secret\n"
+    assert not state.is_symlink() and "node-a/pd0" in json.loads(state.read_text())
+    assert [p.name for p in state_dir.iterdir()] == ["recover.json"]  # no temp file left
+
+
+def test_recover_waits_for_a_restart_holding_the_lock(
+    topo_file: Path,
+    tmp_path: Path,
+    calls: Calls,
+    recovered: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    saw_wait, release = threading.Event(), threading.Event()
+    holder = lock._holder
+
+    def noticed(fd: int) -> str:  # recover found the lock held: let the holder finish
+        who = holder(fd)
+        saw_wait.set()
+        return who
+
+    monkeypatch.setattr(lock, "_holder", noticed)
+
+    def hold() -> None:
+        with lock.held("pdctl restart --both --all"):
+            release.set()
+            saw_wait.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    release.wait(30)
+    r = _recover(topo_file, tmp_path / "state" / "recover.json", "--lock-timeout", "60")
+    t.join(30)
+    assert r.exit_code == 0, r.stderr
+    assert "waiting for the restart lock: PID" in r.stderr
+    assert "pdctl restart --both --all" in r.stderr
+    assert recovered == ["node-a/pd0"]
+    assert "recovered: restarted prefill and decode together after waiting" in r.stderr
+
+
+def test_recover_gives_up_after_the_lock_timeout_naming_the_holder(
+    topo_file: Path, tmp_path: Path, calls: Calls, recovered: list[str]
+) -> None:
+    with lock.held("pdctl restart --both --pair pd1"):
+        r = _recover(topo_file, tmp_path / "s" / "recover.json", "--lock-timeout", "0.2")
+    _one_error_line(
+        r, 3, f"PID {os.getpid()} pdctl restart --both --pair pd1 holds", "after waiting 0.2s"
+    )
+    assert recovered == []
+
+
+# ----- pdctl without ansible-core -----------------------------------------------------------
+BLOCK_ANSIBLE = """
+import sys
+class _NoAnsible:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ansible" or name.startswith("ansible."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, _NoAnsible())
+sys.argv = ["pdctl", *sys.argv[1:]]
+from pdctl.cli import main
+main()
+"""
+
+
+def test_without_ansible_core_only_inventory_commands_fail(
+    topo_file: Path, write_deployment: Callable[..., Path], shipped: Callable[[str], Any]
+) -> None:
+    inventory = write_deployment(shipped("sim"))
+
+    def pdctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", BLOCK_ANSIBLE, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    r = pdctl("validate", "-i", str(inventory))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("Error: ") == 1
+    assert "needs ansible-core" in r.stderr and "pip install 'pdctl[controller]'" in r.stderr
+    assert pdctl("--help").returncode == 0
+    # From the topology file, no inventory: no Ansible needed.
+    r = pdctl("restart", "--prefill", "--pair", "pd0", "--topology", str(topo_file))
+    assert r.returncode == 2 and "refusing to restart the prefill alone" in r.stderr

@@ -3,28 +3,33 @@ selection, plan lines, restart failure handling, doctor findings."""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
-from pdctl.ops.canary import CanaryResult
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayWorker
-from pdctl.ops.probe import EngineProbe
+from pdctl.ops.health import EngineProbe, probe_engine
 from pdctl.ops.recover import RateLimit, RateLimited, RecoveryLog
 from pdctl.ops.source import Source
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
+from pdctl.pdclient import CanaryResult, pair_canary
 from pdctl.spec import Deployment
 from pdctl.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def topo(hosts: tuple[str, ...] = ("node-a",), pairs: tuple[str, ...] = ("pd0", "pd1")) -> Topology:
@@ -292,7 +297,7 @@ def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) ->
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
     monkeypatch.setattr(
-        restart.canary,
+        restart.pdclient,
         "pair_canary",
         lambda *a, **k: CanaryResult(False, 1, 1, None, "decode answered HTTP 500"),
     )
@@ -307,7 +312,7 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
     monkeypatch.setattr(
-        restart.canary, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+        restart.pdclient, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
     )
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
@@ -387,7 +392,7 @@ def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary(
             return CanaryResult(True, 1, 0, 0.01)
         return CanaryResult(False, count, 3, 0.01, "decode answered HTTP 500")
 
-    monkeypatch.setattr(restart.canary, "pair_canary", half)
+    monkeypatch.setattr(restart.pdclient, "pair_canary", half)
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
     assert not rep.ok and (rep.error or "").startswith("verify: 3/5 requests failed")
@@ -531,9 +536,165 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
         assert "\nOnFailure=pdstack-recover@pd0.service\n" in unit
         assert "\nRestart=no\n" in unit  # systemd never restarts one side alone
     recover_unit = (
-        render._jinja()
+        render.jinja_env(ROOT / "roles/pdstack_engine/templates")
         .get_template("recover@.service.j2")
-        .render(ansible_managed=render.MANAGED, venv=render.VENV, host="node-a")
+        .render(ansible_managed=render.MANAGED, venv=names.VENV, host="node-a")
     )
-    assert f"\nExecStart={render.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
+    assert f"\nExecStart={names.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
     assert "\nType=oneshot\n" in recover_unit
+
+
+# ----- hardening: the lock, the recover state, Ctrl-C, drained pairs, junk answers ---------
+def test_lock_never_opens_through_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0\n")
+    link = tmp_path / "restart.lock"
+    link.symlink_to(victim)
+    with pytest.raises(PdctlError, match="is a symbolic link; refusing"), lock.held("x", link):
+        pass
+    assert victim.read_text() == "root:x:0:0\n"  # not truncated
+
+
+def test_lock_wait_reports_progress_then_gives_up(tmp_path: Path) -> None:
+    path, said = tmp_path / "restart.lock", []
+    with (
+        lock.held("pdctl restart --both --pair pd0", path),
+        pytest.raises(lock.LockHeld, match=r"after waiting 0\.05s") as e,
+        lock.held("recover", path, wait=0.05, say=said.append, poll=0.01),
+    ):
+        pass
+    assert e.value.exit_code == 3
+    assert said[0].startswith(f"waiting for the restart lock: PID {os.getpid()} pdctl restart")
+    with lock.held("recover", path, wait=5, say=said.append) as got:  # free: no wait
+        assert got == lock.Acquired(0.0, None)
+
+
+def test_recovery_log_keeps_other_pairs_and_files_private(tmp_path: Path) -> None:
+    warned: list[str] = []
+    log = RecoveryLog(tmp_path / "s" / "state.json", clock=lambda: 100.0, warn=warned.append)
+    log.admit("a", RateLimit(2, 60))
+    log.admit("b", RateLimit(2, 60))
+    assert stat.S_IMODE((tmp_path / "s" / "state.json").stat().st_mode) == 0o600
+    assert json.loads((tmp_path / "s" / "state.json").read_text()) == {"a": [100.0], "b": [100.0]}
+    assert warned == []
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"\xff\xfe\x00junk", "Invalid JSON"),
+        (b'{"p": [1, "soon"]}', "p.1: "),
+        (b'{"p": 3}', "p: "),
+        (b"x" * (2 << 20), "larger than"),
+    ],
+)
+def test_recovery_log_resets_what_it_cannot_read(tmp_path: Path, content: bytes, why: str) -> None:
+    warned: list[str] = []
+    (tmp_path / "state.json").write_bytes(content)
+    log = RecoveryLog(tmp_path / "state.json", warn=warned.append)
+    assert log.recent("p", 60) == []
+    (line,) = warned
+    assert "is unreadable" in line and why in line and "starting it afresh" in line
+
+
+def test_recovery_log_reads_no_fifo(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "state.json")  # O_NONBLOCK: opening it must not hang
+    warned: list[str] = []
+    assert RecoveryLog(tmp_path / "state.json", warn=warned.append).recent("p", 60) == []
+    assert "not a regular file" in warned[0]
+
+
+def test_ctrl_c_during_a_restart_names_the_pair_and_the_phase() -> None:
+    class Interrupting(FakeSystemd):
+        def start(self, *units: str) -> None:
+            raise KeyboardInterrupt
+
+    sd, gw = Interrupting(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    with pytest.raises(restart.Interrupted) as e:
+        restart.restart_pairs(ops, ops.source.pairs())
+    msg = str(e.value)
+    assert msg.startswith("interrupted during start of pair node-a/pd0: it is out of the gateway")
+    assert "engines may be stopped or starting" in msg
+    assert msg.endswith("Put it back with: pdctl restart --both --pair node-a/pd0")
+    assert e.value.exit_code == 130
+    assert gw.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
+
+
+def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pdctl.ops import status
+
+    t = topo(pairs=("pd0", "pd1", "pd2"))
+    down = "http://10.0.0.1:30021"  # pd2's decode
+    registered = {"http://10.0.0.1:30000", "http://10.0.0.1:30001"}  # pd0 only
+
+    class Listing(FakeGateway):
+        headers: ClassVar[dict[str, str]] = {}
+
+        def readiness(self) -> tuple[bool, str]:
+            return True, "ready"
+
+        def workers(self) -> list[GatewayWorker]:
+            return [GatewayWorker(u, u, "?", "ready", True, 0) for u in sorted(registered)]
+
+    ok = CanaryResult(True, 1, 0, 0.01)
+    monkeypatch.setattr(
+        status, "probe_engine", lambda url: EngineProbe(url, "HTTP 503" if url == down else "ok")
+    )
+    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), Listing())  # type: ignore[arg-type]
+    s = status.collect(ops, 1)
+    assert [(p.id, p.gateway, p.drained) for p in s.pairs] == [
+        ("node-a/pd0", "routed", False),
+        ("node-a/pd1", "drained", True),
+        ("node-a/pd2", "not routed", False),
+    ]
+    assert not s.healthy
+    pairs = status.to_json(s)["pairs"]
+    assert [p["drained"] for p in pairs] == [False, True, False]
+
+
+def test_an_engine_answering_html_is_probed_without_a_crash(
+    fake_http: Callable[..., Any],
+) -> None:
+    engine = fake_http({"*": (200, b"<html>proxy login</html>")})
+    p = probe_engine(engine.url)
+    assert p.healthy and p.running is None
+    assert (p.metrics_error or "").startswith("/metrics is not Prometheus text")
+    # the restart's health wait takes it as healthy (/health is 200) and moves on
+    ops = fake_ops(FakeSystemd(), FakeGateway())
+    pair = ops.source.pairs()[0]
+    inst = pair.prefill.model_copy(update={"url": engine.url})
+    dec = pair.decode.model_copy(update={"url": engine.url})
+    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefill=inst, decode=dec))
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"<html>", "not JSON: '<html>'"),
+        (b'{"workers": [{"url": "http://a:1"}]}', "workers.0.id: Field required"),
+        (b'{"workers": "all"}', "workers: Input should be a valid list"),
+    ],
+)
+def test_gateway_listing_that_is_not_smgs(
+    fake_http: Callable[..., Any], body: bytes, why: str
+) -> None:
+    gw = fake_http({"/workers": (200, body)})
+    with pytest.raises(gateway.GatewayError) as e:
+        gateway.GatewayAdmin(gw.url).workers()
+    assert "GET /workers answered 200 but not smg's worker list" in str(e.value)
+    assert why in str(e.value)
+
+
+@pytest.mark.parametrize("body", [b"5", b'["text"]', b"<html>"])
+def test_pair_canary_against_answers_that_are_no_generate_object(
+    fake_http: Callable[..., Any], body: bytes
+) -> None:
+    engine = fake_http({"/generate": (200, body)})
+    res = pair_canary(engine.url, engine.url, 1, count=2)
+    assert not res.ok and res.failed == 2
+    assert res.error is not None and res.error.startswith(("decode answered without", "decode:"))

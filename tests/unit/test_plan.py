@@ -19,7 +19,7 @@ from pdctl.plan import (
     plan_instance,
 )
 from pdctl.spec import Deployment, Role, Tuning
-from pdctl.spec.model import Planner
+from pdctl.spec.profile import Planner
 
 Load = Callable[..., Deployment]
 Shipped = Callable[[str], dict[str, Any]]

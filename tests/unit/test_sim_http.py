@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 
+from pdctl.sim.sampling import EOS_TOKEN_ID, Sampler, SamplingParams
 from pdctl.sim.server import SimServer
 from pdctl.testing.stack import free_port, in_process
 
@@ -150,14 +152,15 @@ def test_pd_request_without_bootstrap_room() -> None:
                 }
             },
         )
-        # A stream answers 200 first, then carries the error chunk (serving_chat).
+        # A stream answers 200 first, then carries the error chunk (serving_chat,
+        # create_streaming_error_response).
         status, text = await post(
             http,
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "hi"}], "stream": True},
         )
         assert status == 200
-        err = json.loads(text.split("\n\n")[0][len("data: ") :])
+        err = json.loads(text.split("\n\n")[0][len("data: ") :])["error"]
         assert (err["object"], err["type"], err["code"]) == ("error", "BAD_REQUEST", 400)
         assert text.rstrip().endswith("data: [DONE]")
 
@@ -236,3 +239,251 @@ def test_page_size_mismatch_fails_the_handshake() -> None:
             )
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ----- OpenAI sampling fidelity: n, logprobs, stop, stop_token_ids, ignore_eos, seed -----
+CHAT = {"messages": [{"role": "user", "content": "tell me a story"}]}
+
+
+def sse(text: str) -> list[Any]:
+    """The JSON chunks of an SSE body, checking it ends with [DONE]."""
+    frames = [f[len("data: ") :] for f in text.split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def test_n_gives_n_choices_with_summed_usage() -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
+        _, body = await post(http, "/v1/chat/completions", {**CHAT, "n": 3, "max_tokens": 4})
+        choices = body["choices"]
+        assert [c["index"] for c in choices] == [0, 1, 2]
+        assert all(len(c["message"]["content"].split()) == 4 for c in choices)
+        assert len({c["message"]["content"] for c in choices}) == 3  # distinct samples
+        assert body["usage"]["prompt_tokens"] == 6  # once per prompt (UsageProcessor)
+        assert body["usage"]["completion_tokens"] == 12
+        assert body["metadata"] == {"weight_version": "default"}
+
+        _, body = await post(http, "/v1/completions", {"prompt": "hi", "n": 2, "max_tokens": 3})
+        assert [c["index"] for c in body["choices"]] == [0, 1]
+        assert body["usage"]["completion_tokens"] == 6
+
+        _, text = await post(
+            http,
+            "/v1/chat/completions",
+            {**CHAT, "n": 2, "max_tokens": 3, "stream": True,
+             "stream_options": {"include_usage": True}},
+        )  # fmt: skip
+        chunks = sse(text)
+        for i in (0, 1):
+            mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+            assert mine[0]["choices"][0]["delta"] == {
+                "reasoning_content": None,
+                "role": "assistant",
+                "content": "",
+            }
+            content = "".join(c["choices"][0]["delta"].get("content") or "" for c in mine)
+            assert len(content.split()) == 3
+        # Finish chunks for both choices come after all content, then usage.
+        finals = [c["choices"][0] for c in chunks[-3:-1]]
+        assert sorted(f["index"] for f in finals) == [0, 1]
+        assert all(f["finish_reason"] == "length" and f["delta"] == {"reasoning_content": None}
+                   for f in finals)  # fmt: skip
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+        status, body = await post(http, "/v1/completions", {"prompt": "hi", "n": 0})
+        assert status == 400 and body["message"] == "n must be at least 1."
+
+    run("null", t)
+
+
+def test_logprobs_are_well_formed() -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
+        _, body = await post(
+            http,
+            "/v1/chat/completions",
+            {**CHAT, "max_tokens": 5, "logprobs": True, "top_logprobs": 3},
+        )
+        choice = body["choices"][0]
+        content = choice["logprobs"]["content"]
+        assert len(content) == 5
+        assert "".join(e["token"] for e in content) == choice["message"]["content"]
+        for e in content:
+            assert e["bytes"] == list(e["token"].encode())
+            top = e["top_logprobs"]
+            assert len(top) == 3 and len({x["token"] for x in top}) == 3
+            assert (top[0]["token"], top[0]["logprob"]) == (e["token"], e["logprob"])
+            lps = [x["logprob"] for x in top]
+            assert lps == sorted(lps, reverse=True)
+            assert sum(math.exp(lp) for lp in lps) < 1
+        _, body = await post(http, "/v1/chat/completions", {**CHAT, "max_tokens": 2})
+        assert body["choices"][0]["logprobs"] is None
+
+        _, body = await post(
+            http, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 2}
+        )
+        lp = body["choices"][0]["logprobs"]
+        assert lp["text_offset"] == [-1] * 4
+        assert "".join(lp["tokens"]) == body["choices"][0]["text"]
+        assert all(x <= 0 for x in lp["token_logprobs"])
+        assert [len(d) for d in lp["top_logprobs"]] == [2] * 4
+        _, body = await post(
+            http, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0}
+        )
+        assert body["choices"][0]["logprobs"]["top_logprobs"] == []
+
+        _, text = await post(
+            http,
+            "/v1/chat/completions",
+            {**CHAT, "max_tokens": 4, "logprobs": True, "stream": True},
+        )
+        streamed = [
+            e for c in sse(text) if c["choices"] and c["choices"][0]["logprobs"]
+            for e in c["choices"][0]["logprobs"]["content"]
+        ]  # fmt: skip
+        assert len(streamed) == 4 and all(e["top_logprobs"] == [] for e in streamed)
+
+    run("null", t)
+
+
+def test_stop_strings_cut_the_output_before_the_stop() -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
+        base = {**CHAT, "max_tokens": 12, "seed": 11}
+        _, free = await post(http, "/v1/chat/completions", base)
+        full = free["choices"][0]["message"]["content"]
+        words = full.split()
+        assert free["choices"][0]["finish_reason"] == "length"
+        assert free["choices"][0]["matched_stop"] is None
+        # A stop that spans two tokens: the end of word 3 and the start of word 4.
+        stop = f"{words[3][-1]} {words[4][0]}"
+        cut = full[: full.find(stop)]
+        tokens_until_stop = len(full[: full.find(stop) + len(stop)].split())
+        for stream in (False, True):
+            _, out = await post(
+                http,
+                "/v1/chat/completions",
+                {**base, "stop": ["zzzz", stop], "stream": stream,
+                 "stream_options": {"include_usage": True}},
+            )  # fmt: skip
+            if stream:
+                chunks = sse(out)
+                text = "".join(
+                    c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+                )
+                final = chunks[-2]["choices"][0]
+                completion_tokens = chunks[-1]["usage"]["completion_tokens"]
+            else:
+                final = out["choices"][0]
+                text = final["message"]["content"]
+                completion_tokens = out["usage"]["completion_tokens"]
+            assert text == cut
+            assert (final["finish_reason"], final["matched_stop"]) == ("stop", stop)
+            assert completion_tokens == tokens_until_stop
+
+        _, out = await post(
+            http, "/v1/completions", {"prompt": "hi", "max_tokens": 12, "seed": 11, "stop": "a"}
+        )
+        choice = out["choices"][0]  # the seeded text has an "a" within 12 words
+        assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", "a")
+        assert "a" not in choice["text"]
+
+    run("null", t)
+
+
+def test_stop_token_ids_ignore_eos_and_generate_n() -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
+        sp = {"max_new_tokens": 8, "sampling_seed": 4}
+        _, free = await post(http, "/generate", {"text": "hi", "sampling_params": sp})
+        ids = free["output_ids"]
+        assert len(ids) == 8 and free["meta_info"]["finish_reason"]["type"] == "length"
+        stop_id = ids[3]
+        first = ids.index(stop_id)
+        _, out = await post(
+            http,
+            "/generate",
+            {"text": "hi", "sampling_params": {**sp, "stop_token_ids": [stop_id]}},
+        )
+        assert out["output_ids"] == ids[: first + 1]
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+        assert out["meta_info"]["completion_tokens"] == first + 1
+        assert out["text"] == "".join(f"{w} " for w in free["text"].split()[:first])
+        # ignore_eos turns token stops off: exactly max_new_tokens, "length".
+        _, out = await post(
+            http,
+            "/generate",
+            {"text": "hi",
+             "sampling_params": {**sp, "stop_token_ids": [stop_id], "ignore_eos": True}},
+        )  # fmt: skip
+        assert out["output_ids"] == ids
+        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+
+        _, outs = await post(
+            http,
+            "/generate",
+            {"text": "hi", "sampling_params": {"max_new_tokens": 3, "n": 2},
+             "return_logprob": True},
+        )  # fmt: skip
+        assert isinstance(outs, list) and len(outs) == 2
+        assert outs[0]["meta_info"]["id"] != outs[1]["meta_info"]["id"]
+        for o in outs:
+            logprobs = o["meta_info"]["output_token_logprobs"]
+            assert [row[1] for row in logprobs] == o["output_ids"]
+            assert all(row[2] is None for row in logprobs)  # no return_text_in_logprobs
+
+        # Without max_tokens the fake model stops on its own after PDSIM_OUTPUT_TOKENS: the
+        # eos id is the matched stop; ignore_eos makes the same request run to max_tokens.
+        _, body = await post(http, "/v1/chat/completions", CHAT)
+        assert (body["choices"][0]["finish_reason"], body["choices"][0]["matched_stop"]) == (
+            "stop",
+            EOS_TOKEN_ID,
+        )
+        _, body = await post(
+            http, "/v1/chat/completions", {**CHAT, "ignore_eos": True, "max_tokens": 20}
+        )
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 20
+
+    run("null", t, env={"PDSIM_OUTPUT_TOKENS": "5"})
+
+
+def test_same_seed_and_prompt_same_text() -> None:
+    async def t(__: SimServer, http: aiohttp.ClientSession) -> None:
+        async def text(seed: int, prompt: str, stream: bool = False) -> list[str]:
+            body = {"prompt": prompt, "max_tokens": 6, "seed": seed, "n": 2, "stream": stream}
+            _, out = await post(http, "/v1/completions", body)
+            if stream:
+                parts = ["", ""]
+                for c in sse(out):
+                    parts[c["choices"][0]["index"]] += c["choices"][0]["text"]
+                return parts
+            return [c["text"] for c in out["choices"]]
+
+        a = await text(5, "hello")
+        assert a[0] == a[1]  # same seed and prompt: each sample alike
+        assert await text(5, "hello") == a
+        assert await text(5, "hello", stream=True) == a
+        assert await text(6, "hello") != a
+        assert await text(5, "bye") != a
+
+    run("null", t)
+
+
+def test_sampler_holds_back_a_possible_stop_start() -> None:
+    free = Sampler(SamplingParams(), 1, "k")
+    pieces = [free.next().piece for _ in range(6)]
+    full = "".join(pieces)
+    stop = " " + pieces[3][0]  # spans tokens: the space ending a word, the next word's start
+    sampler = Sampler(SamplingParams(stop=(stop,)), 1, "k")
+    out = [sampler.next()]
+    while out[-1].matched is None:
+        out.append(sampler.next())
+    assert out[-1].matched == stop
+    assert "".join(s.visible for s in out) == full[: full.index(stop)]
+    # Every word ends in the stop's first character (a space): it stays held back until
+    # the next token shows the stop did not follow.
+    for i in range(len(out) - 1):
+        assert "".join(s.visible for s in out[: i + 1]) == "".join(pieces[: i + 1])[:-1]
+    assert sampler.flush() == ""
+    # Without a stop the held-back text comes out when the request ends.
+    tail = Sampler(SamplingParams(stop=("zzzz",)), 1, "k")
+    shown = "".join(tail.next().visible for _ in range(6))
+    assert shown + tail.flush() == full

@@ -1,9 +1,13 @@
-"""The sim's /metrics against the families sglang 0.5.23 defines.
+"""The sim's /metrics against the families sglang 0.5.23 defines and who records them.
 
 tests/data/sglang_0.5.23_metrics.txt lists every `sglang:*` family of the pinned version
 (name, type, label names, histogram buckets), extracted from SGLang's source by
 tests/data/extract_sglang_metrics.py. Every family the sim emits must be in it, with the
 same type, labels and buckets; the families dashboards and alerts rely on must be emitted.
+
+tests/data/sglang_0.5.23_recording.txt (tests/data/extract_sglang_recording.py) says per
+family which TP ranks write it and in which disaggregation modes; the sim, run at TP4, must
+write each family only in those modes and from those ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdctl.testing.stack import free_port, in_process
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "sglang_0.5.23_metrics.txt"
+RECORDING = REFERENCE.with_name("sglang_0.5.23_recording.txt")
+TP = 4
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
 
 REQUIRED = {
@@ -48,7 +54,13 @@ REQUIRED = {
     "sglang:kv_transfer_latency_ms",
     "sglang:kv_transfer_speed_gb_s",
     "sglang:kv_transfer_bootstrap_ms",
+    "sglang:kv_transfer_alloc_ms",
     "sglang:kv_transfer_total_mb",
+    "sglang:num_retracted_reqs",
+    "sglang:num_paused_reqs",
+    "sglang:num_decode_host_receive_queue_reqs",
+    "sglang:pending_prealloc_token_usage",
+    "sglang:scheduler_idle_seconds_total",
     "sglang:num_bootstrap_failed_reqs_total",
     "sglang:http_requests_total",
     "sglang:http_responses_total",
@@ -90,19 +102,27 @@ def emitted(text: str) -> dict[str, Family]:
     return out
 
 
-async def scrape_pd_pair_and_unified() -> list[str]:
+class Recording(NamedTuple):
+    ranks: frozenset[str]  # every, rank0, server
+    modes: frozenset[str]  # null, prefill, decode
+
+
+def recording() -> dict[str, Recording]:
+    out: dict[str, Recording] = {}
+    for line in RECORDING.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _collector, ranks, modes, _sites = line.split()
+            out[name] = Recording(frozenset(ranks.split(",")), frozenset(modes.split(",")))
+    return out
+
+
+async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
     bootstrap_port = free_port()
+    flags = ("--enable-metrics", "--decode-log-interval", "1", *extra)
     async with (
-        in_process(
-            "prefill",
-            FAST,
-            "--enable-metrics",
-            "--decode-log-interval",
-            "1",
-            bootstrap_port=bootstrap_port,
-        ) as prefill,
-        in_process("decode", FAST, "--enable-metrics", "--decode-log-interval", "1") as decode,
-        in_process("null", FAST, "--enable-metrics", "--decode-log-interval", "1") as unified,
+        in_process("prefill", FAST, *flags, bootstrap_port=bootstrap_port) as prefill,
+        in_process("decode", FAST, *flags) as decode,
+        in_process("null", FAST, *flags) as unified,
         aiohttp.ClientSession() as http,
     ):
         body = {
@@ -163,3 +183,65 @@ def test_engine_type_label_follows_the_mode() -> None:
         assert f'engine_type="{engine_type}"' in text
         assert 'model_name="sim"' in text
         assert "_created" not in text  # SGLang's multiprocess registry has no _created series
+
+
+def tp_ranks(text: str) -> dict[str, set[str | None]]:
+    """Family -> the tp_rank values of its samples (None: the family has no tp_rank)."""
+    out: dict[str, set[str | None]] = {}
+    for fam in text_string_to_metric_families(text):
+        name = fam.name + "_total" if fam.type == "counter" else fam.name
+        out[name] = {s.labels.get("tp_rank") for s in fam.samples}
+    return out
+
+
+def test_each_family_is_recorded_in_the_modes_and_ranks_sglang_records_it() -> None:
+    rec = recording()
+    texts = asyncio.run(asyncio.wait_for(scrape_pd_pair_and_unified("--tp-size", str(TP)), 60))
+    every = {str(r) for r in range(TP)}
+    seen_modes: dict[str, set[str]] = {}
+    for text, mode in zip(texts, ("prefill", "decode", "null"), strict=True):
+        for name, ranks in tp_ranks(text).items():
+            if not name.startswith("sglang:"):
+                continue
+            want = rec[name]
+            assert mode in want.modes, f"{name}: sglang records it in {sorted(want.modes)}"
+            seen_modes.setdefault(name, set()).add(mode)
+            if want.ranks == {"server"}:
+                assert ranks == {None}, name
+            elif want.ranks == {"rank0"}:
+                assert ranks == {"0"}, (name, mode, ranks)
+            elif want.ranks == {"every"}:
+                assert ranks == every, (name, mode, ranks)
+            else:  # some call sites on every rank, others on rank 0 only
+                assert ranks in ({"0"}, every), (name, mode, ranks)
+    # Families the scenario drives in each mode: the sim records them wherever SGLang does.
+    event_driven = {
+        "sglang:num_bootstrap_failed_reqs_total",  # only the decode's handshake fails here
+        "sglang:num_aborted_requests_total",
+    }
+    for name, modes in seen_modes.items():
+        if name not in event_driven:
+            assert modes == rec[name].modes, (name, sorted(modes), sorted(rec[name].modes))
+    assert "sglang:time_to_first_token_seconds" not in tp_ranks(texts[0])
+    # The one planted handshake failure reads 1 on each rank: a sum over ranks would say TP.
+    failed = [
+        s.value
+        for fam in text_string_to_metric_families(texts[1])
+        for s in fam.samples
+        if s.name == "sglang:num_bootstrap_failed_reqs_total"
+    ]
+    assert failed == [1.0] * TP
+
+
+def test_decode_passes_come_from_every_rank_prefill_passes_from_rank_0() -> None:
+    """batch_result_processor counts decode passes under enable_metrics (each rank);
+    metrics_reporter counts prefill passes under current_scheduler_metrics_enabled."""
+    texts = asyncio.run(asyncio.wait_for(scrape_pd_pair_and_unified("--tp-size", str(TP)), 60))
+    ranks: dict[str, set[str]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "sglang:cuda_graph_passes":
+                for s in fam.samples:
+                    ranks.setdefault(s.labels["mode"], set()).add(s.labels["tp_rank"])
+    assert ranks["prefill_none"] == {"0"}
+    assert ranks["decode_cuda_graph"] == {str(r) for r in range(TP)}

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from pdctl.sim.args import default_decode_buckets
-from pdctl.sim.model import FakeText, KVPool, StepModel, count_tokens, padded_batch
+from pdctl.sim.model import (
+    FakeText,
+    KVPool,
+    StepModel,
+    count_tokens,
+    padded_batch,
+    token_text,
+)
 
 STEP8 = list(range(8, 97, 8))  # the seed's first bucket list: 8, 16, ..., 96
 
@@ -63,7 +70,7 @@ def test_tokenizer_counts_four_characters_per_token() -> None:
 def test_fake_text_is_deterministic_per_seed_and_key() -> None:
     def words(seed: int, key: str) -> list[str]:
         text = FakeText(seed, key)
-        return [text.next_token() for _ in range(20)]
+        return [token_text(text.next_id()) for _ in range(20)]
 
     assert words(1, "a") == words(1, "a")
     assert words(1, "a") != words(2, "a")

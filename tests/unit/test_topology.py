@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import topology
+from pdctl import names, topology
 from pdctl.errors import SpecError
 from pdctl.spec import Role, load_deployment
 
@@ -17,7 +17,7 @@ TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
 def test_round_trip(tmp_path: Path) -> None:
     topo = topology.from_deployment(load_deployment(TWO_HOSTS))
     path = tmp_path / "topology.yaml"
-    topology.write(topo, path)
+    path.write_text(topology.dump(topo))
     assert topology.read(path) == topo
     assert path.read_text().startswith("# Written by site.yml")
 
@@ -37,7 +37,7 @@ def test_contents_span_every_host() -> None:
     assert node2[0].bootstrap_port == 8998 and node2[1].bootstrap_port is None
     assert topo.router.url == "http://10.0.0.11:8000"
     assert topo.router.metrics_url == "http://10.0.0.11:29000/metrics"
-    assert topo.router.unit == topology.GATEWAY_UNIT
+    assert topo.router.unit == names.GATEWAY_UNIT
 
 
 @pytest.mark.parametrize(

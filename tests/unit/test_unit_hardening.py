@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 import yaml
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.spec import load_deployment
 from tests.conftest import ROOT, require_tool
 
@@ -29,17 +28,6 @@ LIMITS = {
 }
 
 
-def _jinja(*dirs: Path) -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(dirs),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in text.splitlines())
-    return env
-
-
 @pytest.fixture(scope="module")
 def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The reference deployment's units, rendered with the values the roles' tasks pass."""
@@ -49,31 +37,32 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for inst in dep.instances:
         files[inst.unit] = render.render_instance(inst, dep).unit
     common = {"ansible_managed": render.MANAGED}
-    env = _jinja(ROOT / "templates")
-    files["pdstack-gateway.service"] = env.get_template("gateway.service.j2").render(
+    gateway = render.jinja_env(ROLES / "pdstack_gateway" / "templates")
+    files[names.GATEWAY_UNIT] = gateway.get_template("gateway.service.j2").render(
         **common,
-        command_lines=render.flag_lines([[f"{render.VENV}/bin/smg"]], render.router_args(dep)),
+        command_lines=render.gateway_command_lines(dep, api_key=True),
         api_key_set=True,
-        env_file=f"{render.CONFIG_DIR}/gateway.env",
+        env_file=names.GATEWAY_ENV_FILE,
         state_dir="/var/lib/pdstack-gateway",
         state_name="pdstack-gateway",
+        documentation=names.documentation(),
         user="pdstack-gw",
     )
-    files["pdstack-recover@.service"] = env.get_template("recover@.service.j2").render(
-        **common, venv=render.VENV, host=dep.hosts[0].name
+    engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
+    files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
+        **common, venv=names.VENV, host=dep.hosts[0].name
     )
-    exporter = _jinja(ROLES / "pdstack_exporter" / "templates")
+    files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
+        **common, rules_file=f"{names.CONFIG_DIR}/firewall.nft"
+    )
+    exporter = render.jinja_env(ROLES / "pdstack_exporter" / "templates")
     files["pd-exporter.service"] = exporter.get_template("pd-exporter.service.j2").render(
         **common,
         _pdstack_exporter_user="pdstack-exporter",
-        _pdstack_exporter_groups=[render.SERVICE_USER, "systemd-journal"],
-        _pdstack_exporter_layout={"venv": render.VENV, "topology_file": "/etc/pdstack/t.yaml"},
+        _pdstack_exporter_groups=[names.SERVICE_USER, "systemd-journal"],
+        _pdstack_exporter_layout={"venv": names.VENV, "topology_file": names.TOPOLOGY_FILE},
         inventory_hostname=dep.hosts[0].name,
         **yaml.safe_load((ROLES / "pdstack_exporter" / "defaults" / "main.yml").read_text()),
-    )
-    engine = _jinja(ROLES / "pdstack_engine" / "templates")
-    files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
-        **common, rules_file=f"{render.CONFIG_DIR}/firewall.nft"
     )
     paths = {}
     for name, text in files.items():
@@ -130,6 +119,16 @@ def test_engines_reach_only_gpu_and_rdma_devices(units: dict[str, Path]) -> None
     assert not re.search(r"^MemoryDenyWriteExecute=", text, re.M)
 
 
+def test_recovery_writes_only_its_own_state_folder(units: dict[str, Path]) -> None:
+    """Root without capabilities: its state folder is systemd's, root's alone, and the one
+    pdctl recover uses."""
+    text = units[names.RECOVER_UNIT].read_text().splitlines()
+    state = Path(names.RECOVER_STATE).parent
+    assert f"StateDirectory={state.relative_to('/var/lib')}" in text
+    assert "StateDirectoryMode=0700" in text and "CapabilityBoundingSet=" in text
+    assert not [line for line in text if line.startswith("ReadWritePaths=")]
+
+
 def test_gateway_runs_as_its_own_user(units: dict[str, Path]) -> None:
     gateway = units["pdstack-gateway.service"].read_text()
     engine = units["pdstack-pd0-decode.service"].read_text()
@@ -145,7 +144,7 @@ def _unit_tasks() -> list[tuple[Path, dict[str, Any]]]:
     for tasks in sorted(ROLES.glob("*/tasks/*.yml")):
         for task in yaml.safe_load(tasks.read_text()) or []:
             args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
-            if args and "/etc/systemd/system/" in str(args.get("dest", "")):
+            if args and ".unit_dir }}/" in str(args.get("dest", "")):
                 found.append((tasks, task))
     return found
 

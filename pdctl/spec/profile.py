@@ -6,13 +6,74 @@ unknown keys so a typo is an error, not a silently ignored setting.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pdctl.spec.text import arg_problem, env_key_problem, host_problem, value_problem
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+GpuId = Annotated[int, Field(ge=0)]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,30}$"
+# PEP 440 characters only: versions land in pip requirement lines.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+# SGLang 0.5.23 refuses a context_length above the model's own unless this is true
+# (srt/configs/model_config.py; EnvBool: true/1/yes/y, any case).
+LONG_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+TRUE_WORDS = ("true", "1", "yes", "y")
+# Environment keys pdstack sets itself, and what to do instead.
+OWNED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "set layout.pairs[].prefill.gpus and layout.pairs[].decode.gpus",
+    "PYTHONUNBUFFERED": "remove it (always 1, so engine logs reach the journal at once)",
+    "PDSIM_GPU_MEM_GIB": "set hardware.gpu_memory_mib, or sim.PDSIM_GPU_MEM_GIB",
+    "PDSIM_WEIGHTS_GIB": "set model.weights_gib_per_gpu, or sim.PDSIM_WEIGHTS_GIB",
+    "PDSIM_KV_BYTES_PER_TOKEN": "set model.kv_bytes_per_token, or sim.PDSIM_KV_BYTES_PER_TOKEN",
+}
+
+
+def _checked(problem: Callable[[str], str | None]) -> AfterValidator:
+    def check(value: str) -> str:
+        message = problem(value)
+        if message:
+            raise ValueError(message)
+        return value
+
+    return AfterValidator(check)
+
+
+def _owned_env_problem(key: str) -> str | None:
+    if key in OWNED_ENV:
+        return f"pdstack sets {key} itself: {OWNED_ENV[key]}"
+    return None
+
+
+def _sim_key_problem(key: str) -> str | None:
+    if not key.startswith("PDSIM_"):
+        return f"{key!r} is not a sim knob: sim keys are PDSIM_* variables (docs/sim.md)"
+    return None
+
+
+Host = Annotated[str, _checked(host_problem)]
+Value = Annotated[str, _checked(value_problem)]
+Arg = Annotated[str, _checked(arg_problem)]
+EnvKey = Annotated[str, _checked(env_key_problem), _checked(_owned_env_problem)]
+SimKey = Annotated[str, _checked(env_key_problem), _checked(_sim_key_problem)]
+Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
+
+
+def long_context_allowed(env: dict[str, str]) -> bool:
+    return env.get(LONG_CONTEXT_ENV, "").lower() in TRUE_WORDS
+
+
+def _starts_with_flag(args: list[str]) -> list[str]:
+    if args and not args[0].startswith("--"):
+        raise ValueError(f"{args[0]!r} is a value with no flag before it: start with a --flag")
+    return args
+
+
+Args = Annotated[list[Arg], AfterValidator(_starts_with_flag)]
 
 
 class Strict(BaseModel):
@@ -30,8 +91,8 @@ class EngineKind(StrEnum):
 
 
 class Model(Strict):
-    path: str = Field(description="Model directory on every GPU host (or a hub id).")
-    served_name: str
+    path: Value = Field(description="Model directory on every GPU host (or a hub id).")
+    served_name: Value
     family: str | None = Field(
         default=None, description="Known model family for pitfall hints, e.g. deepseek-v4."
     )
@@ -47,17 +108,17 @@ class Model(Strict):
 class Versions(Strict):
     """Pinned versions installed on GPU hosts; the launch lines are checked against `sglang`."""
 
-    sglang: str = "0.5.23"
-    gateway: str = "1.13.0"
+    sglang: Version = "0.5.23"
+    gateway: Version = "1.13.0"
     gateway_package: Literal["smg", "sglang-router"] = "smg"
-    nixl: str = "1.5.1"
+    nixl: Version = "1.5.1"
     nixl_package: Literal["nixl", "nixl-cu12", "nixl-cu13"] = "nixl-cu12"
 
 
 class Hardware(Strict):
     gpu_count: int = Field(ge=1)
     gpu_memory_mib: int = Field(gt=0, description="As nvidia-smi reports total memory.")
-    numa_gpus: dict[int, list[int]] | None = Field(
+    numa_gpus: dict[GpuId, list[GpuId]] | None = Field(
         default=None, description="GPU ids attached to each NUMA node, when known."
     )
     rdma_nics: list[str] = Field(default_factory=list, description="RDMA NICs on the host.")
@@ -70,13 +131,13 @@ class Tuning(Strict):
     max_running_requests: int | None = Field(default=None, gt=0)
     context_length: int | None = Field(default=None, gt=0)
     page_size: int | None = Field(default=None, gt=0)
-    kv_cache_dtype: str | None = None
+    kv_cache_dtype: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]+$")
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = Field(default=None, gt=0)
     cuda_graph_bs: list[int] | None = None
     disable_cuda_graph: bool | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: Args = Field(default_factory=list)
+    env: dict[EnvKey, str] = Field(default_factory=dict)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -115,10 +176,17 @@ class Engine(Strict):
     def tuning(self, role: Role) -> Tuning:
         return self.common.merged(self.prefill if role is Role.PREFILL else self.decode)
 
+    def tuning_key(self, role: Role, field: str) -> str:
+        """The role's key if its section sets it, else common's if set there, else the role's."""
+        role_sets = field in getattr(self, role.value).model_fields_set
+        if not role_sets and field in self.common.model_fields_set:
+            return f"engine.common.{field}"
+        return f"engine.{role.value}.{field}"
+
 
 class InstanceSpec(Strict):
     numa_node: int = Field(ge=0)
-    gpus: list[int] = Field(min_length=1)
+    gpus: list[GpuId] = Field(min_length=1)
     port: Port
     bootstrap_port: Port | None = None
     tp: int | None = Field(default=None, ge=1, description="Defaults to the number of GPUs.")
@@ -155,14 +223,14 @@ class Layout(Strict):
 
 
 class Router(Strict):
-    host: str = "0.0.0.0"
+    host: Host = "0.0.0.0"
     port: Port = 8000
     metrics_port: Port = 29000
     policy: Literal[
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"
     health_check_interval_secs: int = Field(default=10, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: Args = Field(default_factory=list)
 
 
 class HostOverride(Strict):
@@ -171,7 +239,7 @@ class HostOverride(Strict):
 
 
 class Planner(Strict):
-    """Memory model calibration (see README, "Memory planner")."""
+    """Memory model calibration (docs/spec.md, "`pdctl plan` — the per-GPU memory budget")."""
 
     runtime_overhead_gib: float = Field(
         default=3.5, ge=0, description="CUDA context, NCCL, allocator."
@@ -191,14 +259,6 @@ class Profile(Strict):
     router: Router = Router()
     hosts: dict[str, HostOverride] = Field(default_factory=dict)
     planner: Planner = Planner()
-    sim: dict[str, str | int | float] = Field(
+    sim: dict[SimKey, str | int | float] = Field(
         default_factory=dict, description="PDSIM_* knobs for engine kind sim."
     )
-
-    @field_validator("sim")
-    @classmethod
-    def _sim_keys(cls, sim: dict[str, str | int | float]) -> dict[str, str | int | float]:
-        bad = [k for k in sim if not k.startswith("PDSIM_")]
-        if bad:
-            raise ValueError(f"sim keys must be PDSIM_* environment variables, got {bad}")
-        return sim

@@ -24,6 +24,7 @@ class EngineProbe:
     token_usage: float | None = None  # KV pool usage 0..1
     cuda_graph: bool | None = None  # last batch ran in a CUDA graph
     gen_throughput: float | None = None
+    metrics_error: str | None = None  # /metrics answered but could not be read
 
     @property
     def healthy(self) -> bool:
@@ -46,8 +47,11 @@ def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
     except requests.RequestException as e:
         return EngineProbe(url, f"unreachable ({type(e).__name__})")
     if m.status_code != 200:
-        return EngineProbe(url, health)
-    g = _gauges(m.text)
+        return EngineProbe(url, health, metrics_error=f"/metrics answered HTTP {m.status_code}")
+    try:
+        g = _gauges(m.text)
+    except ValueError as e:  # not the Prometheus text format (a proxy's page, a wrong port)
+        return EngineProbe(url, health, metrics_error=f"/metrics is not Prometheus text: {e}")
 
     def total(name: str) -> float | None:
         v = g.get(f"sglang:{name}")

@@ -1,0 +1,96 @@
+"""Every name and path pdstack gives things on a host: units, env files, directories.
+
+The spec, the renderer, the topology file, the ops commands, the test harness and the Ansible
+roles (through filter_plugins/pdstack.py) all take them from here, so a unit name is spelled
+once and the roles need no regex to read one back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+PREFIX = "pdstack"
+ROLES = ("prefill", "decode")  # the values of pdctl.spec.Role, in pair order
+
+INSTALL_DIR = f"/opt/{PREFIX}"
+VENV = f"{INSTALL_DIR}/venv"
+CONFIG_DIR = f"/etc/{PREFIX}"
+STATE_DIR = f"/var/lib/{PREFIX}"
+UNIT_DIR = "/etc/systemd/system"
+SERVICE_USER = PREFIX
+
+TOPOLOGY_FILE = f"{CONFIG_DIR}/topology.yaml"
+GATEWAY_UNIT = f"{PREFIX}-gateway.service"
+GATEWAY_ENV_FILE = f"{CONFIG_DIR}/gateway.env"  # the gateway's secrets (root, 0600)
+GATEWAY_BIN = f"{VENV}/bin/smg"
+GATEWAY_KEY_VAR = "PDSTACK_GATEWAY_API_KEY"  # its name in GATEWAY_ENV_FILE
+# Installed under INSTALL_DIR for the units' Documentation= (paths as in the checkout).
+DOCS = ("README.md", "docs/runbook.md")
+RECOVER_UNIT = f"{PREFIX}-recover@.service"
+# Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
+RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
+RESTART_LOCK = f"/run/{PREFIX}/restart.lock"
+
+# Globs over UNIT_DIR that catch every engine unit and pair target, ours or a former pair's.
+PAIR_UNIT_GLOBS = (*(f"{PREFIX}-*-{r}.service" for r in ROLES), f"{PREFIX}-*.target")
+_PAIR_UNIT = re.compile(rf"^{PREFIX}-(?P<pair>.+?)(?:-(?:{'|'.join(ROLES)})\.service|\.target)$")
+
+
+def documentation() -> str:
+    """The value of a unit's Documentation=."""
+    return " ".join(f"file://{INSTALL_DIR}/{doc}" for doc in DOCS)
+
+
+def instance_name(pair: str, role: str) -> str:
+    return f"{pair}-{role}"
+
+
+def engine_unit(pair: str, role: str) -> str:
+    return f"{PREFIX}-{instance_name(pair, role)}.service"
+
+
+def pair_target(pair: str) -> str:
+    return f"{PREFIX}-{pair}.target"
+
+
+def recover_unit(pair: str) -> str:
+    """The instance of RECOVER_UNIT an engine's OnFailure= starts."""
+    return RECOVER_UNIT.replace("@", f"@{pair}")
+
+
+def env_file(pair: str, role: str) -> str:
+    return f"{CONFIG_DIR}/{instance_name(pair, role)}.env"
+
+
+def pair_files(pair: str) -> list[str]:
+    """Every file site.yml writes for one pair: its target, both units, both env files."""
+    units = [pair_target(pair), *(engine_unit(pair, r) for r in ROLES)]
+    return [f"{UNIT_DIR}/{u}" for u in units] + [env_file(pair, r) for r in ROLES]
+
+
+def pair_of_unit(unit: str) -> str | None:
+    """The pair an engine unit or pair target belongs to; None for any other unit."""
+    m = _PAIR_UNIT.match(unit)
+    return m["pair"] if m else None
+
+
+def stale_pairs(found_units: Iterable[str], keep: Iterable[str]) -> dict[str, list[str]]:
+    """Pairs with units on a host that the deployment no longer places there.
+
+    `found_units`: unit file names found under UNIT_DIR (PAIR_UNIT_GLOBS); `keep`: the host's
+    pairs. Returns the stale `pairs`, the units to `stop` (targets first: PartOf= stops both
+    engines; then any engine still running) and the `files` to remove.
+    """
+    found = list(dict.fromkeys(found_units))
+    kept = set(keep)
+    ours = [(u, pair_of_unit(u)) for u in found]
+    stale = [(u, p) for u, p in ours if p is not None and p not in kept]
+    pairs = list(dict.fromkeys(p for _, p in stale))
+    targets = [u for u, _ in stale if u.endswith(".target")]
+    engines = [u for u, _ in stale if u.endswith(".service")]
+    return {
+        "pairs": pairs,
+        "stop": targets + engines,
+        "files": [f for p in pairs for f in pair_files(p)],
+    }

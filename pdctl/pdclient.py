@@ -1,0 +1,114 @@
+"""The PD-protocol client: requests through one pair's PD path, and through the gateway.
+
+A pair canary does what the gateway does for a request: the same /generate body, with
+`bootstrap_host/port/room` injected, sent to the pair's prefill and decode at once. It is
+pinned to the pair (smg 1.13 cannot be told which pair to use: `x-smg-target-worker` is
+ignored in PD mode) and fails exactly when bootstrap or KV transfer is broken, which each
+engine's own /health never notices. `pdctl status`, `doctor`, `restart` (before the pair goes
+back into the gateway, so clients never meet an unproven pair) and the pd-exporter use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import requests
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    ok: bool
+    sent: int
+    failed: int
+    latency_s: float | None  # slowest successful request; None when none succeeded
+    error: str | None = None  # the first failure
+    duration_s: float = 0.0  # the whole check, failed requests included
+    finished_at: float = 0.0  # wall-clock time (time.time()) at the end
+
+
+def _has_text(body: object) -> bool:
+    return isinstance(body, dict) and "text" in body
+
+
+def _pair_request(
+    prefill_url: str,
+    decode_url: str,
+    bootstrap_port: int,
+    timeout: float,
+    session: requests.Session,
+) -> str | None:
+    """One one-token request through the pair; the first failure, or None."""
+    body = {
+        "text": "ping",
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "bootstrap_host": urlsplit(prefill_url).hostname,
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
+    error: str | None = None
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        legs = {
+            role: pool.submit(session.post, f"{url}/generate", json=body, timeout=timeout)
+            for role, url in (("prefill", prefill_url), ("decode", decode_url))
+        }
+        for role, leg in legs.items():
+            try:
+                response = leg.result()
+                if response.status_code != 200:
+                    error = error or f"{role} answered HTTP {response.status_code}"
+                elif role == "decode" and not _has_text(response.json()):
+                    error = error or "decode answered without generated text"
+            except (requests.RequestException, ValueError) as e:
+                error = error or f"{role}: {type(e).__name__}: {e}"
+    return error
+
+
+def pair_canary(
+    prefill_url: str,
+    decode_url: str,
+    bootstrap_port: int,
+    count: int = 1,
+    timeout: float = 10.0,
+    session: requests.Session | None = None,
+) -> CanaryResult:
+    """`count` requests one after another: a degraded pair fails only a share of them."""
+    failed, worst, error = 0, None, None
+    start = time.monotonic()
+    with requests.Session() if session is None else contextlib.nullcontext(session) as s:
+        for _ in range(count):
+            t0 = time.monotonic()
+            err = _pair_request(prefill_url, decode_url, bootstrap_port, timeout, s)
+            if err is None:
+                worst = max(worst or 0.0, time.monotonic() - t0)
+            else:
+                failed += 1
+                error = error or err
+    return CanaryResult(
+        failed == 0, count, failed, worst, error, time.monotonic() - start, time.time()
+    )
+
+
+def gateway_canary(
+    gateway_url: str, headers: dict[str, str], timeout: float = 10.0
+) -> CanaryResult:
+    """One request through the gateway, to whichever pair it picks."""
+    t0 = time.monotonic()
+    try:
+        r = requests.post(
+            f"{gateway_url}/generate",
+            timeout=timeout,
+            headers=headers,
+            json={"text": "pdctl canary", "sampling_params": {"max_new_tokens": 1}},
+        )
+        error = None if r.status_code == 200 else f"gateway HTTP {r.status_code}: {r.text[:200]}"
+    except requests.RequestException as e:
+        error = f"gateway: {type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    if error is None:
+        return CanaryResult(True, 1, 0, took, None, took, time.time())
+    return CanaryResult(False, 1, 1, None, error, took, time.time())

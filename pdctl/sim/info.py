@@ -1,0 +1,185 @@
+"""Health, info, load and metrics routes (SGLang's `http_server.py` and `v1_loads.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from . import __version__
+from .protocol import Parsed, json_response
+
+if TYPE_CHECKING:
+    from .server import SimServer
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # disaggregation/utils.py: health checks never reach a peer
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+
+
+class InfoRoutes:
+    def __init__(self, server: SimServer) -> None:
+        self.server = server
+        self.cfg, self.engine = server.cfg, server.engine
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.server.status != "up":
+            return web.Response(status=503)
+        # A 1-token generate with a fake bootstrap host: the peer is never contacted.
+        req = self.server.tm.new_req(
+            Parsed(
+                prompt_tokens=1,
+                prompt_key="",
+                max_new_tokens=1,
+                stream=False,
+                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                bootstrap_host=FAKE_BOOTSTRAP_HOST,
+                bootstrap_port=None,
+                bootstrap_room=0,
+                include_usage=False,
+                model="",
+            ),
+            log_metrics=False,
+        )
+        req.fake_bootstrap = True
+        self.server.tm.dispatch(req, health=True)
+        try:
+            await asyncio.wait_for(req.out.get(), self.engine.clock.wall(HEALTH_CHECK_TIMEOUT_S))
+        except TimeoutError:
+            self.engine.cancel(req)
+            self.server.log.error(
+                "Health check failed. Server couldn't get a response from "
+                "detokenizer for last %s seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+            return web.Response(status=503)
+        self.engine.cancel(req)
+        return web.Response(status=200)
+
+    async def server_info(self, _: web.Request) -> web.Response:
+        a = vars(self.cfg.args).copy()
+        a.update(
+            served_model_name=self.cfg.served_model_name,
+            page_size=self.cfg.page_size,
+            context_length=self.cfg.context_length,
+            max_running_requests=self.cfg.max_running_requests,
+            chunked_prefill_size=self.cfg.chunked_prefill_size,
+            cuda_graph_bs_decode=self.cfg.decode_buckets,
+            cuda_graph_max_bs_decode=max(self.cfg.decode_buckets),
+        )
+        e = self.engine
+        a.update(
+            max_total_num_tokens=self.cfg.kv_pool_tokens,
+            startup_time=self.server.started_at,
+            internal_states=[
+                {
+                    "last_gen_throughput": e.last_gen_throughput,
+                    "num_running_reqs": len(e.running),
+                    "num_queue_reqs": len(e.waiting),
+                    "token_usage": round(e.token_usage, 2),
+                }
+            ],
+            version=__version__,
+            pdsim={"knobs": vars(self.cfg.knobs), "unknown_args": self.cfg.unknown},
+        )
+        return json_response(a, dump=lambda o: json.dumps(o, default=str, separators=(",", ":")))
+
+    async def model_info(self, _: web.Request) -> web.Response:
+        return json_response(
+            {
+                "model_path": self.cfg.args.model_path,
+                "served_model_name": self.cfg.served_model_name,
+                "tokenizer_path": self.cfg.args.tokenizer_path or self.cfg.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": self.cfg.args.load_format,
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": self.cfg.mode,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "pdsim",
+                "architectures": ["PdSimForCausalLM"],
+            }
+        )
+
+    async def models(self, _: web.Request) -> web.Response:
+        name = self.cfg.served_model_name
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(self.server.started_at),
+                        "owned_by": "sglang",
+                        "root": name,
+                        "parent": None,
+                        "max_model_len": self.cfg.context_length,
+                    }
+                ],
+            }
+        )
+
+    async def loads(self, _: web.Request) -> web.Response:
+        """entrypoints/v1_loads.py: one LoadSnapshot per DP rank (the sim has one)."""
+        e, cfg = self.engine, self.cfg
+        used = e.tokens_in_use()
+        load = {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": len(e.running),
+            "num_waiting_reqs": len(e.waiting),
+            "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in e.waiting),
+            "num_used_tokens": used,
+            "num_total_tokens": used,
+            "num_active_tokens": used,
+            "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": cfg.kv_pool_tokens,
+            "max_running_requests": cfg.max_running_requests,
+            "token_usage": round(used / cfg.kv_pool_tokens, 2),
+            "gen_throughput": e.last_gen_throughput,
+            "cache_hit_rate": 0.0,
+            "utilization": min(len(e.running) / cfg.max_running_requests, 1.0),
+            "disaggregation": {
+                "mode": cfg.mode,
+                "prefill_bootstrap_queue_reqs": len(e.bootstrap_queue),
+                "prefill_inflight_queue_reqs": len(e.inflight),
+                "decode_prealloc_queue_reqs": len(e.prealloc),
+                "decode_transfer_queue_reqs": len(e.transfer),
+                "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0,
+                "kv_transfer_latency_ms": 0.0,
+            },
+        }
+        return json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": __version__,
+                "accelerator": None,
+                "num_accelerators": cfg.args.tp_size,
+                "loads": [load],
+            }
+        )
+
+    async def flush_cache(self, _: web.Request) -> web.Response:
+        if self.engine.busy:
+            return web.Response(text="Flush cache failed.\n", status=400)
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        assert self.server.metrics is not None
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(
+            body=encoder(self.server.metrics.exposed), headers={"Content-Type": content_type}
+        )

@@ -1,0 +1,55 @@
+"""`pdctl` loads a command's module only when that command runs, and `--help` still lists them
+all (speed itself is measured by benchmarks/cli_startup.py, not asserted here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from pdctl.cli import COMMANDS, cli
+
+ROOT = Path(__file__).resolve().parents[2]
+# What `validate` must not pay for: the ops, bench, analyze and exporter stacks.
+HEAVY = ("matplotlib", "aiohttp", "prometheus_client", "numpy", "pdctl.ops", "pdctl.bench")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_lazy_command_loads_under_its_name(name: str) -> None:
+    command = cli.get_command(click.Context(cli), name)
+    assert isinstance(command, click.Command) and command.name == name
+
+
+def test_help_lists_every_command(pdctl: Callable[..., Any]) -> None:
+    run = pdctl("--help")
+    assert run.exit_code == 0
+    listed = run.stdout.split("Commands:", 1)[1].split()
+    assert set(COMMANDS) <= set(listed)
+
+
+def test_validate_imports_only_what_it_needs() -> None:
+    code = (
+        "import sys\n"
+        "from pdctl.cli import cli\n"
+        "args = ['validate', '-i', sys.argv[1], '-p', sys.argv[2]]\n"
+        "try:\n"
+        "    cli.main(args, standalone_mode=False)\n"
+        "finally:\n"
+        f"    heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}\n"
+        f"                   or m.startswith({HEAVY!r}))\n"
+        "    print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    inventory, profile = ROOT / "inventory.ini", ROOT / "deploy/profiles/reference.yml"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(inventory), str(profile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "OK: no findings" in out.stdout, out.stderr
+    assert out.stderr.strip().endswith("HEAVY="), out.stderr
