@@ -4,7 +4,11 @@ Generates a synthetic journal (default 1 GB, sglang 0.5.23 line format) in a tem
 directory, runs both on the same file, prints MB/s, the ratio and the analyzer's peak RSS
 (which stays flat: the file is streamed in chunks), then removes the file.
 
-    .venv/bin/python benchmarks/analyze_throughput.py [--size-mb 1024] [--dir /tmp]
+    .venv/bin/python benchmarks/analyze_throughput.py [--size-mb 1024] [--dir /tmp] \
+        [--accept-len 2.5]
+
+--accept-len makes a speculative-decoding journal (`accept len` on every decode line), which
+the analyzer reads with its slower speculative pattern.
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--accept-len", type=float, default=None)
     args = ap.parse_args()
     pdctl = str(Path(sys.executable).with_name("pdctl"))
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="pdctl-analyze-bench-") as tmp:
         path = Path(tmp) / "decode.log"
-        cfg = SynthJournal(max_running=110, prefill_every=0, seed=1)
+        cfg = SynthJournal(max_running=110, prefill_every=0, seed=1, accept_len=args.accept_len)
         t0 = time.perf_counter()
         size = write_journal(path, cfg, args.size_mb * MB)
         print(f"generated {size / MB:,.0f} MB in {time.perf_counter() - t0:.1f} s: {path}")

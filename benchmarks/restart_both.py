@@ -1,14 +1,20 @@
 """Downtime of `pdctl restart --both` for one pair, next to its lower bound and a naive
-sequential restart, and failed client requests while `--all` rolls two pairs under load.
+sequential restart, and failed client requests and cross-pair KV transfers while `--all`
+rolls two pairs under load.
 
 Local processes: sim engines (real wall-clock time, startup delays 8 s prefill and 12 s
-decode by default) behind the real gateway (smg); systemd is stood in for by
-pdctl.testing.localproc (start/stop by PID). Downtime runs from the first stop to the first
-successful request through the pair's PD path; its lower bound is the slower startup.
+decode by default) behind the real gateway (smg, round_robin, retries disabled so every
+engine error reaches the client); systemd is stood in for by pdctl.testing.localproc
+(start/stop by PID). Downtime runs from the first stop to the first successful request
+through the pair's PD path; its lower bound is the slower startup. The load is streamed chat
+completions judged by pdctl.bench.stream (a request fails on a non-200 status, an in-band
+error, a missing finish reason or a short stream). The roll runs twice: with the workers
+registered the way pdctl registers them (each pair bound by smg's pairing protocol), and,
+for contrast, listed on smg's command line (unbound, as the gateway unit starts them today).
 Prints figures; it is not a pass/fail test.
 
     .venv/bin/python benchmarks/restart_both.py [--prefill-startup 8] [--decode-startup 12]
-                                                [--clients 4] [--json]
+                                                [--clients 4] [--rolls 1] [--json]
 """
 
 from __future__ import annotations
@@ -23,13 +29,22 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.ops.context import Timeouts
-from pdctl.ops.restart import restart_pair, restart_pairs
+from pdctl.ops.restart import register_pair, restart_pair, restart_pairs
 from pdctl.ops.source import Pair
 from pdctl.pdclient import pair_canary
-from pdctl.testing.localproc import LocalPair, local_ops
-from pdctl.testing.stack import Gateway, SimProc, constant_load, smg_binary, start_gateway
+from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
+from pdctl.testing.stack import (
+    Gateway,
+    SimProc,
+    constant_load,
+    cross_pair_transfers,
+    partner_env,
+    smg_binary,
+    start_gateway,
+)
 
-GATEWAY_ARGS = ("--disable-retries",)  # every engine failure reaches the client
+# As deployed (round_robin), but every engine failure reaches the client.
+GATEWAY_ARGS = ("--policy", "round_robin", "--disable-retries")
 
 
 def first_success(pair: Pair, timeout: float = 120.0) -> float:
@@ -51,18 +66,17 @@ def wait_healthy(sims: list[SimProc]) -> None:
 
 @contextmanager
 def stack(
-    n_pairs: int, args: argparse.Namespace, log_dir: Path
+    n_pairs: int, args: argparse.Namespace, log_dir: Path, bound: bool = True
 ) -> Iterator[tuple[list[LocalPair], Gateway]]:
-    pairs = [
-        LocalPair(
-            f"pd{n}",
-            SimProc.create(
-                "prefill", log_dir, {"PDSIM_STARTUP_DELAY_S": str(args.prefill_startup)}
-            ),
-            SimProc.create("decode", log_dir, {"PDSIM_STARTUP_DELAY_S": str(args.decode_startup)}),
+    """Sim pairs behind smg: `bound` registers them through pdctl (pairing protocol per
+    pair), else they are listed on smg's command line."""
+    pairs = []
+    for n in range(n_pairs):
+        prefill = SimProc.create(
+            "prefill", log_dir, {"PDSIM_STARTUP_DELAY_S": str(args.prefill_startup)}
         )
-        for n in range(n_pairs)
-    ]
+        decode_env = {"PDSIM_STARTUP_DELAY_S": str(args.decode_startup), **partner_env(prefill)}
+        pairs.append(LocalPair(f"pd{n}", prefill, SimProc.create("decode", log_dir, decode_env)))
     sims = [s for p in pairs for s in (p.prefill, p.decode)]
     binary = smg_binary()
     if binary is None:
@@ -72,10 +86,15 @@ def stack(
         for s in sims:
             s.start()
         wait_healthy(sims)
+        listed = [] if bound else pairs
         gw = start_gateway(
-            binary, [p.prefill for p in pairs], [p.decode for p in pairs], log_dir, *GATEWAY_ARGS
-        ).wait_ready()
-        yield pairs, gw
+            binary, [p.prefill for p in listed], [p.decode for p in listed], log_dir, *GATEWAY_ARGS
+        )
+        if bound:
+            ops, _ = local_ops(pairs, gw)
+            for pair in ops.source.pairs():
+                register_pair(ops, pair)
+        yield pairs, gw.wait_ready()
     finally:
         if gw is not None:
             gw.stop()
@@ -120,19 +139,41 @@ def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             new_gw.stop()
 
 
-def rolling_under_load(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    with stack(2, args, log_dir) as (pairs, gw):
-        ops, _ = local_ops(pairs, gw, Timeouts(health=120, canary=60, poll=0.1))
+def counted_stops(units: LocalUnits) -> dict[str, float]:
+    """Make `units.stop` add up each stopped decode's cross-pair counter (it dies with the
+    process); the returned dict fills in as the roll goes."""
+    counted = {"stopped": 0.0}
+    stop = units.stop
+
+    def stop_counting(*names: str) -> None:
+        stopping = [units.procs[u] for n in names for u in units.targets.get(n, [n])]
+        counts = cross_pair_transfers(s for s in stopping if s.mode == "decode")
+        counted["stopped"] += sum(counts.values())
+        stop(*names)
+
+    units.stop = stop_counting  # type: ignore[method-assign]
+    return counted
+
+
+def rolling_under_load(args: argparse.Namespace, log_dir: Path, bound: bool) -> dict[str, Any]:
+    with stack(2, args, log_dir, bound) as (pairs, gw):
+        ops, units = local_ops(pairs, gw, Timeouts(health=120, canary=60, poll=0.1))
         ops.say = lambda _line: None
-        with constant_load(gw.url, clients=args.clients, max_new_tokens=16) as outcomes:
+        counted = counted_stops(units)
+        with constant_load(gw.url, clients=args.clients, max_tokens=16) as outcomes:
             t0 = time.monotonic()
-            reports = restart_pairs(ops, ops.source.pairs())
+            reports = [r for _ in range(args.rolls) for r in restart_pairs(ops, ops.source.pairs())]
             elapsed = time.monotonic() - t0
+        crossed = counted["stopped"] + sum(cross_pair_transfers(p.decode for p in pairs).values())
+        failures = [o.failure or "" for o in outcomes if not o.ok]
         return {
             "pairs_ok": [r.ok for r in reports],
             "seconds": round(elapsed, 1),
             "requests": len(outcomes),
-            "failed": sum(s != 200 for s in outcomes),
+            "failed": len(failures),
+            "failed_in_stream": sum(not f.startswith(("HTTP", "no answer")) for f in failures),
+            "first_failures": failures[:3],
+            "cross_pair_transfers": int(crossed),
             "phases_s": [r.phases for r in reports],
         }
 
@@ -142,6 +183,7 @@ def main() -> None:
     ap.add_argument("--prefill-startup", type=float, default=8.0)
     ap.add_argument("--decode-startup", type=float, default=12.0)
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients under load")
+    ap.add_argument("--rolls", type=int, default=1, help="rolls of both pairs under load")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     bound = max(args.prefill_startup, args.decode_startup)
@@ -149,12 +191,14 @@ def main() -> None:
         log_dir = Path(d)
         both = coordinated(args, log_dir)
         seq = naive(args, log_dir)
-        load = rolling_under_load(args, log_dir)
+        load = rolling_under_load(args, log_dir, bound=True)
+        unbound = rolling_under_load(args, log_dir, bound=False)
     out = {
         "lower_bound_s": bound,
         "restart_both": both,
         "naive_sequential": seq,
         "restart_all_under_load": load,
+        "restart_all_under_load_unbound": unbound,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -172,10 +216,15 @@ def main() -> None:
             f"{name:18} downtime {r['downtime_s']:6.2f}s  "
             f"downtime / lower bound {r['downtime_s'] / bound:.2f}"
         )
-    print(
-        f"restart --all, 2 pairs, {args.clients} clients: {load['seconds']}s, "
-        f"{load['requests']} requests, {load['failed']} failed, pairs ok {load['pairs_ok']}"
-    )
+    for name, r in (("bound (pdctl)", load), ("unbound (smg CLI)", unbound)):
+        print(
+            f"restart --all x{args.rolls}, 2 pairs, {args.clients} clients, {name}: "
+            f"{r['seconds']}s, {r['requests']} requests, {r['failed']} failed "
+            f"({r['failed_in_stream']} with HTTP 200), {r['cross_pair_transfers']} cross-pair "
+            f"transfers, pairs ok {r['pairs_ok']}"
+        )
+        if r["first_failures"]:
+            print(f"  first failures: {r['first_failures']}")
 
 
 if __name__ == "__main__":

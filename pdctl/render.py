@@ -106,6 +106,10 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
             PDSIM_WEIGHTS_GIB=str(model.weights_gib_per_gpu),
             PDSIM_KV_BYTES_PER_TOKEN=str(model.kv_bytes_per_token),
         )
+        if inst.role is Role.DECODE:
+            # The decode counts KV taken from any other prefill (docs/sim.md, cross-pair).
+            prefill = next(p for p, d in dep.pairs() if d == inst)
+            env["PDSIM_PAIR_PARTNER"] = f"{prefill.address}:{prefill.bootstrap_port}"
         env.update({k: str(v) for k, v in dep.profile.sim.items()})
     return env
 

@@ -1,19 +1,20 @@
 """The decode scaling table: per running-request count, how fast the decode server went.
 
 Each `Decode batch` line reports the generated tokens per second over the last
-`--decode-log-interval` steps. Without speculative decoding every step emits one token per
-running request, so steps/s = gen_throughput / running and
+`--decode-log-interval` steps. Every step emits `accept len` tokens per running request (one
+without speculative decoding), so steps/s = gen_throughput / (running x accept len) and
 
-    step ms = 1000 * running / gen_throughput
+    step ms = 1000 * running * accept_len / gen_throughput
 
-which is what the step-time fit (fit.py) and the sawtooth detector (buckets.py) work on.
+which is what the step-time fit (fit.py) works on. The sawtooth detector (buckets.py) reads
+tok/s, which the accept length scales but does not bend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdctl.analyze.logparse import DecodeBatch, PrefillBatch
+from pdctl.analyze.logparse import DecodeBatch, DecodeTally, PrefillBatch, graph_flag
 
 
 @dataclass
@@ -26,6 +27,8 @@ class BatchSizeRow:
     graph_tps_sum: float = 0.0
     graph_step_ms_sum: float = 0.0
     eager_step_ms_sum: float = 0.0
+    accept_sum: float = 0.0
+    accept_lines: int = 0  # lines with `accept len` (speculative decoding)
 
     @property
     def mean_tps(self) -> float:
@@ -46,6 +49,34 @@ class BatchSizeRow:
     @property
     def eager_step_ms(self) -> float | None:
         return self.eager_step_ms_sum / self.eager_lines if self.eager_lines else None
+
+    @property
+    def mean_accept_len(self) -> float | None:
+        return self.accept_sum / self.accept_lines if self.accept_lines else None
+
+    def add(
+        self,
+        graph: bool | None,
+        lines: int,
+        tps_sum: float,
+        steps_sum: float,
+        accept_sum: float = 0.0,
+        accept_lines: int = 0,
+    ) -> None:
+        """`steps_sum`: the sum over the lines of accept_len / gen_throughput (seconds per step
+        per running request)."""
+        step_ms_sum = 1000.0 * self.running * steps_sum
+        self.lines += lines
+        self.tps_sum += tps_sum
+        self.accept_sum += accept_sum
+        self.accept_lines += accept_lines
+        if graph is False:
+            self.eager_lines += lines
+            self.eager_step_ms_sum += step_ms_sum
+        else:
+            self.graph_lines += lines
+            self.graph_tps_sum += tps_sum
+            self.graph_step_ms_sum += step_ms_sum
 
 
 @dataclass
@@ -72,22 +103,36 @@ class DecodeTable:
         if isinstance(batch, PrefillBatch):
             self._add_prefill(batch)
             return
-        if batch.running <= 0 or batch.gen_throughput <= 0:
+        t = batch.gen_throughput
+        if t <= 0:
             self.idle_lines += 1
             return
-        row = self.rows.get(batch.running)
+        accept = batch.accept_len or 0.0
+        if (row := self._row(batch.running, 1)) is not None:
+            row.add(batch.cuda_graph, 1, t, (accept or 1.0) / t, accept, 1 if accept else 0)
+
+    def merge(self, tally: DecodeTally) -> None:
+        self.idle_lines += tally.idle
+        for (running, flag), (
+            lines,
+            tps_sum,
+            steps_sum,
+            accept_sum,
+            accept_lines,
+        ) in tally.cells.items():
+            n = int(lines)
+            if (row := self._row(int(running), n)) is not None:
+                row.add(graph_flag(flag), n, tps_sum, steps_sum, accept_sum, int(accept_lines))
+
+    def _row(self, running: int, lines: int) -> BatchSizeRow | None:
+        """The row of a batch size; None (the lines counted idle) for an empty batch."""
+        if running <= 0:
+            self.idle_lines += lines
+            return None
+        row = self.rows.get(running)
         if row is None:
-            row = self.rows[batch.running] = BatchSizeRow(batch.running)
-        step_ms = 1000.0 * batch.running / batch.gen_throughput
-        row.lines += 1
-        row.tps_sum += batch.gen_throughput
-        if batch.cuda_graph is False:
-            row.eager_lines += 1
-            row.eager_step_ms_sum += step_ms
-        else:
-            row.graph_lines += 1
-            row.graph_tps_sum += batch.gen_throughput
-            row.graph_step_ms_sum += step_ms
+            row = self.rows[running] = BatchSizeRow(running)
+        return row
 
     def _add_prefill(self, batch: PrefillBatch) -> None:
         p = self.prefill
@@ -105,6 +150,12 @@ class DecodeTable:
     @property
     def decode_lines(self) -> int:
         return sum(r.lines for r in self.rows.values()) + self.idle_lines
+
+    @property
+    def accept_len(self) -> float | None:
+        """Mean accept length over the lines that logged one; None without speculation."""
+        n = sum(r.accept_lines for r in self.rows.values())
+        return sum(r.accept_sum for r in self.rows.values()) / n if n else None
 
     @property
     def max_graph_running(self) -> int | None:

@@ -2,9 +2,10 @@
 
 A decode step for `bs` running requests takes a + b*bs ms (a: the fixed per-step cost —
 launches, all-reduce, weights read once; b: the per-request cost — KV reads, attention).
-Each step yields one token per request, so the aggregate rate is
+Each step yields one token per request (`accept len` tokens with speculative decoding, where
+a step is one draft-and-verify round), so the aggregate rate is
 
-    tok/s = 1000 * bs / (a + b*bs)  ->  1000 / b   as bs grows,
+    tok/s = 1000 * accept_len * bs / (a + b*bs)  ->  1000 * accept_len / b   as bs grows,
 
 the asymptote the seed deployment hit at ~32 tok/s (b ~ 31 ms) before its fixes. The same
 law with bs = client concurrency C and step = TPOT is what `pdctl bench sweep` fits.
@@ -69,6 +70,22 @@ def linear_fit(points: Sequence[tuple[float, float, float]]) -> LinearFit | None
 class StepLaw:
     fit: LinearFit
     basis: str  # "bucket sizes" or "all batch sizes"
+    accept_len: float | None = None  # the fit is per speculative step (draft + verify)
+
+    @property
+    def asymptote_tps(self) -> float | None:
+        """Tokens/s as the batch grows: 1000/b steps/s per request, times the accept length."""
+        top = self.fit.asymptote_tps
+        return None if top is None else top * (self.accept_len or 1.0)
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        return {
+            **self.fit.as_dict(),
+            "asymptote_tok_s": self.asymptote_tps,
+            "basis": self.basis,
+            "per": "speculative step" if self.accept_len else "decode step",
+            "accept_len": self.accept_len,
+        }
 
 
 def step_time_law(table: DecodeTable, buckets: Sequence[int] = ()) -> StepLaw | None:
@@ -80,7 +97,7 @@ def step_time_law(table: DecodeTable, buckets: Sequence[int] = ()) -> StepLaw | 
     ]
     on_buckets = [p for p in points if int(p[0]) in set(buckets)]
     if (fit := linear_fit(on_buckets)) is not None:
-        return StepLaw(fit, "bucket sizes")
+        return StepLaw(fit, "bucket sizes", table.accept_len)
     if (fit := linear_fit(points)) is not None:
-        return StepLaw(fit, "all batch sizes")
+        return StepLaw(fit, "all batch sizes", table.accept_len)
     return None

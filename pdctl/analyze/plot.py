@@ -16,7 +16,11 @@ def plot_journal(report: JournalReport, out: Path) -> None:
     fig = Figure(figsize=(9, 5), dpi=100)
     ax = fig.subplots()
     graph = [(r.running, tps, r.graph_lines) for r in rows if (tps := r.graph_mean_tps)]
-    eager = [(r.running, 1000.0 * r.running / ms) for r in rows if (ms := r.eager_step_ms)]
+    # mean tok/s of the eager lines (what the graph points show too; the step time would
+    # need the accept length under speculation)
+    eager = [
+        (r.running, (r.tps_sum - r.graph_tps_sum) / r.eager_lines) for r in rows if r.eager_lines
+    ]
     if graph:
         ax.scatter(
             [g[0] for g in graph],
@@ -38,14 +42,16 @@ def plot_journal(report: JournalReport, out: Path) -> None:
         top_bs = report.max_graph or rows[-1].running
         buckets = sorted({*report.buckets, top_bs}) if report.buckets else []
         xs = list(range(1, top_bs + 1))
+        accept = report.law.accept_len or 1.0  # tokens per request per step
         ax.plot(
             xs,
-            [1000.0 * x / fit.at(padded(x, buckets) if buckets else x) for x in xs],
+            [1000.0 * accept * x / fit.at(padded(x, buckets) if buckets else x) for x in xs],
             color="tab:gray",
             linewidth=1,
-            label=f"fit {fit.a:.1f} + {fit.b:.2f}·bs ms",
+            label=f"fit {fit.a:.1f} + {fit.b:.2f}·bs ms"
+            + (f" per step, accept len {accept:.2f}" if report.law.accept_len else ""),
         )
-        if (top := fit.asymptote_tps) is not None:
+        if (top := report.law.asymptote_tps) is not None:
             ax.axhline(top, color="tab:gray", linestyle=":", linewidth=1)
             ax.annotate(f"asymptote {top:,.0f} tok/s", (1, top), va="bottom", fontsize=8)
     for i, b in enumerate(report.buckets):

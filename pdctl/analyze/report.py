@@ -17,7 +17,14 @@ from pdctl.analyze.buckets import (
 )
 from pdctl.analyze.decode_table import DecodeTable
 from pdctl.analyze.fit import StepLaw, step_time_law
-from pdctl.analyze.logparse import ANY_TIME, ScanCounts, TimeWindow, scan
+from pdctl.analyze.logparse import (
+    ANY_TIME,
+    DecodeTally,
+    ScanCounts,
+    TimeWindow,
+    scan,
+    scan_tallies,
+)
 
 
 @dataclass
@@ -44,6 +51,7 @@ class JournalReport:
                 "out_of_range": self.counts.out_of_range,
                 "untimed": self.counts.untimed,
             },
+            "accept_len": t.accept_len,
             "decode": [
                 {
                     "running": r.running,
@@ -53,6 +61,7 @@ class JournalReport:
                     "eager_lines": r.eager_lines,
                     "graph_step_ms": r.graph_step_ms,
                     "eager_step_ms": r.eager_step_ms,
+                    "accept_len": r.mean_accept_len,
                 }
                 for r in t.sorted_rows()
             ],
@@ -63,9 +72,7 @@ class JournalReport:
                 "max_queue": t.prefill.max_queue,
                 "mean_input_tok_s": t.prefill.mean_input_tps,
             },
-            "step_time_fit": (
-                None if self.law is None else {**self.law.fit.as_dict(), "basis": self.law.basis}
-            ),
+            "step_time_fit": None if self.law is None else self.law.as_dict(),
             "sawtooth": [
                 {
                     "boundary": d.boundary,
@@ -94,8 +101,15 @@ def analyze_stream(
 ) -> JournalReport:
     counts = ScanCounts()
     table = DecodeTable()
-    for batch in scan(stream, counts, window):
-        table.add(batch)
+    if window.active:  # each line's timestamp is needed
+        for batch in scan(stream, counts, window):
+            table.add(batch)
+    else:
+        for item in scan_tallies(stream, counts):
+            if isinstance(item, DecodeTally):
+                table.merge(item)
+            else:
+                table.add(item)
     return analyze_table(table, counts, max_graph)
 
 
@@ -126,20 +140,30 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
 
 def render(report: JournalReport, console: Console) -> None:
     t = report.table
-    table = Table(title="Decode throughput by running requests", title_justify="left")
-    for col in ("running", "lines", "mean gen tok/s", "tok/s per req", "step ms", "eager"):
+    spec = t.accept_len is not None
+    table = Table(
+        title="Decode throughput by running requests" + (" (speculative decoding)" if spec else ""),
+        title_justify="left",
+    )
+    columns = ["running", "lines", "mean gen tok/s", "tok/s per req", "step ms", "eager"]
+    if spec:
+        columns.insert(4, "accept len")
+    for col in columns:
         table.add_column(col, justify="right")
     marks = {d.boundary for d in report.sawtooth}
     for r in t.sorted_rows():
         step = r.graph_step_ms if r.graph_step_ms is not None else r.eager_step_ms
-        table.add_row(
+        cells = [
             f"{r.running}{' ▼' if r.running in marks else ''}",
             str(r.lines),
             fmt_num(r.mean_tps),
             fmt_num(r.tps_per_request, 2),
             fmt_num(step),
             f"[red]{r.eager_lines}[/red]" if r.eager_lines else "0",
-        )
+        ]
+        if spec:
+            cells.insert(4, fmt_num(r.mean_accept_len, 2))
+        table.add_row(*cells)
     console.print(table)
     c = report.counts
     console.print(
@@ -163,12 +187,19 @@ def render(report: JournalReport, console: Console) -> None:
             "[yellow]No `Decode batch` or `Prefill batch` lines: is this an SGLang engine's "
             "log (scheduler lines need --log-level info)?[/yellow]"
         )
-    if report.law is not None:
-        f = report.law.fit
+    if t.accept_len is not None:
+        console.print(
+            f"Speculative decoding: mean accept len {t.accept_len:.2f} tokens per request per "
+            "step; step ms = 1000 x running x accept len / tok/s, per draft-and-verify step"
+        )
+    if (law := report.law) is not None:
+        f = law.fit
+        per = "per speculative step, " if law.accept_len else ""
+        at = f" at accept len {law.accept_len:.2f}" if law.accept_len else ""
         console.print(
             f"Step time: [bold]{f.a:.2f} ms + {f.b:.3f} ms x batch[/bold] "
-            f"(R² {f.r2:.3f}, fitted at {report.law.basis}); "
-            f"asymptote {fmt_num(f.asymptote_tps)} tok/s"
+            f"({per}R² {f.r2:.3f}, fitted at {law.basis}); "
+            f"asymptote {fmt_num(law.asymptote_tps)} tok/s{at}"
         )
     if report.sawtooth:
         drops = ", ".join(

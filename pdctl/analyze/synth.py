@@ -30,6 +30,13 @@ class SynthJournal:
     prefill_every: int = 0  # a `Prefill batch` line after every N decode lines
     style: str = "current"  # current | old (`Decode batch.`, no graph flag) | short (journal)
     seed: int = 0
+    # Speculative decoding: each line's accept len is drawn uniformly within accept_len +-
+    # accept_spread, and a step yields that many tokens per request.
+    accept_len: float | None = None
+    accept_spread: float = 0.3
+    draft_tokens: int = 4
+    ranks: str = "TP0"  # the rank part of the prefix, e.g. "DP1 PP0 ATTN_CP0 MOE_DP1 TP0 EP2"
+    host_receive: bool = False  # PD decode with a host-receive threshold < 1
 
     def step_ms(self, bs: int) -> tuple[float, bool]:
         """(step ms, ran in a graph) for a batch of bs."""
@@ -38,13 +45,17 @@ class SynthJournal:
         return self.eager_factor * (self.a_ms + self.b_ms * bs), False
 
 
-def _message(bs: int, tps: float, graph: bool, style: str) -> str:
+def _message(cfg: SynthJournal, bs: int, tps: float, graph: bool, accept: float | None) -> str:
     usage = f"#running-req: {bs}, #token: {bs * 400}, token usage: {bs * 400 / 500000:.2f}, "
-    if style == "old":
+    if cfg.style == "old":
         return f"Decode batch. {usage}gen throughput (token/s): {tps:.2f}, #queue-req: 0"
+    if accept is not None:
+        rate = (accept - 1) / (cfg.draft_tokens - 1)
+        usage += f"accept len: {accept:.2f}, accept rate: {rate:.2f}, "
+    host = "#host-receive-req: 0, " if cfg.host_receive else ""
     return (
         f"Decode batch, {usage}pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, "
-        f"#retracted-req: 0, cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, "
+        f"{host}#retracted-req: 0, cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, "
         "#queue-req: 0"
     )
 
@@ -67,12 +78,16 @@ def journal_lines(cfg: SynthJournal, n: int, start: datetime | None = None) -> I
     for i in range(n):
         bs = rng.choices(sizes, weights)[0]
         step, graph = cfg.step_ms(bs)
-        tps = 1000.0 * bs / step * (1.0 + rng.gauss(0.0, cfg.noise))
+        accept = None
+        if cfg.accept_len is not None:
+            # rounded as logged, so the step planted is the step the line states
+            accept = round(cfg.accept_len + rng.uniform(-1, 1) * cfg.accept_spread, 2)
+        tps = 1000.0 * bs * (accept or 1.0) / step * (1.0 + rng.gauss(0.0, cfg.noise))
         now += timedelta(milliseconds=step * DECODE_LOG_INTERVAL)
-        stamp = f"[{now:%Y-%m-%d %H:%M:%S} TP0] "
+        stamp = f"[{now:%Y-%m-%d %H:%M:%S} {cfg.ranks}] "
         if cfg.style == "short":
             stamp = f"{now:%b %d %H:%M:%S} gpu1 python3[4242]: " + stamp
-        yield stamp + _message(bs, tps, graph, cfg.style) + "\n"
+        yield stamp + _message(cfg, bs, tps, graph, accept) + "\n"
         if cfg.prefill_every and (i + 1) % cfg.prefill_every == 0:
             yield stamp + _prefill_message() + "\n"
 

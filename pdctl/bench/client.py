@@ -5,14 +5,14 @@ Mirrors `async_request_openai_completions` / `..._chat_completions` in sglang 0.
 (but no `best_of: 1`: the smg 1.13 gateway answers 400 "best_of is not supported when
 stream is enabled" to any streamed request carrying it);
 TTFT is the time to the first chunk carrying text, each later text chunk adds one ITL (the
-gap since the previous text chunk), latency runs to the end of the stream, and the output
-length is the server's `usage.completion_tokens` when a text chunk carries it, else the
-requested length.
+gap since the previous text chunk), latency runs to the end of the stream. Unlike
+bench_serving, which counts any HTTP 200 as a success, a request passes only by the rule of
+pdctl.bench.stream (no in-band error, a finish reason, all the tokens asked; the output
+length is `usage.completion_tokens`, asked for with `stream_options.include_usage`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from pdctl.bench.prompts import Prompt
+from pdctl.bench.stream import STREAM_FIELDS, StreamCheck, chunk_text, sse_payload
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -41,21 +42,13 @@ def _payload(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
         "model": model,
         "max_tokens": prompt.output_len,
         "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
+        **STREAM_FIELDS,
     }
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
         body["prompt"] = prompt.text
     return body
-
-
-def _chunk_text(endpoint: str, data: dict[str, Any]) -> str:
-    choices = data.get("choices") or [{}]
-    if endpoint == "chat":
-        return (choices[0].get("delta") or {}).get("content") or ""
-    return choices[0].get("text") or ""
 
 
 async def stream_request(
@@ -67,7 +60,7 @@ async def stream_request(
     headers: dict[str, str] | None = None,
 ) -> RequestOutput:
     out = RequestOutput(prompt_len=prompt.prompt_len)
-    output_len = prompt.output_len
+    check = StreamCheck(prompt.output_len)
     st = time.perf_counter()
     out.start_time = most_recent = st
     try:
@@ -79,25 +72,23 @@ async def stream_request(
                 return out
             latency = 0.0
             async for raw in resp.content:
-                line = raw.strip()
-                if not line:
+                payload = sse_payload(raw)
+                if payload is None:
                     continue
-                chunk = line.decode().removeprefix("data: ")
                 latency = time.perf_counter() - st
-                if chunk == "[DONE]":
-                    continue
-                data = json.loads(chunk)
-                if _chunk_text(endpoint, data):
+                data = check.feed(payload)
+                if data and any(chunk_text(c) for c in data.get("choices") or []):
                     now = time.perf_counter()
                     if out.ttft == 0.0:
                         out.ttft = now - st
                     else:
                         out.itl.append(now - most_recent)
                     most_recent = now
-                    output_len = (data.get("usage") or {}).get("completion_tokens", output_len)
-            out.success = True
             out.latency = latency
-            out.output_len = output_len
-    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as e:
+            out.output_len = check.tokens
+            failure = check.failure()
+            out.success = failure is None
+            out.error = failure or ""
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as e:
         out.error = f"{type(e).__name__}: {e}"
     return out

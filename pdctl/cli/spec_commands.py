@@ -86,7 +86,8 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
     """Lint the deployment for the pitfalls that broke PD serving before.
 
     Reads the inventory and the profile, then checks the layout (GPUs, TP, NUMA, ports), that
-    each prefill/decode pair agrees on its KV handover, CUDA-graph sizes against max running
+    each prefill/decode pair agrees on its KV handover (and, with several pairs,
+    that the gateway keeps requests inside pairs), CUDA-graph sizes against max running
     requests, the per-GPU memory budget (see `pdctl plan`), RDMA NIC settings, every launch
     flag against the pinned sglang's own parser, and model-family pitfalls. Each finding says
     what breaks and which profile key to change.

@@ -1,7 +1,9 @@
 """Decode batches from an engine's journal: graph vs eager, running requests and step time.
 SGLang logs one `Decode batch` line every --decode-log-interval steps; the metrics give only
 the last batch's graph flag, the journal gives every logged batch. Lines are parsed by
-pdctl.analyze (the same parser as `pdctl analyze journal`)."""
+pdctl.analyze (the same parser as `pdctl analyze journal`): any rank prefix (DP, PP, ATTN_CP,
+MOE_DP, TP, EP), PD fields such as #host-receive-req, and speculative decoding's `accept len`,
+which makes a step's time running x accept len / gen throughput."""
 
 from __future__ import annotations
 
@@ -54,8 +56,8 @@ class DecodeStats:
         self.batches[mode] = self.batches.get(mode, 0) + 1
         self.running.observe(batch.running)
         if batch.gen_throughput > 0 and batch.running > 0:
-            # One step makes one token per running request.
-            self.step_s.observe(batch.running / batch.gen_throughput)
+            # One step makes `accept len` tokens per running request (1 without speculation).
+            self.step_s.observe(batch.tokens_per_step / batch.gen_throughput)
 
 
 def read_journal(unit: str, cursor: str | None, first: bool) -> tuple[list[str], str | None]:

@@ -1,4 +1,5 @@
-"""Prefill and decode of a pair must agree on everything the KV handover depends on."""
+"""A pair is a unit: its prefill and decode agree on everything the KV handover depends on,
+and the gateway keeps every request inside one pair."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.launch_line import flag_values
-from pdctl.render import environment, launch_args
+from pdctl.render import environment, launch_args, router_args
 from pdctl.spec import Deployment
 
 # Decode checks page size and kv dtype against prefill's registration and raises; a context
@@ -60,3 +61,38 @@ def pair_timeout_mismatch(dep: Deployment) -> Iterator[Problem]:
                     "the other still waits for, and a stuck request holds KV until the longer one",
                     fix=f"engine.common.env.{name}: set it once for both roles",
                 )
+
+
+POLICY_FLAGS = {"prefill": "--prefill-policy", "decode": "--decode-policy"}
+
+
+@rule(
+    "pair-routing",
+    Severity.ERROR,
+    "several pairs behind a gateway whose routing does not keep requests inside pairs",
+)
+def pair_routing(dep: Deployment) -> Iterator[Problem]:
+    pairs = dep.pairs()
+    if len(pairs) < 2:
+        return
+    args = router_args(dep)
+    flags = flag_values(args)
+    # smg takes the last --policy; --prefill-policy / --decode-policy override it per side.
+    main = flags["--policy"][0]
+    policies = {side: (flags.get(flag) or (main,))[0] for side, flag in POLICY_FLAGS.items()}
+    counts = {side: args.count(f"--{side}") for side in POLICY_FLAGS}
+    if set(policies.values()) == {"round_robin"} and counts["prefill"] == counts["decode"]:
+        return
+    found = ", ".join(f"{side} {policies[side]} over {counts[side]}" for side in POLICY_FLAGS)
+    yield Problem(
+        where="profile",
+        message=f"{len(pairs)} pairs, gateway routing {found}: smg picks a prefill and a decode "
+        "for each request separately. Requests that cross pairs break the pair as the unit of "
+        "restart (a restarted decode leaves stale state in every prefill that served it, and "
+        "pdctl restart --both clears only its own pair) and, without RDMA, move KV between "
+        "hosts over TCP. pdctl binds a pair's workers when it registers them; until then "
+        "(the workers on the gateway's command line) only round_robin on both sides over "
+        "equal counts can keep prefill i with decode i",
+        fix="router.policy: round_robin; drop --policy, --prefill-policy, --decode-policy, "
+        "--prefill and --decode from router.extra_args",
+    )

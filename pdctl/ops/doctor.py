@@ -105,13 +105,26 @@ def pair_findings(s: Status) -> list[Finding]:
             )
         )
     for i in s.instances if s.gateway.ready else []:  # else the gateway's view is unknown
+        pair = f"{i.instance.host}/{i.instance.pair}"
         if i.probe.healthy and i.gateway is None:
             out.append(
                 _warning(
                     "live-unregistered",
                     i.instance.id,
                     "healthy but not registered with the gateway (no traffic)",
-                    f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}",
+                    f"pdctl restart --both --pair {pair}",
+                )
+            )
+        elif i.gateway is not None and i.gateway.pairing != pair and len(s.pairs) > 1:
+            out.append(
+                _warning(
+                    "live-unbound",
+                    i.instance.id,
+                    f"registered with pairing protocol {i.gateway.pairing or '(none)'}, not "
+                    f"{pair}: the gateway may combine it with another pair's worker (KV "
+                    "across pairs, stale state after restarts); workers listed on the "
+                    "gateway's command line are unbound",
+                    f"pdctl restart --both --pair {pair}",
                 )
             )
     return out

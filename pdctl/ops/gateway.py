@@ -3,6 +3,9 @@
 smg 1.13: `DELETE /workers/{id}` answers 202 and marks the worker `draining` (no new
 requests; `load` counts the ones still in flight), then removes it a few seconds later.
 `POST /workers` with an URL it still holds answers 409: taken as "already registered".
+In PD mode smg picks prefill and decode separately; `pairing_protocol` on `POST /workers`
+restricts a prefill to decodes with the same protocol (docs/operations.md, "Pairs stay
+pairs").
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class _Worker(BaseModel):
     status: str = "?"
     is_healthy: bool = False
     load: int | None = 0
+    pairing_protocol: str | None = None
 
 
 class _Workers(BaseModel):
@@ -66,6 +70,7 @@ class GatewayWorker:
     status: str  # ready | draining | ...
     healthy: bool
     load: int  # in-flight requests the gateway has open on it
+    pairing: str | None = None  # pairing protocol; pdctl registers a pair's workers with its id
 
 
 class GatewayAdmin:
@@ -105,7 +110,15 @@ class GatewayAdmin:
                 f"({why}): is {self.url} the smg gateway?"
             ) from None
         return [
-            GatewayWorker(w.id, w.url, w.worker_type, w.status, w.is_healthy, w.load or 0)
+            GatewayWorker(
+                w.id,
+                w.url,
+                w.worker_type,
+                w.status,
+                w.is_healthy,
+                w.load or 0,
+                w.pairing_protocol,
+            )
             for w in listing.workers
         ]
 
@@ -126,10 +139,21 @@ class GatewayAdmin:
                     f"{r.status_code}: {r.text[:200]}"
                 )
 
-    def add(self, url: str, worker_type: str, bootstrap_port: int | None = None) -> None:
+    def add(
+        self,
+        url: str,
+        worker_type: str,
+        bootstrap_port: int | None = None,
+        pairing: str | None = None,
+    ) -> None:
+        """Register a worker. `pairing` is smg's `pairing_protocol`: a prefill is only
+        combined with decodes that carry the same one (an unlabelled worker still combines
+        with any), so a pair's id keeps its requests inside the pair."""
         body: dict[str, Any] = {"url": url, "worker_type": worker_type}
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port
+        if pairing is not None:
+            body["pairing_protocol"] = pairing
         r = self._call("POST", "/workers", json=body)
         if r.status_code not in (200, 201, 202, 409):
             raise GatewayError(

@@ -87,7 +87,8 @@ def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
             f"   health    wait <= {t.health:.0f}s for /health on both",
             "   canary    a request through this pair's PD path (retried until it passes)",
             f"   verify    {ops.canary_count} more; every one must pass",
-            "   register  add both back to the gateway, wait until it routes to them",
+            "   register  add both back to the gateway, bound to each other (pairing "
+            f"protocol {p.id}), wait until it routes to them",
         ]
     if len(pairs) > 1:
         out.append(
@@ -165,7 +166,8 @@ def _verify(ops: Ops, pair: Pair) -> None:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 
 
-def _register(ops: Ops, pair: Pair) -> None:
+def register_pair(ops: Ops, pair: Pair) -> None:
+    """Add both engines to the gateway, bound to each other, and wait until it routes to them."""
     gw = ops.gateway
     urls = [i.url for i in pair.instances]
     # smg answers 409 while the drained entries are still being removed.
@@ -174,11 +176,17 @@ def _register(ops: Ops, pair: Pair) -> None:
             "register",
             f"the gateway still lists the drained workers after {ops.timeouts.register:.0f}s",
         )
-    # Both at once, for the reason gateway.GatewayAdmin.remove gives.
+    # Both at once, for the reason gateway.GatewayAdmin.remove gives, and bound to each
+    # other: with the pair's id as pairing protocol smg never combines them with another
+    # pair's worker, whatever its round robin rotations say (docs/operations.md).
     concurrently(
         {
             i.url: partial(
-                gw.add, i.url, i.role.value, i.bootstrap_port if i.role is Role.PREFILL else None
+                gw.add,
+                i.url,
+                i.role.value,
+                i.bootstrap_port if i.role is Role.PREFILL else None,
+                pairing=pair.id,
             )
             for i in pair.instances
         }
@@ -222,7 +230,7 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
         ("health", lambda: _wait_healthy(ops, sd, pair)),
         ("canary", lambda: _first_canary(ops, pair)),
         ("verify", lambda: _verify(ops, pair)),
-        ("register", lambda: _register(ops, pair)),
+        ("register", lambda: register_pair(ops, pair)),
     ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
     phase = steps[0][0]

@@ -15,7 +15,10 @@ from .server import running
 async def serve(argv: list[str]) -> int:
     cfg = resolve(argv, os.environ)
     a = cfg.args
-    log = configure(a.log_level, rank_prefix(a.tp_size, a.dp_size, a.pp_size))
+    log = configure(
+        a.log_level,
+        rank_prefix(a.tp_size, a.dp_size, a.pp_size, a.ep_size, a.attn_cp_size, a.moe_dp_size),
+    )
     if cfg.unknown:
         log.warning("pdctl.sim ignores arguments it does not model: %s", " ".join(cfg.unknown))
     stop = asyncio.Event()

@@ -14,7 +14,10 @@ PDSIM_KV_BYTES_PER_TOKEN (16281), PDSIM_KV_POOL_TOKENS (derived from the previou
 --mem-fraction-static), PDSIM_OUTPUT_TOKENS (128, tokens before EOS when no max is given),
 PDSIM_SEED (--random-seed or 0), PDSIM_DEGRADED (auto = on for nixl | on | off),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
-wall seconds per simulated second) and PDSIM_SHUTDOWN_TIMEOUT_S (30).
+wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
+(mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
+the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefill as bootstrap host:port; unset =
+no cross-pair accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
@@ -55,6 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
     p.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
+    # Only the log prefix (logs.rank_prefix) follows these three.
+    p.add_argument(
+        "--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1
+    )
+    p.add_argument(
+        "--attn-cp-size", "--attention-context-parallel-size", dest="attn_cp_size", type=int,
+        default=1,
+    )  # fmt: skip
+    p.add_argument(
+        "--moe-dp-size", "--moe-data-parallel-size", dest="moe_dp_size", type=int, default=1
+    )
+    # Speculative decoding: `accept len` tokens per request per step (PDSIM_SPEC_ACCEPT_LEN).
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument(
@@ -63,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="mooncake",
     )
     p.add_argument("--disaggregation-ib-device", default=None)
+    p.add_argument("--disaggregation-decode-host-receive-threshold", type=float, default=1.0)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
@@ -132,6 +152,8 @@ class Knobs:
     degraded_mode: str = "fail"
     time_scale: float = 1.0
     shutdown_timeout_s: float = 30.0
+    spec_accept_len: float | None = None  # with --speculative-algorithm; see resolve()
+    pair_partner: str | None = None
     # SGLang's own PD variables
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
@@ -173,6 +195,12 @@ class Knobs:
             ),
             time_scale=scale,
             shutdown_timeout_s=_env_float(env, "PDSIM_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
+            spec_accept_len=(
+                _env_float(env, "PDSIM_SPEC_ACCEPT_LEN", 0.0)
+                if env.get("PDSIM_SPEC_ACCEPT_LEN")
+                else None
+            ),
+            pair_partner=env.get("PDSIM_PAIR_PARTNER") or None,
             bootstrap_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
             ),
@@ -220,6 +248,9 @@ class SimConfig:
     max_running_requests: int
     chunked_prefill_size: int
     decode_buckets: list[int] = field(default_factory=list)
+    # Speculative decoding: draft tokens per verify (None: off) and the mean accept length.
+    spec_draft_tokens: int | None = None
+    spec_accept_len: float = 1.0
 
     @property
     def mode(self) -> str:
@@ -271,6 +302,7 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     # base_cuda_graph_runner.get_batch_sizes_to_capture: clamp to the request pool.
     if max(buckets) > max_running:
         buckets = sorted({b for b in buckets if b <= max_running} | {max_running})
+    draft_tokens, accept_len = _speculative(args, knobs)
     engine_type = {"prefill": "prefill", "decode": "decode"}.get(
         args.disaggregation_mode, "unified"
     )
@@ -286,4 +318,22 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         max_running_requests=max_running,
         chunked_prefill_size=args.chunked_prefill_size or chunk_default,
         decode_buckets=buckets,
+        spec_draft_tokens=draft_tokens,
+        spec_accept_len=accept_len,
     )
+
+
+def _speculative(args: argparse.Namespace, knobs: Knobs) -> tuple[int | None, float]:
+    """(draft tokens per verify, mean accept length). SGLang's auto choice for most models is
+    3 steps, top-k 1, 4 draft tokens (arg_groups/speculative_hook.py); a request gains 1 to
+    `draft tokens` tokens per step, by default halfway."""
+    if args.speculative_algorithm is None:
+        if knobs.spec_accept_len is not None:
+            raise SystemExit("PDSIM_SPEC_ACCEPT_LEN needs --speculative-algorithm")
+        return None, 1.0
+    steps = args.speculative_num_steps or 3
+    draft = args.speculative_num_draft_tokens or steps + 1
+    accept = knobs.spec_accept_len if knobs.spec_accept_len is not None else (1 + draft) / 2
+    if not 1.0 <= accept <= draft:
+        raise SystemExit(f"PDSIM_SPEC_ACCEPT_LEN={accept:g} must be within [1, {draft}]")
+    return draft, accept

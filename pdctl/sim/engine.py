@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -95,6 +97,9 @@ class Engine:
         self._last_prefill_log = self.clock.now()
         self.last_gen_throughput = 0.0
         self.last_cuda_graph = True
+        # Speculative decoding: request-steps and the tokens they gained since the last line.
+        self._spec_rng = random.Random(cfg.knobs.seed)
+        self._spec_forward_ct = 0
 
     # ----- admission -----------------------------------------------------------------
     def submit_prefill(self, req: Req) -> None:
@@ -164,13 +169,24 @@ class Engine:
             self._emit(req, req.text.next())
 
     # ----- outputs -------------------------------------------------------------------
-    def _emit(self, req: Req, sample: Sample) -> None:
+    def _emit(self, req: Req, sample: Sample, step_tokens: int = 1) -> None:
+        """One token. A speculative step gives a request `step_tokens` at the same instant:
+        the first of them observes interval / n, n times, as SGLang's tokenizer manager does
+        for a chunk of n tokens; the others observe nothing."""
         now = self.clock.now()
         req.generated += 1
         if req.first_token_at is None:
             req.first_token_at = now
-        elif self.metrics and req.log_metrics and req.last_token_at is not None:
-            self.metrics.tok_observe(self.metrics.inter_token_latency, now - req.last_token_at)
+        elif (
+            self.metrics
+            and req.log_metrics
+            and req.last_token_at is not None
+            and (now > req.last_token_at or step_tokens == 1)
+        ):
+            for _ in range(step_tokens):
+                self.metrics.tok_observe(
+                    self.metrics.inter_token_latency, (now - req.last_token_at) / step_tokens
+                )
         req.last_token_at = now
         req.out.put_nowait(Token(sample.visible, sample))
         if sample.matched is not None:
@@ -277,30 +293,58 @@ class Engine:
             self._crash_oom(n)
         await self.clock.sleep(step_ms / 1000)
         now = self.clock.now()
+        tokens = 0
         for req in self.running:
             if self.metrics and req.log_metrics and not req.forwarded and self.cfg.mode == "decode":
                 # set_forward_entry_time: one queue-time sample per request, at its first forward
                 self.metrics.rank_observe(self.metrics.queue_time, now - (req.admitted or now))
             req.forwarded = True
             if not req.done:
-                self._emit(req, req.text.next())
+                k = min(self._step_tokens(), req.max_new_tokens - req.generated)
+                for _ in range(k):  # a stop string may end the request inside the step
+                    if not req.done:
+                        self._emit(req, req.text.next(), k)
+                        tokens += 1
         self.last_cuda_graph = graph
         self.forward_ct_decode += 1
-        self._tokens_since_log += n
+        self._tokens_since_log += tokens
+        self._spec_forward_ct += n
         if self.metrics:
             m = self.metrics
             # batch_result_processor: decode passes are counted by every rank
             m.rank_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
-            m.sched_inc(m.realtime_tokens, n, mode="decode")
+            m.sched_inc(m.realtime_tokens, tokens, mode="decode")
         if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
             self._log_decode(n, graph)
 
+    def _step_tokens(self) -> int:
+        """Tokens one request gains this step: 1, or with speculative decoding the accept
+        length's integer part plus one more with the probability of its fraction."""
+        accept = self.cfg.spec_accept_len
+        whole = math.floor(accept)
+        if whole == accept:
+            return whole
+        return whole + (self._spec_rng.random() < accept - whole)
+
+    def _spec_stats(self, tokens: int) -> tuple[float | None, float | None]:
+        """(accept len, accept rate) over the steps since the last line, as
+        metrics_reporter computes them: tokens / request-steps, correct drafts / drafts."""
+        draft = self.cfg.spec_draft_tokens
+        forward_ct, self._spec_forward_ct = self._spec_forward_ct, 0
+        if draft is None or not forward_ct:
+            return None, None
+        drafted = forward_ct * (draft - 1)
+        return tokens / forward_ct, (tokens - forward_ct) / drafted if drafted else 0.0
+
     def _log_decode(self, n: int, graph: bool) -> None:
         now = self.clock.now()
-        self.last_gen_throughput = self._tokens_since_log / max(now - self._last_decode_log, 1e-9)
+        tokens = self._tokens_since_log
+        self.last_gen_throughput = tokens / max(now - self._last_decode_log, 1e-9)
         self._tokens_since_log = 0
         self._last_decode_log = now
+        accept_len, accept_rate = self._spec_stats(tokens)
         decode_server = self.cfg.mode == "decode"
+        host_receive = self.cfg.args.disaggregation_decode_host_receive_threshold < 1
         num_token = self.tokens_in_use()
         self.log.info(
             decode_line(
@@ -319,6 +363,10 @@ class Engine:
                     prealloc_req=len(self.prealloc) if decode_server else None,
                     transfer_req=len(self.transfer) if decode_server else None,
                     retracted_req=0 if decode_server else None,
+                    # no host pool here: nothing is ever received into it
+                    host_receive_req=0 if decode_server and host_receive else None,
+                    accept_len=accept_len,
+                    accept_rate=accept_rate,
                 )
             )
         )

@@ -1,10 +1,12 @@
 """Scheduler log lines in sglang 0.5.23's format, written to stdout.
 
 Format from `sglang/srt/utils/common.py` configure_logger (`[%(asctime)s{prefix}] %(message)s`,
-datefmt `%Y-%m-%d %H:%M:%S`), the prefix from `managers/scheduler.py` (" DP{n}" when
-dp > 1, " PP{n}" when pp > 1, " TP{n}" when tp > 1) and the message bodies from
-`managers/scheduler_components/metrics_reporter.py` (report_prefill_stats,
+datefmt `%Y-%m-%d %H:%M:%S`), the prefix from `managers/scheduler.py`
+configure_scheduler_process (" DP{n}" when a DP controller runs, i.e. dp > 1, then " PP{n}",
+" ATTN_CP{n}", " MOE_DP{n}", " TP{n}", " EP{n}" each when its size is > 1) and the message
+bodies from `managers/scheduler_components/metrics_reporter.py` (report_prefill_stats,
 report_decode_stats) with the default pool (no SWA/mamba) and metrics-device-timer off.
+The sim is the stats-logging rank: every rank in the prefix is 0.
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ from dataclasses import dataclass
 LOGGER_NAME = "pdctl.sim"
 
 
-def rank_prefix(tp_size: int, dp_size: int, pp_size: int, tp_rank: int = 0) -> str:
-    prefix = ""
-    if dp_size > 1:
-        prefix += " DP0"
-    if pp_size > 1:
-        prefix += " PP0"
-    if tp_size > 1:
-        prefix += f" TP{tp_rank}"
-    return prefix
+def rank_prefix(
+    tp_size: int,
+    dp_size: int = 1,
+    pp_size: int = 1,
+    ep_size: int = 1,
+    attn_cp_size: int = 1,
+    moe_dp_size: int = 1,
+) -> str:
+    dims = (
+        ("DP", dp_size),
+        ("PP", pp_size),
+        ("ATTN_CP", attn_cp_size),
+        ("MOE_DP", moe_dp_size),
+        ("TP", tp_size),
+        ("EP", ep_size),
+    )
+    return "".join(f" {name}0" for name, size in dims if size > 1)
 
 
 def configure(level: str, prefix: str) -> logging.Logger:
@@ -84,6 +94,11 @@ class DecodeStats:
     prealloc_req: int | None = None
     transfer_req: int | None = None
     retracted_req: int | None = None
+    # With --disaggregation-decode-host-receive-threshold < 1 only.
+    host_receive_req: int | None = None
+    # Speculative decoding only: tokens per request per step, and correct drafts / drafts.
+    accept_len: float | None = None
+    accept_rate: float | None = None
 
 
 def decode_line(s: DecodeStats) -> str:
@@ -91,12 +106,16 @@ def decode_line(s: DecodeStats) -> str:
         f"Decode batch, #running-req: {s.running_req}, #token: {s.num_token}, "
         f"token usage: {s.token_usage:.2f}, "
     )
+    if s.accept_len is not None:
+        msg += f"accept len: {s.accept_len:.2f}, accept rate: {s.accept_rate:.2f}, "
     if s.preallocated_usage is not None:
         msg += (
             f"pre-allocated usage: {s.preallocated_usage:.2f}, "
             f"#prealloc-req: {s.prealloc_req}, #transfer-req: {s.transfer_req}, "
-            f"#retracted-req: {s.retracted_req}, "
         )
+        if s.host_receive_req is not None:
+            msg += f"#host-receive-req: {s.host_receive_req}, "
+        msg += f"#retracted-req: {s.retracted_req}, "
     return msg + (
         f"cuda graph: {s.cuda_graph}, gen throughput (token/s): {s.gen_throughput:.2f}, "
         f"#queue-req: {s.queue_req}"

@@ -268,6 +268,14 @@ class SimMetrics:
             sl,
             registry=r,
         )
+        # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs.
+        self.cross_pair_transfers = Counter(
+            "pdsim_cross_pair_transfers",
+            "KV transfers this decode took from a prefill other than its pair partner "
+            "(PDSIM_PAIR_PARTNER).",
+            sl,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",

@@ -11,6 +11,9 @@ room's KV (bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT) and decode. Each kn
 prefill is heartbeaten on its bootstrap `/health`; after the allowed failures it is dropped
 and its waiting rooms fail with "Lost connection with prefill instance".
 
+Cross-pair accounting: a decode told its own prefill (PDSIM_PAIR_PARTNER=host:port) counts
+every request whose bootstrap address names another one (`pdsim_cross_pair_transfers_total`).
+
 Degraded pair: a survivor that sees its peer's identity change (a decode re-registering
 with a new session, a prefill answering with a new start id) keeps stale metadata, and
 PDSIM_DEGRADED_FAIL_RATIO of its rooms fail or hang until both sides restart.
@@ -167,6 +170,11 @@ class DecodeLeg:
         # Start ids of prefills seen before, kept after a peer is dropped (stale metadata).
         self.seen_start_ids: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # With a configured partner the counter is exposed from the start (0 is a result);
+        # without one it stays absent, so nobody reads "no cross-pair transfers" by mistake.
+        self.partner = cfg.knobs.pair_partner
+        if self.partner and metrics:
+            metrics.sched_inc(metrics.cross_pair_transfers, 0)
 
     def _abort(self, req: Req, phase: str, reason: str) -> None:
         message = (
@@ -282,6 +290,8 @@ class DecodeLeg:
         clock, m = self.engine.clock, self.metrics
         addr = f"{host}:{port}"
         t0 = clock.now()
+        if m and self.partner and addr != self.partner:
+            m.sched_inc(m.cross_pair_transfers)
         peer = await self._ensure_peer(addr)
         if isinstance(peer, str):
             if m:

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
+from pdctl.bench.stream import STREAM_FIELDS, StreamCheck, sse_payload
 from pdctl.sim.args import resolve
 from pdctl.sim.logs import configure
 from pdctl.sim.server import SimServer, running
@@ -150,6 +151,33 @@ class SimProc:
         return self.log_path.read_text(errors="replace")
 
 
+CROSS_PAIR_METRIC = "pdsim_cross_pair_transfers_total"
+
+
+def partner_env(prefill: SimProc) -> dict[str, str]:
+    """The knob that tells a decode its pair's prefill (cross-pair accounting)."""
+    return {"PDSIM_PAIR_PARTNER": f"127.0.0.1:{prefill.bootstrap_port}"}
+
+
+def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
+    """Per running decode (by URL), the KV transfers it took from another pair's prefill.
+    The counter dies with the process: read it before a decode stops."""
+    out: dict[str, float] = {}
+    for sim in decodes:
+        if sim.proc is None or sim.proc.poll() is not None:
+            continue
+        text = requests.get(f"{sim.url}/metrics", timeout=5).text
+        values = [
+            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_PAIR_METRIC)
+        ]
+        if not values:
+            raise RuntimeError(
+                f"{sim.url} exposes no {CROSS_PAIR_METRIC}: PDSIM_PAIR_PARTNER unset"
+            )
+        out[sim.url] = sum(values)
+    return out
+
+
 @dataclass
 class Gateway:
     port: int
@@ -256,31 +284,76 @@ async def in_process(
         yield server
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One load request: its HTTP status (0: no answer) and why it failed (None: passed)."""
+
+    status: int
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def served_model(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10) -> str:
+    """The first model `/v1/models` lists (smg wants `model` in every chat request)."""
+    r = requests.get(f"{url}/v1/models", headers=dict(headers or {}), timeout=timeout)
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
+def stream_chat(
+    session: requests.Session, url: str, model: str, max_tokens: int, timeout: float
+) -> Outcome:
+    """One streamed chat completion, judged by pdctl.bench.stream's failure rule."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "load"}],
+        "max_tokens": max_tokens,
+        **STREAM_FIELDS,
+    }
+    try:
+        with session.post(
+            f"{url}/v1/chat/completions", json=body, stream=True, timeout=timeout
+        ) as r:
+            if r.status_code != 200:
+                return Outcome(r.status_code, f"HTTP {r.status_code}: {r.text[:200]}")
+            check = StreamCheck(max_tokens)
+            try:
+                for line in r.iter_lines():
+                    payload = sse_payload(line)
+                    if payload is not None:
+                        check.feed(payload)
+            except requests.RequestException as e:  # the stream was cut
+                return Outcome(200, f"stream cut after {check.tokens} tokens: {e}")
+            return Outcome(200, check.failure())
+    except requests.RequestException as e:
+        return Outcome(0, f"no answer: {type(e).__name__}: {e}")
+
+
 @contextlib.contextmanager
 def constant_load(
     url: str,
     clients: int = 4,
-    max_new_tokens: int = 8,
+    max_tokens: int = 8,
     headers: Mapping[str, str] | None = None,
     timeout: float = 60.0,
-) -> Iterator[list[int]]:
-    """Closed-loop `/generate` clients until the block ends; yields the HTTP status of every
-    request as it completes (0 for a request that got no answer)."""
+    model: str | None = None,
+) -> Iterator[list[Outcome]]:
+    """Closed-loop clients sending streamed chat completions (`ignore_eos`, `max_tokens`)
+    until the block ends; yields every request's Outcome as it completes. `model` defaults
+    to the first one the server lists."""
 
+    model = model or served_model(url, headers)
     stop = threading.Event()
-    outcomes: list[int] = []
-    body = {"text": "load", "sampling_params": {"max_new_tokens": max_new_tokens}}
+    outcomes: list[Outcome] = []
 
     def client() -> None:
         with requests.Session() as s:
             s.headers.update(headers or {})
             while not stop.is_set():
-                try:
-                    outcomes.append(
-                        s.post(f"{url}/generate", json=body, timeout=timeout).status_code
-                    )
-                except requests.RequestException:
-                    outcomes.append(0)
+                outcomes.append(stream_chat(s, url, model, max_tokens, timeout))
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import requests
 
+from pdctl.bench.stream import StreamCheck
 from pdctl.testing.stack import Gateway, PDStack, SimProc, wait_until
 
 pytestmark = pytest.mark.gateway
@@ -132,6 +133,12 @@ def test_killing_the_decode_fails_inflight_streams(pd_stack: PDStack) -> None:
     assert not any('"finish_reason":"length"' in line for line in rest)
     errors = [json.loads(line[6:]) for line in rest if '"error"' in line]
     assert errors, rest[-3:]
+    # The load clients' rule (pdctl.bench.stream) counts it failed, though the status was 200.
+    check = StreamCheck(4000)
+    for line in rest:
+        check.feed(line[len("data: ") :])
+    assert resp.status_code == 200
+    assert (check.failure() or "").startswith("error in the stream: "), (check, rest[-3:])
 
 
 def test_lost_prefill_fails_requests_waiting_for_kv(

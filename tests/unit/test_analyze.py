@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from pdctl.analyze.decode_table import DecodeTable
 from pdctl.analyze.logparse import (
     ANY_TIME,
     DecodeBatch,
+    DecodeTally,
     PrefillBatch,
     ScanCounts,
     TimeWindow,
     parse_line,
     scan,
+    scan_tallies,
 )
 from pdctl.analyze.report import JournalReport, analyze_stream
 from pdctl.analyze.sources import journalctl_command
@@ -55,7 +58,7 @@ OLD_PREFILL = (
 
 def test_parse_current_old_and_journal_forms() -> None:
     assert parse_line(CURRENT_DECODE) == DecodeBatch(57, 731.22, True, "2026-11-29 10:00:00")
-    assert parse_line(SWA_SPEC_DECODE) == DecodeBatch(9, 99.5, False, "2026-11-29 10:00:01")
+    assert parse_line(SWA_SPEC_DECODE) == DecodeBatch(9, 99.5, False, "2026-11-29 10:00:01", 2.1)
     assert parse_line(OLD_DECODE) == DecodeBatch(1, 6.54, None, "2025-01-01 00:00:00")
     assert parse_line(SHORT_PREFIX + CURRENT_DECODE) == parse_line(CURRENT_DECODE)
     assert parse_line(CURRENT_PREFILL) == PrefillBatch(
@@ -63,6 +66,25 @@ def test_parse_current_old_and_journal_forms() -> None:
     )
     assert parse_line(OLD_PREFILL) == PrefillBatch(1, 7, 0, 0, 0, None, "2025-01-01 00:00:00")
     assert parse_line("[2026-11-29 10:00:00] Load weight end.") is None
+
+
+# Every rank sglang 0.5.23's configure_scheduler_process can put in the prefix, a PD decode
+# with host receive, and speculative decoding (`block accept len` must not be read as it).
+FULL_PREFIX_SPEC_DECODE = (
+    "[2026-11-29 10:00:03.123 DP3 PP1 ATTN_CP1 MOE_DP1 TP12 EP12] Decode batch, "
+    "#running-req: 40, #token: 9000, token usage: 0.05, accept len: 3.20, accept rate: 0.73, "
+    "block accept len: 1.50, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 1, "
+    "#host-receive-req: 2, #retracted-req: 0, cuda graph: True, "
+    "gen throughput (token/s): 1280.00, #queue-req: 0"
+)
+
+
+def test_any_rank_prefix_host_receive_and_accept_len() -> None:
+    batch = parse_line(FULL_PREFIX_SPEC_DECODE)
+    assert batch == DecodeBatch(40, 1280.0, True, "2026-11-29 10:00:03", 3.2)
+    assert isinstance(batch, DecodeBatch) and batch.tokens_per_step == pytest.approx(128.0)
+    plain = FULL_PREFIX_SPEC_DECODE.replace("accept len: 3.20, accept rate: 0.73, ", "")
+    assert parse_line(plain) == DecodeBatch(40, 1280.0, True, "2026-11-29 10:00:03", None)
 
 
 @pytest.mark.parametrize(
@@ -91,6 +113,7 @@ def test_garbage_truncated_and_mixed_input_is_counted_not_fatal() -> None:
         "Traceback (most recent call last):",
         OLD_PREFILL,
         "Prefill batch, #new-seq: nope",
+        CURRENT_DECODE.replace("731.22", "7.3.1"),  # not a number: unparseable, no crash
         SWA_SPEC_DECODE[:-5],  # still whole up to a field boundary: readable
     ]
     text = "\n".join(lines).encode("latin-1") + b"\n\xc3\x28 Decode batch\n"
@@ -103,7 +126,7 @@ def test_garbage_truncated_and_mixed_input_is_counted_not_fatal() -> None:
         "PrefillBatch",
         "PrefillBatch",
     ]
-    assert counts.unparseable == 5
+    assert counts.unparseable == 6
     assert counts.lines == len(lines) + 2
 
 
@@ -112,6 +135,55 @@ def test_lines_split_across_chunks_are_whole() -> None:
     small, _ = _scan(text, chunk=97)
     big, counts = _scan(text)
     assert small == big and len(big) == 500 and counts.unparseable == 0
+
+
+def _tallied(data: bytes, chunk: int) -> tuple[DecodeTable, ScanCounts]:
+    counts, table = ScanCounts(), DecodeTable()
+    for item in scan_tallies(io.BytesIO(data), counts, chunk):
+        if isinstance(item, DecodeTally):
+            table.merge(item)
+        else:
+            table.add(item)
+    return table, counts
+
+
+def _rows(table: DecodeTable) -> list[tuple[float | int | None, ...]]:
+    return [
+        (r.running, r.lines, r.eager_lines, r.accept_lines, r.tps_sum, r.graph_step_ms_sum,
+         r.eager_step_ms_sum, r.accept_sum)
+        for r in table.sorted_rows()
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("chunk", [61, 4096, 1 << 20])
+def test_summed_fast_path_equals_line_by_line(chunk: int) -> None:
+    """The no-window path sums lines without building them; it must agree with the
+    line-by-line path on every sum, whatever the chunking, on mixed and garbled input."""
+    spec = SynthJournal(accept_len=2.4, max_running=40, prefill_every=7, seed=11)
+    lines = [
+        *journal_lines(spec, 300),
+        *journal_lines(SynthJournal(style="old", max_running=20, seed=12), 50),
+        *journal_lines(SynthJournal(ranks="DP1 PP1 ATTN_CP1 MOE_DP1 TP1 EP1", seed=13), 50),
+        CURRENT_DECODE[:90] + "\n",
+        CURRENT_DECODE.replace("731.22", "0.00") + "\n",  # idle: no throughput
+        CURRENT_DECODE.replace("#running-req: 57", "#running-req: 0") + "\n",
+        "garbage Decode batch, #running-req\n",
+        CURRENT_DECODE.replace("731.22", "7.3.1") + "\n",
+        "Prefill batch, #new-seq: nope\n",
+    ]
+    data = "".join(lines).encode()
+    fast, fast_counts = _tallied(data, chunk)
+    slow = DecodeTable()
+    batches, slow_counts = _scan(data, chunk=chunk)
+    for b in batches:
+        slow.add(b)
+    assert fast_counts == slow_counts
+    assert fast_counts.unparseable == 4 and fast.idle_lines == slow.idle_lines == 2
+    assert [r[:4] for r in _rows(fast)] == [r[:4] for r in _rows(slow)]
+    for f, s in zip(_rows(fast), _rows(slow), strict=True):
+        assert f[4:] == pytest.approx(s[4:], rel=1e-9)
+    assert fast.prefill == slow.prefill and fast.prefill.lines == 300 // 7
+    assert fast.accept_len == pytest.approx(slow.accept_len) and fast.accept_len is not None
 
 
 def test_time_window_on_sglang_timestamps() -> None:
@@ -146,6 +218,25 @@ def test_recovers_step_law_and_buckets_from_generated_log() -> None:
     assert [d.boundary for d in report.sawtooth] == list(range(8, 96, 8))
     assert report.buckets == list(range(8, 96, 8))  # 96: inferred max, not a stated one
     assert report.max_graph == 96 and report.overflow is None
+
+
+def test_recovers_planted_step_law_under_speculative_decoding() -> None:
+    """Held-back check: lines carry `accept len` (drawn around 2.5 per line) and tok/s =
+    running x accept len / step. The law must come out per step, not per token."""
+    cfg = SynthJournal(a_ms=18.0, b_ms=1.05, max_running=96, accept_len=2.5, seed=21)
+    report = _report(cfg)
+    assert report.table.accept_len == pytest.approx(2.5, abs=0.01)
+    law = report.law
+    assert law is not None and law.basis == "bucket sizes" and law.accept_len is not None
+    assert law.fit.a == pytest.approx(18.0, rel=0.03)
+    assert law.fit.b == pytest.approx(1.05, rel=0.03)
+    # steps/s per request at the limit x tokens per step
+    assert law.asymptote_tps == pytest.approx(2.5 * 1000 / 1.05, rel=0.03)
+    assert [d.boundary for d in report.sawtooth] == list(range(8, 96, 8))
+    fit = report.as_dict()["step_time_fit"]
+    assert fit["per"] == "speculative step" and fit["accept_len"] == law.accept_len
+    row = report.as_dict()["decode"][0]
+    assert row["accept_len"] == pytest.approx(2.5, abs=0.1)
 
 
 def test_law_without_buckets_fits_every_batch_size() -> None:
@@ -216,6 +307,25 @@ def test_cli_json_from_gz(journal_gz: Path, tmp_path: Path) -> None:
     assert out["step_time_fit"]["basis"] == "bucket sizes"
     assert out["recommended_cuda_graph_bs_decode"][-1] == 104
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_says_when_steps_are_speculative(tmp_path: Path) -> None:
+    path = tmp_path / "spec.log"
+    cfg = SynthJournal(accept_len=3.0, max_running=32, buckets=tuple(range(1, 33)), seed=8)
+    path.write_text("".join(journal_lines(cfg, 3000)))
+    result = CliRunner().invoke(cli, ["analyze", "journal", "--file", str(path)])
+    assert result.exit_code == 0, result.output
+    header = next(ln for ln in result.output.splitlines() if "running" in ln and "lines" in ln)
+    assert "accept" in header  # the column, next to step ms
+    text = " ".join(result.output.split())  # rich wraps at the terminal width
+    assert "Decode throughput by running requests (speculative decoding)" in text
+    assert "Speculative decoding: mean accept len 3.0" in text
+    assert "step ms = 1000 x running x accept len / tok/s" in text
+    assert "per speculative step" in text and "at accept len 3.0" in text
+    as_json = CliRunner().invoke(cli, ["analyze", "journal", "--file", str(path), "--format=json"])
+    out = json.loads(as_json.output)
+    assert out["accept_len"] == pytest.approx(3.0, abs=0.02)
+    assert out["step_time_fit"]["b_ms"] == pytest.approx(1.05, rel=0.03)
 
 
 def test_cli_table_from_stdin(journal_gz: Path) -> None:

@@ -33,6 +33,7 @@ from pdctl.cli import cli
 from pdctl.cli.bench_commands import sweep_target
 from pdctl.errors import PdctlError
 from pdctl.spec import Role, load_deployment
+from pdctl.testing.stack import constant_load, wait_until
 from tests.conftest import CACHE, require_path
 
 # --- metric definitions, by hand ------------------------------------------------------------
@@ -177,31 +178,48 @@ def _app(state: dict[str, Any]) -> web.Application:
         return web.Response(text=_metrics_text(state))
 
     async def generate(request: web.Request) -> web.StreamResponse:
+        """Streams max_tokens text chunks, a finish reason and (when asked) a usage chunk.
+        Every `fail_every`-th request goes wrong the `fault` way: "http" (500), "error" (an
+        in-band error event after two tokens, as SGLang sends it), "no_finish" (the stream
+        ends after all tokens without a finish reason), "short" (finish reason and usage
+        one token short)."""
         body = await request.json()
         state["requests"] += 1
         state["bodies"].append(body)
-        if state["fail_every"] and state["requests"] % state["fail_every"] == 0:
+        fault = state["fail_every"] and state["requests"] % state["fail_every"] == 0
+        fault = fault and state["fault"]
+        if fault == "http":
             return web.json_response({"error": "boom"}, status=500)
         chat = request.path.endswith("chat/completions")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         state["inflight"] += 1
         try:
-            n = int(body["max_tokens"])
+            n = int(body["max_tokens"]) - (fault == "short")
 
-            async def send(text: str, usage: int | None = None) -> None:
-                choice = {"delta": {"content": text}} if chat else {"text": text}
-                data: dict[str, Any] = {"choices": [choice]}
-                if usage is not None:
-                    data["usage"] = {"completion_tokens": usage}
+            async def send(data: dict[str, Any]) -> None:
                 await resp.write(f"data: {json.dumps(data)}\n\n".encode())
 
-            await send("")  # a role/header chunk without text: not the first token
+            def text(t: str, finish: str | None = None) -> dict[str, Any]:
+                choice = {"delta": {"content": t}} if chat else {"text": t}
+                return {"choices": [{**choice, "finish_reason": finish}], "usage": None}
+
+            await send(text(""))  # a role/header chunk without text: not the first token
             await asyncio.sleep(TTFT_S)
             for i in range(n):
                 if i:
                     await asyncio.sleep(ITL_S)
-                await send("tok ", n - state["short_by"] if i == n - 1 else None)
+                if fault == "error" and i == 2:
+                    err = {"object": "error", "message": "Lost connection with prefill",
+                           "type": "INTERNAL_SERVER_ERROR", "param": None, "code": 500}  # fmt: skip
+                    await send({"error": err})
+                    break
+                await send(text("tok "))
+            else:
+                if fault != "no_finish":
+                    await send(text("", "length"))
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        await send({"choices": [], "usage": {"completion_tokens": n}})
             await resp.write(b"data: [DONE]\n\n")
         finally:
             state["inflight"] -= 1
@@ -218,7 +236,7 @@ def _app(state: dict[str, Any]) -> web.Application:
 @pytest.fixture
 def fake_server() -> Iterator[FakeServer]:
     state: dict[str, Any] = {
-        "inflight": 0, "requests": 0, "bodies": [], "fail_every": 0, "short_by": 0,
+        "inflight": 0, "requests": 0, "bodies": [], "fail_every": 0, "fault": "http",
         "api_key": None, "auth": [],
     }  # fmt: skip
     with socket.socket() as s:
@@ -299,20 +317,54 @@ def test_sweep_writes_bench_serving_fields(fake_server: FakeServer, tmp_path: Pa
     assert not list(tmp_path.glob(".*tmp"))  # the temp file was renamed away
 
 
-def test_usage_completion_tokens_wins_and_chat_endpoint(fake_server: FakeServer) -> None:
-    fake_server.state["short_by"] = 2  # the server reports 2 fewer tokens than asked
+def test_chat_endpoint_streams_with_usage_and_ignore_eos(fake_server: FakeServer) -> None:
     (row,) = _sweep(fake_server, build_levels("2", "2", 8, 6, 1.0, 1), endpoint="chat")
-    assert row["total_output_tokens"] == 2 * 4
+    assert row["total_output_tokens"] == 2 * 6 and row["failed"] == 0
     assert row["backend"] == "sglang-oai-chat"
-    assert "messages" in fake_server.state["bodies"][-1]
+    body = fake_server.state["bodies"][-1]
+    assert "messages" in body
+    assert body["stream"] and body["ignore_eos"] and body["max_tokens"] == 6
+    assert body["stream_options"] == {"include_usage": True}
 
 
-def test_failed_requests_are_counted(fake_server: FakeServer) -> None:
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ("http", "HTTP 500"),
+        ("error", "error in the stream: Lost connection with prefill"),
+        ("no_finish", "stream ended without a finish reason after 3 tokens"),
+        ("short", "short: 2 of 3 tokens (finish_reason length)"),
+    ],
+)
+def test_failed_requests_are_counted(fake_server: FakeServer, fault: str, error: str) -> None:
     # canary = request 1, warm-up = 2; then every 3rd request fails
-    fake_server.state["fail_every"] = 3
+    fake_server.state.update(fail_every=3, fault=fault)
     (row,) = _sweep(fake_server, build_levels("2", "9", 8, 3, 1.0, 1))
     assert row["failed"] == 3 and row["completed"] == 6
-    assert row["errors"][0].startswith("HTTP 500")
+    assert row["errors"][0].startswith(error), row["errors"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "failure"),
+    [
+        ("http", 500, "HTTP 500"),
+        ("error", 200, "error in the stream: Lost connection with prefill"),
+        ("no_finish", 200, "stream ended without a finish reason after 4 tokens"),
+        ("short", 200, "short: 3 of 4 tokens (finish_reason length)"),
+    ],
+)
+def test_constant_load_fails_requests_by_the_same_rule(
+    fake_server: FakeServer, fault: str, status: int, failure: str
+) -> None:
+    fake_server.state.update(fail_every=2, fault=fault)
+    with constant_load(fake_server.url, clients=1, max_tokens=4, timeout=10) as outcomes:
+        wait_until(lambda: len(outcomes) >= 6, 30, "six load requests")
+    body = fake_server.state["bodies"][0]
+    assert body["stream"] and body["ignore_eos"] and body["messages"]
+    # Requests alternate: odd ones pass, every 2nd goes wrong the `fault` way.
+    assert all(o.ok and o.status == 200 for o in outcomes[0:6:2])
+    bad = outcomes[1:6:2]
+    assert all(o.status == status and o.failure and o.failure.startswith(failure) for o in bad)
 
 
 def test_canary_failure_is_clear(fake_server: FakeServer, tmp_path: Path) -> None:

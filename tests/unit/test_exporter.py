@@ -307,6 +307,27 @@ def test_journal_is_followed_as_it_grows(rig: Rig) -> None:
     rig.scrape_until("pdstack_decode_batches_total", key, 2)
 
 
+# Every prefix rank sglang 0.5.23 can print, PD host receive and speculative decoding.
+SPEC_LINE = (
+    "[2026-11-29 10:00:05.120 DP1 PP0 ATTN_CP1 MOE_DP1 TP4 EP4] Decode batch, #running-req: 50, "
+    "#token: 9000, token usage: 0.05, accept len: 2.50, accept rate: 0.50, "
+    "pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #host-receive-req: 3, "
+    "#retracted-req: 0, cuda graph: True, gen throughput (token/s): 1250.00, #queue-req: 0\n"
+)
+
+
+def test_journal_reads_rank_prefixes_and_speculative_steps(rig: Rig) -> None:
+    key = {"engine": DECODE, "pair": PAIR}
+    rig.scrape_until("pdstack_decode_batches_total", {**key, "mode": "eager"}, 1)
+    with rig.journal.open("a") as f:
+        f.write(SPEC_LINE)
+    rig.scrape_until("pdstack_decode_batches_total", {**key, "mode": "graph"}, 2)
+    # 50 requests x 2.5 tokens per step at 1250 tok/s: a step takes 0.1 s (not 0.04 s)
+    assert rig.value("pdstack_decode_step_seconds_sum", **key) == pytest.approx(0.05 + 0.1 + 0.1)
+    assert rig.value("pdstack_decode_step_seconds_bucket", **key, le="0.075") == 1
+    assert rig.value("pdstack_decode_step_seconds_bucket", **key, le="0.1") == 3
+
+
 def test_xid_events_are_counted_per_gpu_and_code(tmp_path: Path) -> None:
     fake = FakeNvml(
         [FakeGpu("GPU-a"), FakeGpu("GPU-b")],

@@ -45,6 +45,19 @@ class Case:
 
 
 RDMA = {"hardware.rdma_nics": ["mlx5_0"]}
+# The sim profile with a second pair on two more pretend GPUs.
+TWO_PAIRS = {
+    "hardware.gpu_count": 4,
+    "hardware.numa_gpus": {0: [0, 1, 2, 3]},
+    "layout.pairs": [
+        {"name": "pd0", "prefill": {"numa_node": 0, "gpus": [0], "port": 30000,
+                                    "bootstrap_port": 8998},
+         "decode": {"numa_node": 0, "gpus": [1], "port": 30001}},
+        {"name": "pd1", "prefill": {"numa_node": 0, "gpus": [2], "port": 30010,
+                                    "bootstrap_port": 9008},
+         "decode": {"numa_node": 0, "gpus": [3], "port": 30011}},
+    ],
+}  # fmt: skip
 CASES = [
     Case("gpu-overlap", {f"{DECODE}.gpus": [3, 4, 5, 6]}, {f"{DECODE}.gpus": [4, 5, 6, 7]},
          "layout.pairs[0].decode.gpus"),
@@ -67,6 +80,11 @@ CASES = [
          "extra_args"),
     Case("pair-mismatch", {"engine.decode.kv_cache_dtype": "fp8_e4m3"},
          {"engine.common.kv_cache_dtype": "fp8_e4m3"}, "engine.common.kv_cache_dtype"),
+    Case("pair-routing", {"router.policy": "cache_aware"}, {"router.policy": "round_robin"},
+         "router.policy: round_robin", base="sim", extra=TWO_PAIRS),
+    Case("pair-routing", {"router.extra_args": ["--decode-policy", "power_of_two"]},
+         {"router.extra_args": ["--decode-policy", "round_robin"]}, "router.extra_args",
+         base="sim", extra=TWO_PAIRS),
     Case("pair-timeout-mismatch",
          {"engine.decode.env": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 600}},
          {"engine.common.env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 600},
@@ -162,6 +180,26 @@ def test_two_hosts_merge_repeated_findings(load: Load, shipped: Shipped) -> None
     dep = load(edit(shipped("reference"), {f"{DECODE}.tp": 2}), hosts=hosts)
     (finding,) = lint(dep)
     assert finding.where == "gpu-node-1/pd0-decode, gpu-node-2/pd0-decode"
+
+
+def test_pair_routing_explains_why_and_counts_pairs_across_hosts(
+    load: Load, shipped: Shipped
+) -> None:
+    cache_aware = edit(shipped("reference"), {"router.policy": "cache_aware"})
+    assert not _findings(load(cache_aware), "pair-routing")  # one pair: nothing to mix
+    hosts = ["gpu-node-1", "gpu-node-2"]
+    (finding,) = _findings(load(cache_aware, hosts=hosts), "pair-routing")
+    assert finding.severity is Severity.ERROR
+    assert "2 pairs" in finding.message and "prefill cache_aware over 2" in finding.message
+    assert "stale state in every prefill that served it" in finding.message
+    assert "over TCP" in finding.message
+
+
+def test_pair_routing_refuses_unequal_worker_counts(load: Load, shipped: Shipped) -> None:
+    extra = edit(shipped("sim"), TWO_PAIRS)
+    edit(extra, {"router.extra_args": ["--prefill", "http://10.0.0.9:30000", "8998"]})
+    (finding,) = _findings(load(extra), "pair-routing")
+    assert "prefill round_robin over 3, decode round_robin over 2" in finding.message
 
 
 def test_host_override_is_checked_and_named(load: Load, shipped: Shipped) -> None:

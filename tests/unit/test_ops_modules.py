@@ -239,8 +239,8 @@ class FakeGateway:
     def remove(self, urls: list[str]) -> None:
         self.calls += [f"remove {u}" for u in urls]
 
-    def add(self, url: str, kind: str, port: int | None = None) -> None:
-        self.calls.append(f"add {url}")
+    def add(self, url: str, kind: str, port: int | None = None, pairing: str | None = None) -> None:
+        self.calls.append(f"add {url} pairing {pairing}")
 
     def wait(self, pred: Any, timeout: float, step: float = 0.25) -> bool:
         return True
@@ -317,30 +317,55 @@ def test_a_successful_restart_reregisters_both(monkeypatch: pytest.MonkeyPatch) 
     ops = fake_ops(sd, gw)
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
     assert rep.ok and list(rep.phases) == list(restart.PHASES)
-    assert sorted(gw.calls[-2:]) == ["add http://10.0.0.1:30010", "add http://10.0.0.1:30011"]
+    # Bound to each other: smg combines a prefill only with decodes of its pairing protocol.
+    pair_id = ops.source.pairs()[1].id
+    assert sorted(gw.calls[-2:]) == [
+        f"add http://10.0.0.1:30010 pairing {pair_id}",
+        f"add http://10.0.0.1:30011 pairing {pair_id}",
+    ]
     assert [j for j, _ in sd.jobs] == ["stop", "reset-failed", "start"]
 
 
 # ----- doctor ---------------------------------------------------------------------------
 def _status(
-    canary_ok: bool, decode_health: str = "ok", usage: float = 0.0, active: str = "active"
+    canary_ok: bool,
+    decode_health: str = "ok",
+    usage: float = 0.0,
+    active: str = "active",
+    pairs: tuple[str, ...] = ("pd0",),
+    pairing: dict[str, str | None] | None = None,  # pair -> its workers' pairing protocol
 ) -> Status:
-    t = topo(pairs=("pd0",))
+    t = topo(pairs=pairs)
     insts = []
     for inst in t.instances:
         health = decode_health if inst.role.value == "decode" else "ok"
         unit = UnitStatus(inst.unit, "loaded", active, "running", 9, time.time(), 0, [])
         probe = EngineProbe(inst.url, health, running=0, queued=0, token_usage=usage)
-        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
+        bound = (pairing or {}).get(inst.pair, f"node-a/{inst.pair}")
+        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0, bound)
         insts.append(InstanceStatus(inst, unit, None, probe, worker))
     canary = CanaryResult(
         canary_ok, 8, 0 if canary_ok else 5, None, None if canary_ok else "decode answered HTTP 500"
     )
     return Status(
         insts,
-        [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
+        [PairStatus(f"node-a/{p}", f"pdstack-{p}.target", canary) for p in pairs],
         GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)),
     )
+
+
+def test_workers_not_bound_to_their_pair_are_found_when_pairs_can_mix() -> None:
+    two = ("pd0", "pd1")
+    assert doctor.pair_findings(_status(True, pairs=two)) == []
+    found = doctor.pair_findings(_status(True, pairs=two, pairing={"pd1": None}))
+    assert [(f.id, f.where) for f in found] == [
+        ("live-unbound", "node-a/pd1-prefill"),
+        ("live-unbound", "node-a/pd1-decode"),
+    ]
+    assert "pairing protocol (none), not node-a/pd1" in found[0].message
+    assert found[0].fix == "pdctl restart --both --pair node-a/pd1"
+    # One pair has nothing to mix with.
+    assert doctor.pair_findings(_status(True, pairing={"pd0": None})) == []
 
 
 def test_degraded_pair_versus_pair_down() -> None:
