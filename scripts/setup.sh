@@ -8,7 +8,7 @@ CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}
 mkdir -p "$CACHE"
 
 APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
-              prometheus prometheus-node-exporter make)
+              prometheus prometheus-node-exporter make nftables)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -66,9 +66,10 @@ def _completion(site: Site, **headers: str) -> requests.Response:
     )
 
 
-def _engine_requests(url: str) -> float:
-    """Requests an engine served, apart from probes and scrapes."""
-    text = requests.get(f"{url}/metrics", timeout=10).text
+def _engine_requests(host: TestHost, url: str) -> float:
+    """Requests an engine served, apart from probes and scrapes. Read from the host itself, as
+    its monitoring would: the engine firewall refuses the controller."""
+    text = host.ssh(f"curl -sf -m 10 {url}/metrics", check=True).stdout
     total = 0.0
     for line in text.splitlines():
         m = re.match(r'sglang:http_requests_total\{endpoint="([^"]+)"[^}]*\} (\S+)', line)
@@ -154,13 +155,13 @@ def test_completion_flows_through_the_gateway_over_the_pd_path(site: Site) -> No
     wait_ready(dep["gateway"]["url"])
     assert _completion(site).status_code == 401, "the gateway answered without its API key"
     urls = [i["inst"]["url"] for i in dep["hosts"][site.host.name]["instances"]]
-    before = [_engine_requests(u) for u in urls]
+    before = [_engine_requests(site.host, u) for u in urls]
     r = _completion(site, Authorization=f"Bearer {API_KEY}")
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["message"]["content"].strip()
     assert body["usage"]["completion_tokens"] > 0
-    after = [_engine_requests(u) for u in urls]
+    after = [_engine_requests(site.host, u) for u in urls]
     # The gateway in PD mode sends each request to the prefill and the decode.
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
     # smg started with no workers; its unit's ExecStartPost= registered each pair bound.

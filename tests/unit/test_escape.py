@@ -311,6 +311,7 @@ def test_gateway_unit_parses_back_to_smg_args(unit_dir: Path, load: Any, shipped
             api_key_set=True,
             env_file=names.GATEWAY_ENV_FILE,
             state_dir=names.STATE_DIR,
+            state_name="pdstack-gateway",
             user=names.SERVICE_USER,
             documentation=names.documentation(),
         )

@@ -154,3 +154,78 @@ def test_every_gateway_is_a_scrape_target(tmp_path: Path) -> None:
         {"targets": ["10.0.0.11:29000"], "labels": {"role": "gateway", "host": "gpu-node-1"}},
         {"targets": ["10.0.0.12:29000"], "labels": {"role": "gateway", "host": "gpu-node-2"}},
     ]
+
+
+GRAFANA = GRAFANA_VARS.parent.parent
+
+
+def _grafana_env(password: str) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(GRAFANA / "templates"), undefined=jinja2.StrictUndefined
+    )
+    return env.get_template("grafana.env.j2").render(
+        ansible_managed="m",
+        pdstack_grafana_admin_password=password,
+        pdstack_grafana_anonymous_access=False,
+        pdstack_grafana_listen_address="127.0.0.1",
+        pdstack_grafana_port=3000,
+        _pdstack_grafana_provisioning_dir="/etc/grafana/provisioning",
+    )
+
+
+@pytest.mark.parametrize(
+    "password", ['pl"ain$HOME `id` \\n x', "with spaces and 'quotes'", "a$$b%%c\\\\d"]
+)
+def test_grafana_password_is_quoted_in_the_env_file(password: str) -> None:
+    """systemd unescapes backslash, double quote, backquote and dollar in a double-quoted env
+    value exactly as sh does: read back by sh, each character of the password stays literal."""
+    (line,) = [
+        ln for ln in _grafana_env(password).splitlines() if ln.startswith("GF_SECURITY_ADMIN")
+    ]
+    value = line.split("=", 1)[1]
+    assert value.startswith('"') and value.endswith('"')
+    read = subprocess.run(
+        ["/bin/sh", "-c", f"{line}\nprintf %s \"$GF_SECURITY_ADMIN_PASSWORD\""],
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    assert read.stdout == password
+
+
+def test_grafana_listens_on_loopback_by_default() -> None:
+    defaults = yaml.safe_load((GRAFANA / "defaults" / "main.yml").read_text())
+    assert defaults["pdstack_grafana_listen_address"] == "127.0.0.1"
+
+
+def test_a_rotated_grafana_password_is_applied_and_then_recorded() -> None:
+    tasks = yaml.safe_load((GRAFANA / "tasks" / "run.yml").read_text())
+    names = [t["name"] for t in tasks]
+    health = names.index("Wait until Grafana is healthy")
+    read, reset, record = (
+        names.index("Read which admin password Grafana has"),
+        names.index("Apply a changed admin password"),
+        names.index("Record the applied admin password (sha256, root only)"),
+    )
+    assert health < read < reset < record, "reset on a running Grafana, record only after it"
+    task = tasks[reset]
+    role_vars = yaml.safe_load(GRAFANA_VARS.read_text())
+    argv = role_vars["_pdstack_grafana_reset_password"]
+    assert argv[argv.index("admin") :] == ["admin", "reset-admin-password", "--password-from-stdin"]
+    assert task["ansible.builtin.command"]["stdin"] == "{{ pdstack_grafana_admin_password }}"
+    assert task["no_log"] is True and task["become_user"] == "grafana"
+    # Skipped exactly when the recorded hash is the current password's.
+    assert any("_pdstack_grafana_password_sha256" in cond for cond in task["when"])
+    assert tasks[record]["ansible.builtin.copy"]["content"].startswith(
+        "{{ _pdstack_grafana_password_sha256 }}"
+    )
+    assert tasks[record]["ansible.builtin.copy"]["mode"] == "0600"
+
+
+def test_every_uri_wait_bounds_each_request() -> None:
+    """A server that accepts and never answers cannot stretch a wait beyond its total."""
+    waits = []
+    for path in sorted((ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            if "ansible.builtin.uri" in task:
+                waits.append(task["name"])
+                assert task["ansible.builtin.uri"].get("timeout"), f"{path}: {task['name']}"
+    assert len(waits) == 3, waits
