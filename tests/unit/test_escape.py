@@ -313,6 +313,7 @@ def test_gateway_unit_parses_back_to_smg_args(unit_dir: Path, load: Any, shipped
             state_dir=names.STATE_DIR,
             state_name="pdstack-gateway",
             user=names.SERVICE_USER,
+            config_group=names.SERVICE_USER,
             documentation=names.documentation(),
         )
     )

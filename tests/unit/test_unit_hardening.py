@@ -49,6 +49,7 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         state_name="pdstack-gateway",
         documentation=names.documentation(),
         user="pdstack-gw",
+        config_group=names.SERVICE_USER,
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
