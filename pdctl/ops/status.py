@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from pdctl.errors import PdctlError
+from pdctl.ops import pending
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
@@ -36,6 +37,7 @@ class PairStatus:
     # gateway does not route to the pair (an interrupted restart, a failed one);
     # not routed: out of the gateway with an engine down; None: the gateway did not answer.
     gateway: str | None = None
+    pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
 
     @property
     def drained(self) -> bool:
@@ -86,6 +88,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
             p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
         )
+        calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
     calls["gateway"] = lambda: _gateway(ops)
     got = concurrently(calls)
     gw_status, workers = got["gateway"]
@@ -104,6 +107,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
                 p.spec.target,
                 got[f"canary:{p.id}"],
                 None if workers is None else _routing(p, by_url, got),
+                pending.describe(*got[f"pending:{p.id}"]),
             )
             for p in pairs
         ],
@@ -164,6 +168,7 @@ def to_json(s: Status) -> dict[str, Any]:
                 "canary": asdict(p.canary),
                 "gateway": p.gateway,
                 "drained": p.drained,
+                "restart_pending": p.pending,
             }
             for p in s.pairs
         ],
@@ -237,6 +242,8 @@ def tables(s: Status) -> list[Table]:
             "routed": "routed",
             "drained": f"[yellow]drained[/]: pdctl restart --both --pair {pr.id}",
         }.get(pr.gateway, f"[red]{pr.gateway}[/]")
+        if pr.pending:
+            routing += f"\n[yellow]{pr.pending}[/]"
         pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"), routing)
     gt = Table(title="Gateway", title_justify="left")
     for col in ("url", "readiness", "request", "latency"):
