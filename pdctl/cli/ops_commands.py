@@ -110,7 +110,8 @@ def status(
 
     Per instance: unit state, PID, uptime, /health, running and queued requests, KV usage,
     CUDA graph or eager, generation tok/s and the gateway's view. Per pair: a real request
-    through the pair's PD path, with its latency. Exit 0 when everything is healthy, 1 if not.
+    through the pair's PD path, with its latency, and "restart pending" when site.yml changed
+    its files without restarting it. Exit 0 when everything is healthy, 1 if not.
 
     \b
     Examples:

@@ -49,6 +49,7 @@ def test_every_file_task_notifies_the_restart_path() -> None:
     writes = [t for t in tasks if t.get("register", "").startswith("__pdstack_engine_")]
     assert {t["register"] for t in writes} == {
         "__pdstack_engine_envs",
+        "__pdstack_engine_pending",
         "__pdstack_engine_targets",
         "__pdstack_engine_units",
     }
@@ -149,10 +150,29 @@ def test_a_new_venv_changes_every_pair_and_pending_is_said(tmp_path: Path) -> No
         set(),
         ["active", "active", "active"],
         __pdstack_pip={"changed": True},
-        pdstack_engine_restart_on_change=False,
+        pdstack_engine_restart_on_change="false",  # as -e passes it
     )
     assert [p["pair"] for p in got["running"]] == ["pd0", "pd1", "pd2"]
     assert got["plan"][0] == f"restart pending localhost/pd0: the engine venv ({names.VENV})"
+
+
+@pytest.mark.parametrize("on_change", [True, False])
+def test_a_pending_pair_restarts_once_restart_on_change_is_back(
+    tmp_path: Path, on_change: bool
+) -> None:
+    marker = names.restart_pending("pd1")
+    got = _evaluate(
+        tmp_path,
+        set(),
+        ["active"],
+        __pdstack_engine_pending={"files": [{"path": marker}]},
+        pdstack_engine_restart_on_change=str(on_change).lower(),  # as -e passes it
+    )
+    if on_change:
+        assert got["plan"] == [f"restart localhost/pd1: restart pending ({marker})"]
+        assert [p["pair"] for p in got["running"]] == ["pd1"]
+    else:  # still pending: nothing new to say, the marker stays as it is
+        assert got == {"changed": [], "plan": [], "running": []}
 
 
 def test_nothing_changed_restarts_nothing(tmp_path: Path) -> None:
