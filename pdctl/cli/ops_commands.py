@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 
 from pdctl.cli.options import deployment_options, format_option
@@ -37,7 +37,7 @@ from pdctl.ops.restart import (
     restart_pairs,
     restart_router,
 )
-from pdctl.ops.status import collect, tables, to_json
+from pdctl.ops.status import collect, to_json, view
 from pdctl.spec import Role
 from pdctl.topology import PATH as TOPOLOGY_PATH
 
@@ -106,12 +106,15 @@ def status(
     watch: float | None,
     canaries: int,
 ) -> None:
-    """Every engine, pair and the gateway, probed concurrently.
+    """Every host, pair, engine and gateway, and who holds the restart lock.
 
-    Per instance: unit state, PID, uptime, /health, running and queued requests, KV usage,
-    CUDA graph or eager, generation tok/s and the gateway's view. Per pair: a real request
-    through the pair's PD path, with its latency, and "restart pending" when site.yml changed
-    its files without restarting it. Exit 0 when everything is healthy, 1 if not.
+    All probes run at once, each with its own timeout: the wall time is the slowest probe's,
+    not the sum. Grouped per host; per pair: the gateway's routing and a real request through
+    the pair's PD path, with its latency, and "restart pending" when site.yml changed its
+    files without restarting it; per engine: unit state, PID, uptime, /health,
+    running and queued requests, KV usage, CUDA graph or eager, generation tok/s and the
+    gateway's view. Lines fit the terminal (80 columns too): nothing is cut, the rest of a
+    line continues under it. Exit 0 when everything is healthy, 1 if not.
 
     \b
     Examples:
@@ -123,15 +126,14 @@ def status(
     if watch is not None and fmt == "table":
         with Live(console=Console(), auto_refresh=False) as live:
             while True:  # until Ctrl-C
-                live.update(Group(*tables(collect(ops, canaries))), refresh=True)
+                live.update(view(collect(ops, canaries)), refresh=True)
                 time.sleep(watch)
     while True:
         s = collect(ops, canaries)
         if fmt == "json":
             click.echo(json.dumps(to_json(s), indent=2))
         else:
-            for t in tables(s):
-                Console().print(t)
+            Console().print(view(s))
         if watch is None:
             sys.exit(0 if s.healthy else 1)
         time.sleep(watch)

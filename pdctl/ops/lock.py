@@ -58,6 +58,49 @@ def _holder(fd: int) -> str:
     return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process (root's restart, seen by a user)
+        pass
+    return True
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int | None
+    what: str  # the command that holds it ("pdctl restart --both --pair pd0")
+    since: float  # when it took the lock (time.time())
+
+
+def holder(path: Path | None = None) -> Holder | None:
+    """Who holds the lock now, or None, read without taking it (for `pdctl status`).
+
+    The holder writes its line when it takes the lock, so the file's mtime is its start. A
+    line left by a holder killed with SIGKILL is not a holder: the flock test below tells."""
+    path = path or default_path()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise PdctlError(f"cannot read the restart lock {path}: {e.strerror}") from None
+    try:
+        line = os.pread(fd, 512, 0).decode(errors="replace").strip()
+        pid, _, what = line.partition(" ")
+        if not line or (pid.isdigit() and not _alive(int(pid))):
+            return None
+        try:  # a shared lock is refused only while a holder has it exclusively
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return Holder(int(pid) if pid.isdigit() else None, what, os.fstat(fd).st_mtime)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def held(
     what: str,

@@ -1,15 +1,19 @@
-"""One view of the deployment: units, engines, pair canaries, the gateway's view."""
+"""One view of the deployment: units, engines, pair canaries, the gateway's view, the restart
+lock; and its rendering for a terminal, per host and pair, that fits 80 columns."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
+from rich.text import Text
 
 from pdctl.errors import PdctlError
-from pdctl.ops import pending
+from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
@@ -17,6 +21,11 @@ from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
 from pdctl.pdclient import CanaryResult, gateway_canary, pair_canary
 from pdctl.topology import TopologyInstance
+
+# Probes in flight at once. Status makes 2 per instance (unit, engine), 1 per pair (canary),
+# 1 for the gateway and 1 for the lock: 32 covers a 3-host, 12-pair fleet in one wave, so the
+# wall time is the slowest probe's, while ssh stays under sshd's MaxStartups (10 per host).
+PROBE_WORKERS = 32
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class Status:
     instances: list[InstanceStatus]
     pairs: list[PairStatus]
     gateway: GatewayStatus
+    lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
+    lock_error: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -90,7 +101,8 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         )
         calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
     calls["gateway"] = lambda: _gateway(ops)
-    got = concurrently(calls)
+    calls["lock"] = _lock
+    got = concurrently(calls, PROBE_WORKERS)
     gw_status, workers = got["gateway"]
     by_url = {w.url: w for w in workers or []}
     instances = []
@@ -112,7 +124,16 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
             for p in pairs
         ],
         gateway=gw_status,
+        lock=got["lock"][0],
+        lock_error=got["lock"][1],
     )
+
+
+def _lock() -> tuple[lock.Holder | None, str | None]:
+    try:
+        return lock.holder(), None
+    except PdctlError as e:
+        return None, str(e)
 
 
 def _routing(pair: Pair, by_url: dict[str, GatewayWorker], got: dict[str, Any]) -> str:
@@ -173,86 +194,192 @@ def to_json(s: Status) -> dict[str, Any]:
             for p in s.pairs
         ],
         "gateway": asdict(s.gateway),
+        "restart_lock": {
+            "held": s.lock is not None,
+            "pid": s.lock.pid if s.lock else None,
+            "command": s.lock.what if s.lock else None,
+            "since": s.lock.since if s.lock else None,
+            "held_s": round(now - s.lock.since) if s.lock else None,
+            "error": s.lock_error,
+        },
     }
+
+
+# ----- the terminal view ------------------------------------------------------------------
+# Fields of a line: (minimum width, markup); a line packs its fields into the console's width
+# and hangs the rest under the second field, so nothing is cut at any width. One line per
+# field below: adding one to a pair, an engine or a gateway is adding a line.
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def _uptime(u: UnitStatus | None) -> str:
     if u is None or u.since is None or u.active != "active":
         return "-"
-    s = int(time.time() - u.since)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return _duration(time.time() - u.since)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def tables(s: Status) -> list[Table]:
-    t = Table(title="Instances", title_justify="left")
-    for col in (
-        "instance",
-        "unit",
-        "PID",
-        "uptime",
-        "/health",
-        "run",
-        "queue",
-        "KV",
-        "graph",
-        "tok/s",
-        "gateway",
-    ):
-        t.add_column(
-            col, justify="right" if col in ("PID", "run", "queue", "KV", "tok/s") else "left"
-        )
-    for i in s.instances:
-        u, p, g = i.unit, i.probe, i.gateway
-        state = f"{u.active}/{u.sub}" if u else f"[red]{i.unit_error}[/]"
-        if u and u.active != "active":
-            state = f"[red]{state}[/]"
-        graph = "-" if p.cuda_graph is None else ("graph" if p.cuda_graph else "[red]eager[/]")
-        gw = (
-            "[yellow]not registered[/]"
-            if g is None
-            else (f"{g.status}{'' if g.healthy else ' (unhealthy)'}, load {g.load}")
-        )
-        t.add_row(
-            i.instance.id,
-            state,
-            str(u.main_pid or "-") if u else "-",
-            _uptime(u),
-            p.health if p.healthy else f"[red]{p.health}[/]",
-            _num(p.running),
-            _num(p.queued),
-            _num(p.token_usage, "{:.0%}"),
-            graph,
-            _num(p.gen_throughput, "{:.1f}"),
-            gw,
-        )
-    pt = Table(title="Pairs (a real request through each pair's PD path)", title_justify="left")
-    for col in ("pair", "target", "canary", "latency", "gateway"):
-        pt.add_column(col)
-    for pr in s.pairs:
-        c = pr.canary
-        verdict = (
-            f"ok {c.sent}/{c.sent}" if c.ok else f"[red]FAILED {c.failed}/{c.sent}[/]: {c.error}"
-        )
-        routing = {
+def _metric(fmt: str, v: float | None) -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def _red_unless(ok: bool, text: str | None) -> str:
+    """Text from outside (errors, HTTP bodies) as markup: its brackets are not tags."""
+    return escape(str(text)) if ok else f"[red]{escape(str(text))}[/]"
+
+
+def _unit_state(i: InstanceStatus) -> str:
+    u = i.unit
+    if u is None:  # the error itself: on the engine's line, or once under its host (view)
+        return "[red]unit ?[/]"
+    return u.sub if u.active == "active" else f"[red]{u.active}/{u.sub}[/]"
+
+
+def _in_gateway(g: GatewayWorker | None) -> str:
+    if g is None:
+        return "gateway [yellow]not registered[/]"
+    sick = "" if g.healthy else " [red](unhealthy)[/]"
+    return f"gateway {escape(g.status)}{sick}, load {g.load}"
+
+
+ENGINE_FIELDS: list[tuple[int, Callable[[InstanceStatus], str]]] = [
+    (7, lambda i: i.instance.role.value),
+    (8, _unit_state),
+    (11, lambda i: f"PID {i.unit.main_pid or '-'}" if i.unit else "PID -"),
+    (9, lambda i: f"up {_uptime(i.unit)}"),
+    (10, lambda i: "/health " + _red_unless(i.probe.healthy, i.probe.health)),
+    # metrics, left out when the engine gave none (down, or /metrics unreadable)
+    (6, lambda i: _metric("run {:.0f}", i.probe.running)),
+    (8, lambda i: _metric("queue {:.0f}", i.probe.queued)),
+    (7, lambda i: _metric("KV {:.0%}", i.probe.token_usage)),
+    (5, lambda i: {None: "", True: "graph"}.get(i.probe.cuda_graph, "[red]eager[/]")),
+    (11, lambda i: _metric("{:.1f} tok/s", i.probe.gen_throughput)),
+    (0, lambda i: _red_unless(False, i.probe.metrics_error) if i.probe.metrics_error else ""),
+    (0, lambda i: _in_gateway(i.gateway)),
+]
+
+
+def _canary(c: CanaryResult) -> str:
+    if c.ok:
+        return f"canary ok {c.sent}/{c.sent} {_num(c.latency_s, '{:.3f}s')}"
+    return f"canary [red]FAILED {c.failed}/{c.sent}[/]: {escape(str(c.error))}"
+
+
+PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
+    (0, lambda p: f"[bold]{escape(p.id.partition('/')[2] or p.id)}[/]"),
+    (
+        6,
+        lambda p: {
             None: "-",
             "routed": "routed",
-            "drained": f"[yellow]drained[/]: pdctl restart --both --pair {pr.id}",
-        }.get(pr.gateway, f"[red]{pr.gateway}[/]")
-        if pr.pending:
-            routing += f"\n[yellow]{pr.pending}[/]"
-        pt.add_row(pr.id, pr.target, verdict, _num(c.latency_s, "{:.3f}s"), routing)
-    gt = Table(title="Gateway", title_justify="left")
-    for col in ("url", "readiness", "request", "latency"):
-        gt.add_column(col)
-    gc = s.gateway.canary
-    gt.add_row(
-        s.gateway.url,
-        ("ready " if s.gateway.ready else "[red]NOT READY[/] ") + s.gateway.detail,
-        "-" if gc is None else "ok" if gc.ok else f"[red]{gc.error}[/]",
-        _num(gc.latency_s if gc else None, "{:.3f}s"),
-    )
-    return [t, pt, gt]
+            "drained": f"[yellow]drained[/]: pdctl restart --both --pair {p.id}",
+        }.get(p.gateway, _red_unless(False, p.gateway)),
+    ),
+    (0, lambda p: _canary(p.canary)),
+    (0, lambda p: f"[dim]{p.target}[/]"),
+    (0, lambda p: f"[yellow]{escape(p.pending)}[/]" if p.pending else ""),
+]
+
+GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [
+    (0, lambda g: g.url),
+    (5, lambda g: "ready" if g.ready else f"[red]NOT READY[/]: {escape(g.detail)}"),
+    (
+        0,
+        lambda g: (
+            "request -"
+            if g.canary is None
+            else f"request ok {_num(g.canary.latency_s, '{:.3f}s')}"
+            if g.canary.ok
+            else "request " + _red_unless(False, g.canary.error)
+        ),
+    ),
+]
+
+
+def _lock_fields(s: Status) -> tuple[str, str]:
+    if s.lock_error:
+        return _red_unless(False, s.lock_error), ""
+    if s.lock is None:
+        return "free", ""
+    who = f"PID {s.lock.pid}" if s.lock.pid else "unknown PID"
+    held = _duration(time.time() - s.lock.since)
+    return f"[yellow]held by {who} for {held}[/]", escape(s.lock.what)
+
+
+class _Line:
+    """Fields packed into the console's width; the overflow hangs under the second field."""
+
+    def __init__(self, indent: int, fields: Iterable[tuple[int, str]]) -> None:
+        self.indent = indent
+        self.texts = []
+        for width, markup in fields:
+            if markup:
+                t = Text.from_markup(markup)
+                t.pad_right(width - t.cell_len)
+                self.texts.append(t)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        head, *rest = self.texts
+        line = Text(" " * self.indent) + head
+        hang = min(line.cell_len + 2, width // 2)
+        for t in rest:
+            need = len(t.plain.rstrip())  # its padding may run past the edge
+            if line.cell_len + 2 + need <= width:
+                line += Text("  ") + t
+                continue
+            if line.plain.strip():
+                line.rstrip()
+                yield line
+            # too long even for a line of its own: wrapped at its spaces, each piece hung
+            *full, last = t.wrap(console, width - hang, overflow="fold") or [t]
+            for piece in full:
+                piece.rstrip()
+                yield Text(" " * hang) + piece
+            line = Text(" " * hang) + last
+        line.rstrip()
+        yield line
+
+
+def _line(indent: int, fields: list[tuple[int, Callable[[Any], str]]], item: Any) -> _Line:
+    return _Line(indent, ((w, f(item)) for w, f in fields))
+
+
+def view(s: Status) -> Group:
+    """Hosts with their pairs (one line) and engines (a line each), the gateways, the lock."""
+    hosts: dict[str, dict[str, list[InstanceStatus]]] = {}
+    for i in s.instances:
+        hosts.setdefault(i.instance.host, {}).setdefault(i.instance.pair, []).append(i)
+    pairs = {p.id: p for p in s.pairs}
+    verdict = "[green]healthy[/]" if s.healthy else "[red bold]NOT HEALTHY[/]"
+    n_pairs = sum(len(by_pair) for by_pair in hosts.values())
+    gateways = [s.gateway]
+    fleet = f"{_n(n_pairs, 'pair')} on {_n(len(hosts), 'host')}, {_n(len(gateways), 'gateway')}"
+    out: list[Any] = [
+        _Line(0, [(0, verdict), (0, fleet)]),
+        _Line(0, [(0, "restart lock:"), *((0, f) for f in _lock_fields(s))]),
+    ]
+    for host, by_pair in hosts.items():
+        out.append(Text(host, style="bold underline"))
+        # systemd unreadable on the host (ssh down): said once, not per engine
+        if errors := [i.unit_error for insts in by_pair.values() for i in insts if i.unit is None]:
+            more = f" (and {_n(len(errors) - 1, 'more unit')})" if len(errors) > 1 else ""
+            out.append(_Line(2, [(0, "systemd:"), (0, _red_unless(False, errors[0]) + more)]))
+        for name, insts in by_pair.items():
+            if (p := pairs.get(f"{host}/{name}")) is not None:
+                out.append(_line(2, PAIR_FIELDS, p))
+            out.extend(_line(4, ENGINE_FIELDS, i) for i in insts)
+    out.append(Text("gateways", style="bold underline"))
+    out.extend(_line(2, GATEWAY_FIELDS, g) for g in gateways)
+    return Group(*out)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -102,21 +103,42 @@ class FakeHttp:
     seen: list[tuple[str, str]]  # (method, path) of every request
 
 
+@dataclass
+class InFlight:
+    """Requests being answered now across the fake servers that share it, and the most at once."""
+
+    now: int = 0
+    peak: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+
 @pytest.fixture
-def fake_http() -> Iterator[Callable[[dict[str, tuple[int, bytes]]], FakeHttp]]:
+def fake_http() -> Iterator[Callable[..., FakeHttp]]:
     """fake_http({"/health": (200, b"..."), ...}) -> a local HTTP server answering each path
     (any method) with that status and body; other paths get `*` or 404. For engines and
-    gateways that answer what they should not (HTML, binary) without starting real ones."""
+    gateways that answer what they should not (HTML, binary) without starting real ones.
+    delay=S answers after S seconds; in_flight=InFlight() counts the requests in progress."""
     servers: list[ThreadingHTTPServer] = []
 
-    def start(routes: dict[str, tuple[int, bytes]]) -> FakeHttp:
+    def start(
+        routes: dict[str, tuple[int, bytes]], delay: float = 0.0, in_flight: InFlight | None = None
+    ) -> FakeHttp:
         seen: list[tuple[str, str]] = []
+        gauge = in_flight or InFlight()
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 path = self.path.split("?")[0]
                 seen.append((self.command, path))
+                gauge.add(1)
+                time.sleep(delay)
+                gauge.add(-1)
                 status, body = routes.get(path) or routes.get("*") or (404, b"not found")
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))

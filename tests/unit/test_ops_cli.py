@@ -277,6 +277,20 @@ def test_status_json(
     assert inst["gateway"] is None
     assert out["pairs"][0]["canary"]["ok"] is ok
     assert out["gateway"]["ready"] is True
+    # scripts read these keys: the fleet view added one (restart_lock) and changed none
+    assert list(out) == ["healthy", "instances", "pairs", "gateway", "restart_lock"]
+    assert list(inst) == [
+        "id", "pair", "role", "unit", "active", "sub", "pid", "uptime_s", "restarts",
+        "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
+        "gen_throughput", "metrics_error", "url", "gateway",
+    ]  # fmt: skip
+    # ... and one per pair (restart_pending: null unless site.yml left a restart pending)
+    assert list(out["pairs"][0]) == [
+        "id", "target", "canary", "gateway", "drained", "restart_pending"
+    ]  # fmt: skip
+    assert out["pairs"][0]["restart_pending"] is None
+    assert list(out["gateway"]) == ["url", "ready", "detail", "canary"]
+    assert out["restart_lock"]["held"] is False
 
 
 def test_status_table_names_the_failing_canary(
@@ -448,6 +462,21 @@ def test_status_and_doctor_survive_non_json_engines_and_gateway(
     assert all("/metrics is not Prometheus text" in i["metrics_error"] for i in out["instances"])
     assert "JSONDecodeError" in out["pairs"][0]["canary"]["error"]
     assert out["pairs"][0]["gateway"] is None  # the gateway's view is unknown
+
+
+def test_status_names_the_restart_lock_holder(junk_stack: tuple[Path, UpSystemd]) -> None:
+    path, _ = junk_stack
+    with lock.held("pdctl restart --both --pair node-a/pd0"):
+        r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
+        table = run("status", "--topology", str(path), "--canaries", "1")
+    held = json.loads(r.stdout)["restart_lock"]
+    assert (held["held"], held["pid"]) == (True, os.getpid())
+    assert held["command"] == "pdctl restart --both --pair node-a/pd0"
+    assert 0 <= held["held_s"] < 600 and held["error"] is None
+    assert f"restart lock:  held by PID {os.getpid()} for " in table.stdout
+    assert "pdctl restart --both --pair node-a/pd0" in table.stdout
+    r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
+    assert json.loads(r.stdout)["restart_lock"]["held"] is False  # released
     r = run("doctor", "--topology", str(path), "--canaries", "1")
     assert r.exit_code == 2 and "Traceback" not in r.stderr
     assert "ERROR live-gateway" in r.stdout and "not smg's worker list" in r.stdout

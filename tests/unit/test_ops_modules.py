@@ -730,3 +730,177 @@ def test_pair_canary_against_answers_that_are_no_generate_object(
     res = pair_canary(engine.url, engine.url, 1, count=2)
     assert not res.ok and res.failed == 2
     assert res.error is not None and res.error.startswith(("decode answered without", "decode:"))
+
+
+# ----- status: the lock holder, concurrent probes, the view at 80 columns -------------------
+def test_lock_holder_is_read_without_taking_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "restart.lock"
+    assert lock.holder(path) is None  # no file yet
+    before = time.time()
+    with lock.held("pdctl restart --both --pair pd0", path):
+        h = lock.holder(path)
+        assert h is not None and h.pid == os.getpid()
+        assert h.what == "pdctl restart --both --pair pd0"
+        assert before - 1 <= h.since <= time.time() + 1
+        with pytest.raises(lock.LockHeld), lock.held("second", path):
+            pass  # reading it did not release it
+    assert lock.holder(path) is None  # released: the line is gone
+    # the line of a holder killed with SIGKILL stays in the file; no flock holds it
+    dead = subprocess.run(["python3", "-c", "import os; print(os.getpid())"], capture_output=True)
+    path.write_text(f"{dead.stdout.decode().strip()} pdctl restart --both --all\n")
+    assert lock.holder(path) is None
+    path.write_text(f"{os.getpid()} pdctl restart --both --all\n")  # alive, but no flock
+    assert lock.holder(path) is None
+
+
+def _fleet_topology(urls: list[str], router_url: str) -> Topology:
+    """topo() on two hosts with two pairs each, its engines at `urls` (8 of them)."""
+    d = topo(hosts=("node-a", "node-b"), pairs=("pd0", "pd1")).model_dump(mode="json")
+    for inst, url in zip(d["instances"], urls, strict=True):
+        inst["url"] = url
+    d["router"]["url"] = router_url
+    return Topology.model_validate(d)
+
+
+class _ListingGateway(FakeGateway):
+    headers: ClassVar[dict[str, str]] = {}
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, "ready"
+
+
+def test_status_probes_run_at_once_and_bounded(
+    fake_http: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pdctl.ops import status
+    from tests.unit.conftest import InFlight
+
+    monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
+    in_flight = InFlight()
+    routes = {"/health": (200, b""), "/metrics": (200, b""), "/generate": (200, b'{"text":"x"}')}
+    engines = [fake_http(routes, delay=0.2, in_flight=in_flight) for _ in range(8)]
+    gw = fake_http(routes, delay=0.2, in_flight=in_flight)
+    t = _fleet_topology([e.url for e in engines], gw.url)
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), _ListingGateway())  # type: ignore[arg-type]
+    s = status.collect(ops, 1)
+    assert s.lock is None and s.lock_error is None
+    assert all(i.probe.healthy for i in s.instances) and all(p.canary.ok for p in s.pairs)
+    # the 8 health probes (one per engine) were in flight together, not one after another
+    assert in_flight.peak > 1
+    # and the bound holds: 3 probes at a time, a pair canary being 2 requests (its two legs)
+    monkeypatch.setattr(status, "PROBE_WORKERS", 3)
+    bounded = InFlight()
+    engines = [fake_http(routes, delay=0.2, in_flight=bounded) for _ in range(8)]
+    t = _fleet_topology([e.url for e in engines], gw.url)
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), _ListingGateway())  # type: ignore[arg-type]
+    status.collect(ops, 1)
+    assert 1 < bounded.peak <= 3 * 2
+    assert sum(len(e.seen) for e in engines) == 8 * 2 + 4 * 2  # health+metrics, canary legs
+
+
+LONG_HOSTS = ("gpu-node-017.dc1.example.com", "gpu-node-018.dc1.example.com")
+
+
+def _fleet_status(lock_holder: lock.Holder | None = None) -> Status:
+    t = topo(hosts=LONG_HOSTS, pairs=("pd0", "pd1"))
+    insts = []
+    for n, inst in enumerate(t.instances):
+        unit = UnitStatus(
+            inst.unit, "loaded", "active", "running", 1234567, time.time() - 4000, 0, []
+        )
+        probe = EngineProbe(inst.url, "ok", 3, 0, 0.25, True, 1234.5)
+        if n == 3:  # one engine down, with the long error a refused connection gives
+            probe = EngineProbe(inst.url, "unreachable (ConnectionError: [Errno 111] refused)")
+        worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
+        insts.append(InstanceStatus(inst, unit, None, probe, None if n == 5 else worker))
+    ok = CanaryResult(True, 3, 0, 0.05)
+    bad = CanaryResult(False, 3, 2, None, "decode answered HTTP 500: [internal] KV transfer failed")
+    pairs = [
+        PairStatus(
+            p.host + "/" + p.name,
+            p.target,
+            bad if n == 1 else ok,
+            "drained" if n == 2 else "routed",
+        )
+        for n, p in enumerate(t.pairs)
+    ]
+    gw = GatewayStatus("http://gateway.dc1.example.com:8000", True, "ready", ok)
+    return Status(insts, pairs, gw, lock_holder)
+
+
+def _render(s: Status, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from pdctl.ops.status import view
+
+    console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+    console.print(view(s))
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_status_view_fits_the_terminal_and_cuts_nothing(width: int) -> None:
+    holder = lock.Holder(
+        4242, "pdctl restart --both --pair gpu-node-017.dc1.example.com/pd1", time.time() - 75
+    )
+    lines = _render(_fleet_status(holder), width)
+    text = "\n".join(lines)
+    assert all(len(line) <= width for line in lines)
+    assert "…" not in text and "..." not in text
+    # hosts in order, each followed by its pairs, each pair by its two engines
+    for host in LONG_HOSTS:
+        assert host in lines
+    a, b = lines.index(LONG_HOSTS[0]), lines.index(LONG_HOSTS[1])
+    for block in (lines[a:b], lines[b : lines.index("gateways")]):
+        heads = [
+            line.split()[0]
+            for line in block[1:]
+            if line.startswith("  ") and not line.startswith("    ")
+        ]
+        assert heads == ["pd0", "pd1"]
+        roles = [
+            line.split()[0]
+            for line in block
+            if line.startswith("    ") and line.split()[0] in ("prefill", "decode")
+        ]
+        assert roles == ["prefill", "decode", "prefill", "decode"]
+    assert "PID 1234567" in text and "1234.5 tok/s" in text and "KV 25%" in text
+    assert "canary FAILED 2/3" in text and "[internal] KV transfer failed" in " ".join(text.split())
+    assert "unreachable (ConnectionError: [Errno 111] refused)" in " ".join(text.split())
+    assert f"drained: pdctl restart --both --pair {LONG_HOSTS[1]}/pd0" in text  # whole, one line
+    assert "gateway not registered" in text
+    assert "http://gateway.dc1.example.com:8000  ready  request ok 0.050s" in text
+    assert "NOT HEALTHY  4 pairs on 2 hosts, 1 gateway" in text
+    assert "restart lock:  held by PID 4242 for 1m15s" in text
+    assert f"pdctl restart --both --pair {LONG_HOSTS[0]}/pd1" in text
+    if width == 200:  # wide: one line per engine
+        assert len([line for line in lines if line.startswith("    ")]) == 8
+
+
+def test_status_view_says_the_lock_is_free_or_unreadable() -> None:
+    assert "restart lock:  free" in _render(_fleet_status(), 80)
+    error = "cannot read the restart lock /run/x: Permission denied"
+    text = " ".join(" ".join(_render(replace(_fleet_status(), lock_error=error), 80)).split())
+    assert f"restart lock: {error}" in text
+
+
+def test_status_view_says_an_unreachable_hosts_systemd_error_once() -> None:
+    s = _fleet_status()
+    host = LONG_HOSTS[1]
+    down = [
+        replace(i, unit=None, unit_error=f"{host}: unreachable: `systemctl show {i.instance.unit}`")
+        if i.instance.host == host
+        else i
+        for i in s.instances
+    ]
+    lines = _render(replace(s, instances=down), 80)
+    text = " ".join(" ".join(lines).split())
+    assert text.count(f"{host}: unreachable") == 1  # once under the host, not per engine
+    assert (
+        "systemd: " + f"{host}: unreachable: `systemctl show pdstack-pd0-prefill.service`" in text
+    )
+    assert "(and 3 more units)" in text
+    assert sum("unit ?" in line for line in lines) == 4  # the engines of that host
+    assert all(len(line) <= 80 for line in lines)

@@ -103,9 +103,8 @@ def test_status_shows_pending_in_table_and_json(monkeypatch: pytest.MonkeyPatch)
         None,
         "restart pending: /etc/pdstack/pd1-decode.env changed (since 2026-11-30T21:00:00Z)",
     ]
-    console = Console(width=200, record=True)
-    for t in status.tables(s):
-        console.print(t)
+    console = Console(width=80, record=True)
+    console.print(status.view(s))
     text = console.export_text()
     assert "restart pending: /etc/pdstack/pd1-decode.env changed" in text
     assert text.count("restart pending") == 1
