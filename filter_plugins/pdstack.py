@@ -115,6 +115,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "user": names.SERVICE_USER,
             "topology_file": names.TOPOLOGY_FILE,
             "recover_unit": names.RECOVER_UNIT,
+            "restart_pending_dir": names.RESTART_PENDING_DIR,
             "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),
             "docs": list(names.DOCS),
             # engine.service.j2 and engine.env.j2: the files `pdctl render` renders.

@@ -31,6 +31,9 @@ RECOVER_UNIT = f"{PREFIX}-recover@.service"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
 RESTART_LOCK = f"/run/{PREFIX}/restart.lock"
+# "Restart pending" markers: site.yml with pdstack_engine_restart_on_change=false writes one per
+# changed pair, the coordinated restart removes it. Root's folder: restarts delete in it as root.
+RESTART_PENDING_DIR = f"/var/lib/{PREFIX}-pending"
 
 # Globs over UNIT_DIR that catch every engine unit and pair target, ours or a former pair's.
 PAIR_UNIT_GLOBS = (*(f"{PREFIX}-*-{r}.service" for r in ROLES), f"{PREFIX}-*.target")
@@ -59,14 +62,21 @@ def recover_unit(pair: str) -> str:
     return RECOVER_UNIT.replace("@", f"@{pair}")
 
 
+def restart_pending(pair: str) -> str:
+    """The marker file of a pair whose new files wait for a restart."""
+    return f"{RESTART_PENDING_DIR}/{pair}.json"
+
+
 def env_file(pair: str, role: str) -> str:
     return f"{CONFIG_DIR}/{instance_name(pair, role)}.env"
 
 
 def pair_files(pair: str) -> list[str]:
-    """Every file site.yml writes for one pair: its target, both units, both env files."""
+    """Every file site.yml writes for one pair: its target, both units, both env files and
+    its restart-pending marker."""
     units = [pair_target(pair), *(engine_unit(pair, r) for r in ROLES)]
-    return [f"{UNIT_DIR}/{u}" for u in units] + [env_file(pair, r) for r in ROLES]
+    files = [f"{UNIT_DIR}/{u}" for u in units] + [env_file(pair, r) for r in ROLES]
+    return [*files, restart_pending(pair)]
 
 
 def pair_of_unit(unit: str) -> str | None:

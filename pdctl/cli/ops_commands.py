@@ -112,7 +112,8 @@ def status(
 
     All probes run at once, each with its own timeout: the wall time is the slowest probe's,
     not the sum. Grouped per host; per pair: the gateway's routing and a real request through
-    the pair's PD path, with its latency; per engine: unit state, PID, uptime, /health,
+    the pair's PD path, with its latency, and "restart pending" when site.yml changed its
+    files without restarting it; per engine: unit state, PID, uptime, /health,
     running and queued requests, KV usage, CUDA graph or eager, generation tok/s and the
     gateway's view. Lines fit the terminal (80 columns too): nothing is cut, the rest of a
     line continues under it. Exit 0 when everything is healthy, 1 if not.

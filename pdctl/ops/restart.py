@@ -17,7 +17,7 @@ from functools import partial
 
 from pdctl import pdclient
 from pdctl.errors import PdctlError
-from pdctl.ops import gateway
+from pdctl.ops import gateway, pending
 from pdctl.ops.context import Ops
 from pdctl.ops.health import concurrently, probe_engine
 from pdctl.ops.source import Pair
@@ -289,6 +289,14 @@ def _start(sd: Systemd, pair: Pair) -> None:
     sd.start(pair.spec.target)
 
 
+def _clear_pending(ops: Ops, sd: Systemd, pair: Pair) -> None:
+    """The pair runs its current files now: no restart is pending any more."""
+    try:
+        pending.clear(sd, pair)
+    except PdctlError as e:
+        ops.say(f"  {pair.id}: restarted, but its restart-pending marker stays: {e}")
+
+
 def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
@@ -315,6 +323,8 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
             rep.error += " (the pair stays out of the gateway)"
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
+    if rep.ok:
+        _clear_pending(ops, sd, pair)
     rep.lines = [_instance_line(sd, i, None if rep.ok else rep.error) for i in pair.instances]
     return rep
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from pdctl.errors import PdctlError
-from pdctl.ops import lock
+from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
@@ -46,6 +46,7 @@ class PairStatus:
     # gateway does not route to the pair (an interrupted restart, a failed one);
     # not routed: out of the gateway with an engine down; None: the gateway did not answer.
     gateway: str | None = None
+    pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
 
     @property
     def drained(self) -> bool:
@@ -108,6 +109,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
             p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
         )
+        calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
     for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):
         calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
     calls["lock"] = _lock
@@ -128,6 +130,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
                 p.spec.target,
                 got[f"canary:{p.id}"],
                 None if workers is None else _routing(p, by_url, got),
+                pending.describe(*got[f"pending:{p.id}"]),
             )
             for p in pairs
         ],
@@ -205,6 +208,7 @@ def to_json(s: Status) -> dict[str, Any]:
                 "canary": asdict(p.canary),
                 "gateway": p.gateway,
                 "drained": p.drained,
+                "restart_pending": p.pending,
             }
             for p in s.pairs
         ],
@@ -304,6 +308,7 @@ PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
     ),
     (0, lambda p: _canary(p.canary)),
     (0, lambda p: f"[dim]{p.target}[/]"),
+    (0, lambda p: f"[yellow]{escape(p.pending)}[/]" if p.pending else ""),
 ]
 
 GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [

@@ -65,6 +65,8 @@ class Systemd(Protocol):
     def reset_failed(self, *units: str) -> None: ...
     def journal(self, unit: str, lines: int = 30) -> list[str]: ...
     def cmdline(self, pid: int) -> list[str]: ...
+    def read_file(self, path: str) -> str | None: ...
+    def remove_file(self, path: str) -> None: ...
 
 
 class Systemctl:
@@ -134,6 +136,32 @@ class Systemctl:
             except OSError:
                 return []
         return [a for a in raw.split("\0") if a]
+
+    def read_file(self, path: str) -> str | None:
+        """A small file's text; None when it does not exist."""
+        if not self.ssh_target:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                raise HostError(f"{self.host}: cannot read {path}: {e.strerror}") from None
+        # The first line says whether it exists, so a failing cat or ssh still raises.
+        script = 'if test -e "$0"; then echo y; cat -- "$0"; else echo n; fi'
+        present, _, text = self._run(["sh", "-c", script, path]).partition("\n")
+        return text if present == "y" else None
+
+    def remove_file(self, path: str) -> None:
+        if not self.ssh_target:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise HostError(f"{self.host}: cannot remove {path}: {e.strerror}") from None
+            return
+        self._run(["rm", "-f", "--", path])
 
 
 def is_local(host: str, address: str) -> bool:

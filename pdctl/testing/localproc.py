@@ -49,6 +49,7 @@ class LocalUnits:
             self.targets[p.target] = [p.unit(Role.PREFILL), p.unit(Role.DECODE)]
         self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
         self.jobs: list[tuple[str, str]] = []  # (verb, unit), for tests to inspect
+        self.files: dict[str, str] = {}  # the host's files pdctl reads (restart-pending markers)
 
     def _expand(self, units: tuple[str, ...]) -> list[str]:
         return [u for name in units for u in self.targets.get(name, [name])]
@@ -92,6 +93,12 @@ class LocalUnits:
 
     def cmdline(self, pid: int) -> list[str]:
         return next((s.argv for s in self.procs.values() if s.proc and s.proc.pid == pid), [])
+
+    def read_file(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def remove_file(self, path: str) -> None:
+        self.files.pop(path, None)
 
 
 def _instance(p: LocalPair, role: Role) -> TopologyInstance:

@@ -54,11 +54,13 @@ def test_stale_pairs_stop_targets_first_and_remove_every_file() -> None:
         "/etc/systemd/system/pdstack-old-decode.service",
         "/etc/pdstack/old-prefill.env",
         "/etc/pdstack/old-decode.env",
+        "/var/lib/pdstack-pending/old.json",
         "/etc/systemd/system/pdstack-gone.target",
         "/etc/systemd/system/pdstack-gone-prefill.service",
         "/etc/systemd/system/pdstack-gone-decode.service",
         "/etc/pdstack/gone-prefill.env",
         "/etc/pdstack/gone-decode.env",
+        "/var/lib/pdstack-pending/gone.json",
     ]
 
 

@@ -284,7 +284,11 @@ def test_status_json(
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
         "gen_throughput", "metrics_error", "url", "gateway",
     ]  # fmt: skip
-    assert list(out["pairs"][0]) == ["id", "target", "canary", "gateway", "drained"]
+    # ... and one per pair (restart_pending: null unless site.yml left a restart pending)
+    assert list(out["pairs"][0]) == [
+        "id", "target", "canary", "gateway", "drained", "restart_pending"
+    ]  # fmt: skip
+    assert out["pairs"][0]["restart_pending"] is None
     assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 

@@ -208,6 +208,7 @@ class FakeSystemd:
     def __init__(self, fail_start: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.jobs: list[tuple[str, tuple[str, ...]]] = []
         self.fail_start = fail_start
+        self.files: dict[str, str] = {}
 
     def show(self, unit: str) -> UnitStatus:
         active = "failed" if unit in self.fail_start else "active"
@@ -230,6 +231,12 @@ class FakeSystemd:
 
     def cmdline(self, pid: int) -> list[str]:
         return []
+
+    def read_file(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def remove_file(self, path: str) -> None:
+        self.files.pop(path, None)
 
 
 class FakeGateway:

@@ -1,0 +1,182 @@
+"""roles/pdstack_engine: a changed pair restarts through `pdctl restart --both`, one pair at a
+time, a fresh pair is only started, --check lists what would restart and why, and
+restart_on_change=false writes "restart pending" markers. The role's expressions are evaluated
+by real Ansible on localhost against registered results as the tasks produce them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdctl import names
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "pdstack_engine"
+PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"
+UNITS = names.UNIT_DIR
+
+
+def _handlers() -> list[dict[str, Any]]:
+    return yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+
+
+def _handler(prefix: str) -> dict[str, Any]:
+    (h,) = [h for h in _handlers() if h["name"].startswith(prefix)]
+    return h
+
+
+def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
+    for h in _handlers():
+        sd = h.get("ansible.builtin.systemd_service", {})
+        # the engine firewall is the one unit a handler may reload; no engine or pair unit
+        if sd.get("name") != "{{ _pdstack_engine_firewall_unit }}":
+            assert "state" not in sd, f"{h['name']} changes a unit's state directly"
+    restart = _handler("Restart changed PD pairs")
+    argv = restart["ansible.builtin.command"]["argv"]
+    assert "'restart', '--both', '--yes'" in argv and "/bin/pdctl" in argv
+    assert restart["throttle"] == 1  # one host at a time; pdctl: one pair at a time
+    assert _handler("Stop at the first pair")["any_errors_fatal"] is True
+
+
+def test_every_file_task_notifies_the_restart_path() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
+    listens = {lst for h in _handlers() for lst in h.get("listen", [])}
+    writes = [t for t in tasks if t.get("register", "").startswith("__pdstack_engine_")]
+    assert {t["register"] for t in writes} == {
+        "__pdstack_engine_envs",
+        "__pdstack_engine_pending",
+        "__pdstack_engine_targets",
+        "__pdstack_engine_units",
+    }
+    for t in writes:
+        assert "pdstack engine files changed" in t["notify"]
+    assert {"pdstack engine files changed", "pdstack venv changed"} <= listens
+
+
+def _results(items: list[tuple[bool, dict[str, Any]]]) -> dict[str, Any]:
+    return {"results": [{"changed": c, "item": i} for c, i in items]}
+
+
+def _inst(pair: str, role: str) -> dict[str, Any]:
+    return {
+        "env_file": names.env_file(pair, role),
+        "inst": {"pair_target": names.pair_target(pair), "unit": names.engine_unit(pair, role)},
+    }
+
+
+def _evaluate(tmp_path: Path, changed: set[str], active: list[str], **extra: Any) -> Any:
+    """The role's vars, with pd0..pd2 on host h1, `changed` files (basenames) and systemctl
+    is-active lines `active` for the changed pairs."""
+    if not PLAYBOOK.exists():
+        pytest.skip(f"{PLAYBOOK} not found; run scripts/setup.sh")
+    pairs = ["pd0", "pd1", "pd2"]
+    insts = [_inst(p, r) for p in pairs for r in names.ROLES]
+    base = lambda path: path.rsplit("/", 1)[-1]  # noqa: E731
+    facts = {
+        "_pdstack_engine_host": {
+            "pairs": [{"pair": p, "target": names.pair_target(p)} for p in pairs]
+        },
+        "_pdstack_engine_layout": {
+            "unit_dir": UNITS,
+            "venv": names.VENV,
+            "restart_pending_dir": names.RESTART_PENDING_DIR,
+        },
+        "__pdstack_engine_envs": _results([(base(i["env_file"]) in changed, i) for i in insts]),
+        "__pdstack_engine_units": _results([(i["inst"]["unit"] in changed, i) for i in insts]),
+        "__pdstack_engine_targets": _results(
+            [(names.pair_target(p) in changed, {"target": names.pair_target(p)}) for p in pairs]
+        ),
+        "__pdstack_engine_active": {"stdout_lines": active},
+        "__pdstack_pip": {"changed": False},
+        "__pdstack_pdctl": {"changed": False},
+        "pdstack_engine_restart_on_change": True,
+        "ansible_python_interpreter": sys.executable,
+        **extra,
+    }
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [str(ROLE / "vars" / "main.yml")],
+            "tasks": [
+                {
+                    "ansible.builtin.copy": {
+                        "dest": str(tmp_path / "out.json"),
+                        "content": "{{ {'changed': _pdstack_engine_changed, "
+                        "'plan': _pdstack_engine_restart_plan, "
+                        "'running': _pdstack_engine_running_changed} | to_json }}",
+                        "mode": "0644",
+                    }
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "vars.json").write_text(json.dumps(facts))
+    env = dict(
+        os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    )
+    r = subprocess.run(
+        [str(PLAYBOOK), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+         "-e", f"@{tmp_path / 'vars.json'}"],
+        cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def test_changed_files_name_their_pair_and_only_running_pairs_restart(tmp_path: Path) -> None:
+    got = _evaluate(
+        tmp_path,
+        {"pd0-decode.env", names.engine_unit("pd0", "prefill"), names.pair_target("pd2")},
+        ["active", "inactive"],  # pd0 runs; pd2 is new (never started)
+    )
+    assert got["plan"] == [
+        f"restart localhost/pd0: /etc/pdstack/pd0-decode.env, {UNITS}/pdstack-pd0-prefill.service",
+        f"restart localhost/pd2: {UNITS}/pdstack-pd2.target",
+    ]
+    assert [p["id"] for p in got["changed"]] == ["localhost/pd0", "localhost/pd2"]
+    assert [p["id"] for p in got["running"]] == ["localhost/pd0"]
+
+
+def test_a_new_venv_changes_every_pair_and_pending_is_said(tmp_path: Path) -> None:
+    got = _evaluate(
+        tmp_path,
+        set(),
+        ["active", "active", "active"],
+        __pdstack_pip={"changed": True},
+        pdstack_engine_restart_on_change="false",  # as -e passes it
+    )
+    assert [p["pair"] for p in got["running"]] == ["pd0", "pd1", "pd2"]
+    assert got["plan"][0] == f"restart pending localhost/pd0: the engine venv ({names.VENV})"
+
+
+@pytest.mark.parametrize("on_change", [True, False])
+def test_a_pending_pair_restarts_once_restart_on_change_is_back(
+    tmp_path: Path, on_change: bool
+) -> None:
+    marker = names.restart_pending("pd1")
+    got = _evaluate(
+        tmp_path,
+        set(),
+        ["active"],
+        __pdstack_engine_pending={"files": [{"path": marker}]},
+        pdstack_engine_restart_on_change=str(on_change).lower(),  # as -e passes it
+    )
+    if on_change:
+        assert got["plan"] == [f"restart localhost/pd1: restart pending ({marker})"]
+        assert [p["pair"] for p in got["running"]] == ["pd1"]
+    else:  # still pending: nothing new to say, the marker stays as it is
+        assert got == {"changed": [], "plan": [], "running": []}
+
+
+def test_nothing_changed_restarts_nothing(tmp_path: Path) -> None:
+    got = _evaluate(tmp_path, set(), [])
+    assert got == {"changed": [], "plan": [], "running": []}
