@@ -103,6 +103,8 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "register": {
                 g.name: systemd_command(render.register_command(g.name)) for g in dep.gateways
             },
+            # The same command as argv, for the role's own run after a topology change.
+            "register_argv": {g.name: render.register_command(g.name) for g in dep.gateways},
         },
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
