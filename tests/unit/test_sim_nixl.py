@@ -10,16 +10,20 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl.render import environment
 from pdctl.sim.nixl_conn import TransferError
 from pdctl.sim.server import SimServer
-from pdctl.testing.stack import free_port, in_process
+from pdctl.spec import Deployment
+from pdctl.testing.stack import SimProc, free_port, in_process
 
 pytest.importorskip("nixl_cu12", reason="nixl-cu12 is not installed; run scripts/setup.sh")
 
@@ -55,10 +59,15 @@ async def decode(env: Mapping[str, str] = FAST) -> AsyncIterator[SimServer]:
         yield server
 
 
+class HasUrl(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
 async def request(
-    http: aiohttp.ClientSession, prefill: SimServer, dec: SimServer, port: int, room: int
+    http: aiohttp.ClientSession, prefill: HasUrl, dec: HasUrl, port: int, room: int
 ) -> tuple[int, str]:
-    """One PD request; the decode leg's status and body."""
+    """One PD request to an engine pair (in-process or SimProc); the decode leg's answer."""
     body = {
         "text": PROMPT,
         "sampling_params": {"max_new_tokens": 2},
@@ -137,23 +146,18 @@ def test_a_lone_decode_restart_registers_a_new_agent_and_the_pair_keeps_working(
     run(go())
 
 
-def test_a_write_to_a_decode_process_that_died_fails_with_nixls_text(tmp_path: object) -> None:
+def test_a_write_to_a_decode_process_that_died_fails_with_nixls_text(tmp_path: Path) -> None:
     """The decode is a separate process killed with SIGKILL (its UCX endpoint really goes)."""
-    from pdctl.testing.stack import SimProc
 
     async def go() -> None:
         port = free_port()
-        dec = SimProc.create("decode", tmp_path, FAST, backend="nixl")  # type: ignore[arg-type]
+        dec = SimProc.create("decode", tmp_path, FAST, backend="nixl")
         async with prefill_at(port) as p, aiohttp.ClientSession() as http:
             assert p.nixl is not None
             dec.start()
             try:
                 await asyncio.to_thread(dec.wait_healthy, 60)
-
-                class Remote:
-                    url = dec.url
-
-                status, text = await request(http, p, Remote, port, 5)  # type: ignore[arg-type]
+                status, text = await request(http, p, dec, port, 5)
                 assert status == 200, text
                 (name,) = p.nixl.peers
                 dec.kill()
@@ -264,3 +268,41 @@ def test_nixl_missing_stops_the_engine_naming_the_package() -> None:
     code, last = start_up({}, argv)
     assert code == 1
     assert last.startswith("Error: --disaggregation-transfer-backend nixl needs the nixl-cu12")
+
+
+@pytest.mark.parametrize("ucx", [{}, {"UCX_TLS": "tcp"}], ids=["ucx-defaults", "ucx-tcp"])
+def test_the_sim_profile_env_moves_kv_over_loopback(
+    tmp_path: Path,
+    load: Callable[..., Deployment],
+    shipped: Callable[[str], dict[str, Any]],
+    ucx: dict[str, str],
+) -> None:
+    """The demo profile's rendered env files (no UCX variables; the test fleet adds
+    UCX_TLS=tcp) bring NIXL up on a CPU-only host and a request's KV moves."""
+    dep = load(shipped("sim"))
+    prefill_inst, decode_inst = dep.pairs()[0]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "PDSIM_"))}
+    procs = []
+    try:
+        for inst in (prefill_inst, decode_inst):
+            env = {**base, **environment(inst, dep), **FAST, **ucx}
+            env.pop("PDSIM_PAIR_PARTNER", None)
+            sim = SimProc.create(inst.role.value, tmp_path, {}, backend="nixl")
+            sim.env = env
+            procs.append(sim.start())
+        prefill, dec = procs
+        for sim in procs:
+            sim.wait_healthy(60)
+
+        async def go() -> None:
+            async with aiohttp.ClientSession() as http:
+                status, text = await request(http, prefill, dec, prefill.bootstrap_port, 9)
+                assert status == 200, text
+                async with http.get(f"{prefill.url}/metrics") as resp:
+                    total = family(await resp.text(), "sglang:kv_transfer_total_mb")
+                assert total["sglang:kv_transfer_total_mb_count"] == 1
+
+        run(go())
+    finally:
+        for sim in procs:
+            sim.stop()
