@@ -24,16 +24,19 @@ import statistics
 import time
 from multiprocessing.connection import Connection
 
-from pdctl.sim.nixl_conn import NixlKV, PeerInfo
+from pdctl.sim.nixl_conn import NOTIF_POLL_S, NixlKV, PeerInfo
 
 LOG = logging.getLogger("nixl_transfer")
 
 
 def decode_side(conn: Connection, pool_bytes: int) -> None:
-    """Register a pool, send its KV args, then count notifications until told to stop."""
+    """Register a pool, send its KV args, then drain notifications until told to stop."""
     kv = NixlKV(pool_bytes, os.environ, LOG)
     conn.send(kv.info().to_json())
-    conn.recv()  # the prefill is done
+    # With no NIXL progress thread (nixl_conn.py), the target drives UCX by polling its
+    # notifications, as the sim's decode does while rooms wait.
+    while not conn.poll(NOTIF_POLL_S):
+        kv.agent.get_new_notifs()
 
 
 async def measure(sizes: list[int], repeat: int, peer: PeerInfo, slot: int) -> list[dict]:

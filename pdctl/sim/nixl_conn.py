@@ -27,7 +27,8 @@ from typing import Any
 
 PACKAGE = "nixl-cu12"
 POOL_SLOTS = 16  # request-sized slots in each engine's registered pool
-NOTIF_POLL_S = 0.002
+NOTIF_POLL_S = 0.002  # while rooms wait for their KV
+IDLE_POLL_S = 0.05  # otherwise: an idle engine should not spin on two shared cores
 XFER_POLL_S = 0.0005
 # Variables UCX and NIXL read from the process environment (the engine env file).
 TRANSPORT_VARS = ("UCX_TLS", "UCX_NET_DEVICES", "UCX_IB_GPU_DIRECT_RDMA", "NIXL_PLUGIN_DIR")
@@ -99,7 +100,10 @@ class NixlKV:
         self.log = log
         self.name = str(uuid.uuid4())
         try:
-            self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
+            # No progress thread: NIXL 1.5.1 spins it with no delay (a core per idle engine);
+            # the sim's polling of transfer states and notifications drives UCX instead.
+            config = api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+            self.agent = api.nixl_agent(self.name, config)
         except Exception as e:  # nixlBackendError: UCX refused its variables
             raise _start_error(env, e) from e
         if "UCX" not in self.agent.backends:
@@ -196,4 +200,4 @@ class NixlKV:
                         continue
                     if room in self.arrived:
                         self.arrived[room].set()
-            await asyncio.sleep(NOTIF_POLL_S)
+            await asyncio.sleep(NOTIF_POLL_S if self.arrived else IDLE_POLL_S)
