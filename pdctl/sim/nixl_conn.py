@@ -71,7 +71,8 @@ def _import_api() -> Any:
     except ImportError as e:
         raise SystemExit(
             f"Error: --disaggregation-transfer-backend nixl needs the {PACKAGE} package "
-            f"(pip install --no-deps {PACKAGE}==1.5.1): {e}"
+            "(site.yml installs it on sim hosts; in a checkout: "
+            f"pip install --no-deps -r requirements/nixl-sim.txt): {e}"
         ) from e
     return _api
 
