@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build the wheelhouse the hosts install from, offline: pdctl built from this checkout, its
-# dependencies, and the requirements given (e.g. smg==1.13.0 sglang==0.5.23 nixl-cu12==1.5.1).
+# dependencies, and the requirements given (e.g. smg==1.13.0 sglang==0.5.23 nixl-cu12==1.5.1);
+# those after --no-deps without their dependencies (the sim's nixl-cu12, whose own are torch and
+# CUDA): deploy/wheelhouse.sh smg==1.13.0 --no-deps nixl-cu12==1.5.1.
 # Prints the wheelhouse directory on stdout (progress goes to stderr): the wheels, wheels.tar
 # holding them all (what site.yml copies), and a .complete marker.
 #
@@ -20,13 +22,23 @@ TIMEOUT=${PDSTACK_WHEELHOUSE_TIMEOUT:-1800}
 log() { printf 'wheelhouse: %s\n' "$*" >&2; }
 
 [[ -x $PYTHON ]] || { log "error: no Python at $PYTHON (run scripts/setup.sh or set PDSTACK_PYTHON)"; exit 1; }
+deps=() no_deps=()
+for arg in "$@"; do
+  if [[ $arg == --no-deps ]]; then no_deps+=(--no-deps)  # a separator; dropped below
+  elif ((${#no_deps[@]})); then no_deps+=("$arg")
+  else deps+=("$arg"); fi
+done
+no_deps=("${no_deps[@]:1}")
+
 mkdir -p "$CACHE"
 cd "$ROOT"
 
 sources() { find pdctl -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | LC_ALL=C sort; }
 key=$(
   {
-    printf '%s\n' "$@" | LC_ALL=C sort
+    printf '%s\n' "${deps[@]}" | LC_ALL=C sort
+    printf -- '--no-deps\n'
+    printf '%s\n' "${no_deps[@]}" | LC_ALL=C sort
     cat pyproject.toml "${BASH_SOURCE[0]}"
     sources | xargs sha256sum
     "$PYTHON" -c 'import platform, sys; print(sys.version_info[:2], platform.machine())'
@@ -50,7 +62,11 @@ if [[ ! -e $dir/.complete ]]; then
   # reinstall it when its code changed.
   SOURCE_DATE_EPOCH=315532800 timeout "$TIMEOUT" "$PYTHON" -m pip wheel -q --no-deps \
     -w "$tmp/wheels" "$tmp/src" >&2
-  timeout "$TIMEOUT" "$PYTHON" -m pip wheel -q -w "$tmp/wheels" "$tmp"/wheels/pdctl-*.whl "$@" >&2
+  timeout "$TIMEOUT" "$PYTHON" -m pip wheel -q -w "$tmp/wheels" "$tmp"/wheels/pdctl-*.whl \
+    "${deps[@]}" >&2
+  if ((${#no_deps[@]})); then
+    timeout "$TIMEOUT" "$PYTHON" -m pip wheel -q --no-deps -w "$tmp/wheels" "${no_deps[@]}" >&2
+  fi
   # One file to copy to each host (one checksum instead of one per wheel); fixed metadata so
   # equal wheels give an equal archive.
   (cd "$tmp/wheels" && find . -name '*.whl' -printf '%P\n' | LC_ALL=C sort \

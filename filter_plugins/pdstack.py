@@ -42,14 +42,41 @@ def _unit_vars(inst: Instance, dep: Deployment) -> dict[str, Any]:
     return {**ctx, "inst": _instance(inst)}
 
 
-def _packages(dep: Deployment) -> dict[str, list[str]]:
-    """pip requirements per role; `pdctl` comes from the wheelhouse (built from this checkout)."""
+# The simulated engine's NIXL (pdctl.sim imports nixl_cu12), the pin the controller's venv and
+# the sim's tests use too; installed without its dependencies (torch and CUDA, 5.7 GB).
+SIM_NIXL_REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements" / "nixl-sim.txt"
+
+
+def _requirements(path: Path) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def _packages(dep: Deployment) -> dict[str, dict[str, list[str]]]:
+    """pip requirements per role: `deps` installed with theirs, `no_deps` without.
+
+    `pdctl` comes from the wheelhouse (built from this checkout).
+    """
     v = dep.profile.versions
     engine = ["pdctl"]
+    no_deps: list[str] = []
     if dep.profile.engine.kind is EngineKind.SGLANG:
         engine = [f"sglang=={v.sglang}", f"{v.nixl_package}=={v.nixl}", *engine]
+    elif dep.profile.engine.transfer_backend == "nixl":
+        no_deps = _requirements(SIM_NIXL_REQUIREMENTS)
     # pdctl on a gateway host registers the pairs after each gateway start (ExecStartPost=).
-    return {"engine": engine, "gateway": [f"{v.gateway_package}=={v.gateway}", "pdctl"]}
+    gateway = [f"{v.gateway_package}=={v.gateway}", "pdctl"]
+    return {
+        "engine": {"deps": engine, "no_deps": no_deps},
+        "gateway": {"deps": gateway, "no_deps": []},
+    }
+
+
+def _wheelhouse_args(packages: dict[str, dict[str, list[str]]]) -> list[str]:
+    """deploy/wheelhouse.sh's arguments: one wheelhouse for every role's packages."""
+    deps = [p for r in packages.values() for p in r["deps"] if p != "pdctl"]
+    no_deps = [p for r in packages.values() for p in r["no_deps"]]
+    return [*dict.fromkeys(deps), *(["--no-deps", *dict.fromkeys(no_deps)] if no_deps else [])]
 
 
 def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
@@ -80,11 +107,13 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
     except PdctlError as e:
         raise AnsibleFilterError(f"pdstack: {e}") from None
     r = dep.profile.router
+    packages = _packages(dep)
     return {
         "profile": str(dep.profile_path),
         "engine_kind": dep.profile.engine.kind.value,
         "model_path": dep.profile.model.path,
-        "packages": _packages(dep),
+        "packages": packages,
+        "wheelhouse_args": _wheelhouse_args(packages),
         "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
         "gateway": {
             "host": dep.router_host,

@@ -21,13 +21,16 @@ if ((${#missing[@]})); then
   systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
 fi
 
-# The project venv: pdctl (editable), dev tools and the pinned gateway.
-stamp=$(cat pyproject.toml requirements/gateway.txt | sha256sum | cut -c1-16)
+# The project venv: pdctl (editable), dev tools, the pinned gateway, and NIXL for the sim's
+# nixl backend (without its torch/CUDA dependencies).
+stamp=$(cat pyproject.toml requirements/gateway.txt requirements/nixl-sim.txt | sha256sum | cut -c1-16)
 if [[ ! -x .venv/bin/pdctl || "$(cat .venv/.stamp 2>/dev/null)" != "$stamp" ]]; then
   echo "setup: building .venv"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev,controller]' -r requirements/gateway.txt
+  .venv/bin/pip install -q --no-deps -r requirements/nixl-sim.txt
+  .venv/bin/python -c "from nixl_cu12._api import nixl_agent, nixl_agent_config"
   echo "$stamp" > .venv/.stamp
 fi
 

@@ -31,6 +31,41 @@ def nixl_ucx_devices(dep: Deployment) -> Iterator[Problem]:
 
 
 @rule(
+    "ucx-unknown-device",
+    Severity.WARNING,
+    "UCX_NET_DEVICES names an RDMA device the host's facts do not list",
+)
+def ucx_unknown_device(dep: Deployment) -> Iterator[Problem]:
+    """UCX refuses a device it cannot open and NIXL's UCX backend then fails to start
+    (NIXL_ERR_BACKEND), so the engine dies at start-up. Only `device:port` entries (the RDMA
+    form) are checked, and only on hosts whose facts list RDMA NICs: network interfaces
+    (eth0, lo) are not in the facts."""
+    if dep.profile.engine.transfer_backend != "nixl":
+        return
+    for host in dep.hosts:
+        nics = host.hardware.rdma_nics
+        if not nics:
+            continue
+        for inst in host.instances:
+            devices = environment(inst, dep).get("UCX_NET_DEVICES", "")
+            unknown = [
+                d.strip()
+                for d in devices.split(",")
+                if ":" in d and d.strip().split(":")[0] not in nics
+            ]
+            if unknown:
+                yield Problem(
+                    where=inst.id,
+                    message=f"UCX_NET_DEVICES={devices} names {', '.join(unknown)}, which the "
+                    f"host's RDMA NICs {nics} do not include: UCX cannot open it and the "
+                    "engine exits at start-up (NIXL_ERR_BACKEND)",
+                    fix="engine.common.env.UCX_NET_DEVICES: "
+                    f"{','.join(f'{n}:1' for n in nics)} (see "
+                    f"{hardware_key(dep, host.name, 'rdma_nics')})",
+                )
+
+
+@rule(
     "mooncake-ib-device",
     Severity.WARNING,
     "mooncake on a host with RDMA NICs but no --disaggregation-ib-device",

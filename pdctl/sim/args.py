@@ -12,7 +12,9 @@ PDSIM_EAGER_PENALTY (3), PDSIM_EAGER_OOM (0), PDSIM_PREFILL_MS_PER_TOKEN (0.05),
 PDSIM_PREFILL_BASE_MS (5), PDSIM_GPU_MEM_GIB (95.6), PDSIM_WEIGHTS_GIB (36.5),
 PDSIM_KV_BYTES_PER_TOKEN (16281), PDSIM_KV_POOL_TOKENS (derived from the previous three and
 --mem-fraction-static), PDSIM_OUTPUT_TOKENS (128, tokens before EOS when no max is given),
-PDSIM_SEED (--random-seed or 0), PDSIM_DEGRADED (auto = on for nixl | on | off),
+PDSIM_SEED (--random-seed or 0), PDSIM_KV_TRANSFER_SCALE (1/64: the share of a request's KV
+bytes the nixl backend really moves through NIXL), PDSIM_DEGRADED (off | on: the modelled
+lone-restart failure NIXL over host memory cannot show, docs/sim.md),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
 wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
 (mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
@@ -147,7 +149,8 @@ class Knobs:
     kv_pool_tokens: int | None = None
     output_tokens: int = 128
     seed: int = 0
-    degraded: str = "auto"
+    kv_transfer_scale: float = 1 / 64
+    degraded: str = "off"
     degraded_fail_ratio: float = 0.5
     degraded_mode: str = "fail"
     time_scale: float = 1.0
@@ -170,6 +173,9 @@ class Knobs:
             raise SystemExit("PDSIM_TIME_SCALE must be > 0")
         if not 0.0 <= ratio <= 1.0:
             raise SystemExit("PDSIM_DEGRADED_FAIL_RATIO must be within [0, 1]")
+        kv_scale = _env_float(env, "PDSIM_KV_TRANSFER_SCALE", d.kv_transfer_scale)
+        if not 0.0 < kv_scale <= 1.0:
+            raise SystemExit("PDSIM_KV_TRANSFER_SCALE must be within (0, 1]")
         return cls(
             startup_delay_s=_env_float(env, "PDSIM_STARTUP_DELAY_S", d.startup_delay_s),
             step_a_ms=_env_float(env, "PDSIM_STEP_A_MS", d.step_a_ms),
@@ -188,7 +194,8 @@ class Knobs:
             kv_pool_tokens=int(pool) if pool else None,
             output_tokens=int(_env_float(env, "PDSIM_OUTPUT_TOKENS", d.output_tokens)),
             seed=int(_env_float(env, "PDSIM_SEED", random_seed or 0)),
-            degraded=_env_choice(env, "PDSIM_DEGRADED", d.degraded, ("auto", "on", "off")),
+            kv_transfer_scale=kv_scale,
+            degraded=_env_choice(env, "PDSIM_DEGRADED", d.degraded, ("off", "on")),
             degraded_fail_ratio=ratio,
             degraded_mode=_env_choice(
                 env, "PDSIM_DEGRADED_MODE", d.degraded_mode, ("fail", "hang")
@@ -258,9 +265,20 @@ class SimConfig:
 
     @property
     def degraded_enabled(self) -> bool:
-        if self.knobs.degraded == "auto":
-            return bool(self.args.disaggregation_transfer_backend == "nixl")
         return self.knobs.degraded == "on"
+
+    @property
+    def uses_nixl(self) -> bool:
+        """KV moves through the real NIXL library (a PD engine on the nixl backend)."""
+        return self.mode != "null" and self.args.disaggregation_transfer_backend == "nixl"
+
+    @property
+    def kv_slot_bytes(self) -> int:
+        """Bytes NIXL moves for a full-context request (one slot of the registered pool)."""
+        return max(
+            int(self.context_length * self.knobs.kv_bytes_per_token * self.knobs.kv_transfer_scale),
+            1,
+        )
 
 
 def _gpu_tier(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:

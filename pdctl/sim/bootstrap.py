@@ -5,11 +5,13 @@ SGLang's routes, as `disaggregation/common/conn.py` CommonKVBootstrapServer serv
 parameters, 503 until every rank registered, the PrefillServerInfo with all -1, else one
 rank's address), `GET /health` -> "OK".
 
-Sim-only routes stand in for the KV side channel (ZMQ + NIXL/mooncake in SGLang):
-- `PUT /pdsim/register` {session_id, decode_addr}: a decode process registers its KV
-  buffers (one session id per decode process), answered with the prefill's start id.
-- `POST /pdsim/rooms/{room}` {session_id}: the decode preallocated KV for the room and
-  sent its indices ("bootstrapped"); answered with the room state and start id.
+Sim-only routes stand in for SGLang's ZMQ side channel:
+- `PUT /pdsim/register` {session_id, decode_addr[, kv_args]}: a decode process registers its
+  KV buffers (one session id per decode process), answered with the prefill's start id. On
+  the nixl backend the session id is the decode's NIXL agent name and `kv_args` its agent
+  metadata and pool (nixl_conn.PeerInfo), added to the prefill's peer table.
+- `POST /pdsim/rooms/{room}` {session_id[, dst_offset]}: the decode preallocated KV for the
+  room and sent its indices ("bootstrapped"); answered with the room state and start id.
 - `GET /pdsim/rooms/{room}?wait=S`: long-poll (S simulated seconds) until the room's KV
   was transferred ("ready") or failed.
 The handoff is pull-based: the decode asks the prefill for the room's KV.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from .model import Clock
+from .nixl_conn import NixlKV, PeerInfo
 
 PENDING, READY, FAILED = "pending", "ready", "failed"
 ROOM_SWEEP_AT = 1024
@@ -36,6 +39,7 @@ class Room:
     room: int
     created: float
     session_id: str | None = None
+    dst_offset: int = 0  # where the decode preallocated the room's KV in its NIXL pool
     state: str = PENDING
     reason: str = ""
     bootstrapped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -48,9 +52,15 @@ class Room:
 
 class BootstrapServer:
     def __init__(
-        self, clock: Clock, log: logging.Logger, degraded_enabled: bool, room_ttl_s: float
+        self,
+        clock: Clock,
+        log: logging.Logger,
+        degraded_enabled: bool,
+        room_ttl_s: float,
+        nixl: NixlKV | None = None,
     ) -> None:
         self.clock = clock
+        self.nixl = nixl
         # Rooms nobody polls (the decode died or gave up) are forgotten after this long.
         self.room_ttl_s = room_ttl_s
         self.log = log
@@ -138,6 +148,10 @@ class BootstrapServer:
     async def _register(self, request: web.Request) -> web.Response:
         data = await request.json()
         addr, session = str(data["decode_addr"]), str(data["session_id"])
+        if self.nixl is not None:
+            if "kv_args" not in data:
+                return web.Response(text="kv_args missing: is the decode on nixl?", status=400)
+            self.nixl.add_peer(PeerInfo.from_json(data["kv_args"]))
         old = self.sessions.get(addr)
         if old is not None and old != session and self.degraded_enabled:
             # A decode at this address restarted while we kept running: we keep its old
@@ -156,6 +170,7 @@ class BootstrapServer:
         data = await request.json()
         r = self.room(int(request.match_info["room"]))
         r.session_id = str(data["session_id"])
+        r.dst_offset = int(data.get("dst_offset", 0))
         r.bootstrapped.set()
         return web.json_response({"state": r.state, "start_id": self.start_id})
 

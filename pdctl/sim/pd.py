@@ -2,26 +2,34 @@
 
 Prefill leg (prefill server): the room waits in the bootstrap queue until its decode
 bootstraps it (bounded by SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT), is prefilled, then its
-KV "transfers" and the room turns ready; the leg answers with the first token.
+KV transfers and the room turns ready; the leg answers with the first token. On the nixl
+backend the transfer is a real NIXL WRITE into the decode's registered pool (nixl_conn.py); a
+room whose decode agent the prefill's peer table lacks fails as SGLang's transfer worker
+fails it ("KV transfer failed"), and a WRITE that fails fails the room with NIXL's text. On
+other backends the transfer is a sleep at KV_TRANSFER_GB_S.
 
 Decode leg (decode server): learn the prefill from bootstrap_host/port (GET /route, 15
 tries 1 s apart, as decode.py's _ensure_prefill_info), register this process's session
-once per prefill, preallocate KV, bootstrap the room, then long-poll the prefill for the
-room's KV (bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT) and decode. Each known
+(on nixl: its agent name and KV args) once per prefill, as SGLang caches it per bootstrap
+address until the heartbeat drops that prefill, preallocate KV, bootstrap the room, then
+long-poll the prefill for the room's state (bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT;
+on nixl the room is admitted once its NIXL notification arrived) and decode. Each known
 prefill is heartbeaten on its bootstrap `/health`; after the allowed failures it is dropped
 and its waiting rooms fail with "Lost connection with prefill instance".
 
 Cross-pair accounting: a decode told its own prefill (PDSIM_PAIR_PARTNER=host:port) counts
 every request whose bootstrap address names another one (`pdsim_cross_pair_transfers_total`).
 
-Degraded pair: a survivor that sees its peer's identity change (a decode re-registering
-with a new session, a prefill answering with a new start id) keeps stale metadata, and
-PDSIM_DEGRADED_FAIL_RATIO of its rooms fail or hang until both sides restart.
+Degraded pair (PDSIM_DEGRADED=on, a modelled failure): a survivor that sees its peer's
+identity change (a decode re-registering with a new session, a prefill answering with a new
+start id) keeps stale metadata, and PDSIM_DEGRADED_FAIL_RATIO of its rooms fail or hang until
+both sides restart. Real NIXL over host memory shows no such failure (docs/sim.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import uuid
@@ -33,14 +41,25 @@ from typing import Any
 import aiohttp
 
 from .args import SimConfig
-from .bootstrap import FAILED, PENDING, READY, BootstrapServer
+from .bootstrap import FAILED, PENDING, READY, BootstrapServer, Room
 from .engine import Engine, Req
 from .metrics import SimMetrics
+from .nixl_conn import NixlKV, TransferError
 
 ROUTE_TRIES = 15  # decode.py: _max_ensure_retries
 ROUTE_RETRY_S = 1.0  # decode.py: _ensure_retry_interval
 KV_TRANSFER_GB_S = 20.0  # simulated link speed (same-host PCIe, UCX)
 POLL_WAIT_S = 2.0
+
+
+def observe_transfer(m: SimMetrics, total_bytes: int, seconds: float) -> None:
+    """req_time_stats.compute_and_observe_kv_transfer_metrics: MiB and GiB/s."""
+    if seconds <= 0:
+        return
+    mb = total_bytes / 2**20
+    m.rank_observe(m.kv_transfer_latency_ms, seconds * 1000)
+    m.rank_observe(m.kv_transfer_speed_gb_s, mb / 1024 / seconds)
+    m.rank_observe(m.kv_transfer_total_mb, mb)
 
 
 def degraded_draw(seed: int, room: int, ratio: float) -> bool:
@@ -59,8 +78,10 @@ class PrefillLeg:
         boot: BootstrapServer,
         metrics: SimMetrics | None,
         log: logging.Logger,
+        nixl: NixlKV | None = None,
     ) -> None:
         self.cfg, self.engine, self.boot, self.metrics, self.log = cfg, engine, boot, metrics, log
+        self.nixl = nixl
 
     def _fail(self, req: Req, phase: str, reason: str) -> None:
         message = (
@@ -100,10 +121,16 @@ class PrefillLeg:
         if req.done:  # aborted or cancelled while queued
             room.conclude(FAILED, "Aborted by AbortReq.")
             return
-        mb = req.prompt_tokens * k.kv_bytes_per_token / 1e6
-        transfer_s = mb / 1e3 / KV_TRANSFER_GB_S
         t1 = clock.now()
-        await clock.sleep(transfer_s)
+        if self.nixl is not None:
+            moved = await self._nixl_write(req, room)
+            if moved is None:
+                return
+            total_bytes, transfer_s = moved
+        else:
+            total_bytes = req.prompt_tokens * k.kv_bytes_per_token
+            transfer_s = total_bytes / 1e9 / KV_TRANSFER_GB_S
+            await clock.sleep(transfer_s)
         if self.boot.is_degraded(room) and degraded_draw(k.seed, req.room, k.degraded_fail_ratio):
             if k.degraded_mode == "hang":
                 # The KV never arrives; the decode's waiting timeout ends the request.
@@ -120,14 +147,36 @@ class PrefillLeg:
             m.rank_observe(
                 m.per_stage_req_latency, clock.now() - t1, stage="prefill_transfer_kv_cache"
             )
-            m.rank_observe(m.kv_transfer_latency_ms, max(transfer_s * 1000, 0.0))
-            m.rank_observe(m.kv_transfer_speed_gb_s, KV_TRANSFER_GB_S)
-            m.rank_observe(m.kv_transfer_total_mb, mb)
+            observe_transfer(m, total_bytes, transfer_s)
             # compute_and_observe_kv_transfer_metrics: bootstrap and alloc with the transfer;
             # the sim's prefill allocates as soon as the room bootstraps.
             m.rank_observe(m.kv_transfer_bootstrap_ms, bootstrap_ms)
             m.rank_observe(m.kv_transfer_alloc_ms, 0.0)
         self.engine.complete_prefill(req)
+
+    async def _nixl_write(self, req: Req, room: Room) -> tuple[int, float] | None:
+        """The room's KV through NIXL: (bytes, seconds), None when the room failed."""
+        assert self.nixl is not None and req.room is not None
+        k, m = self.cfg.knobs, self.metrics
+        peer = room.session_id or ""
+        if peer not in self.nixl.peers:
+            # transfer_worker asserts the agent is registered; conclude_failure has no
+            # text for the AssertionError and reports its default.
+            self.log.error("Unexpected transfer worker error for room %s", req.room)
+            reason = "KV transfer failed"
+        else:
+            nbytes = max(int(req.prompt_tokens * k.kv_bytes_per_token * k.kv_transfer_scale), 1)
+            try:
+                seconds = await self.nixl.write(peer, nbytes, room.dst_offset, req.room)
+                return nbytes, seconds
+            except TransferError as e:
+                self.log.warning("NIXL transport error for room %s: %s", req.room, e)
+                reason = str(e)
+        room.conclude(FAILED, reason)
+        if m:
+            m.rank_inc(m.num_transfer_failed_reqs)
+        self._fail(req, "transfer", reason)
+        return None
 
     async def _hang(self, req: Req, t0: float) -> None:
         clock = self.engine.clock
@@ -161,10 +210,14 @@ class DecodeLeg:
         log: logging.Logger,
         http: aiohttp.ClientSession,
         spawn: Callable[[Awaitable[Any]], object],
+        nixl: NixlKV | None = None,
     ) -> None:
         self.cfg, self.engine, self.metrics, self.log, self.http = cfg, engine, metrics, log, http
         self.spawn = spawn  # background tasks the server cancels on shutdown
-        self.session_id = uuid.uuid4().hex
+        self.nixl = nixl
+        self.session_id = nixl.name if nixl else uuid.uuid4().hex
+        if nixl:
+            spawn(nixl.pump_notifications())
         self.decode_addr = f"{cfg.args.host}:{cfg.args.port}"
         self.peers: dict[str, Peer] = {}
         # Start ids of prefills seen before, kept after a peer is dropped (stale metadata).
@@ -237,7 +290,7 @@ class DecodeLeg:
             try:
                 async with self.http.put(
                     f"http://{addr}/pdsim/register",
-                    json={"session_id": self.session_id, "decode_addr": self.decode_addr},
+                    json=self._registration(),
                     timeout=aiohttp.ClientTimeout(total=5),
                 ) as resp:
                     start_id = str((await resp.json())["start_id"])
@@ -247,6 +300,12 @@ class DecodeLeg:
             self.spawn(self._heartbeat(peer))
             self.peers[addr] = peer
             return peer
+
+    def _registration(self) -> dict[str, object]:
+        body: dict[str, object] = {"session_id": self.session_id, "decode_addr": self.decode_addr}
+        if self.nixl:
+            body["kv_args"] = self.nixl.info().to_json()
+        return body
 
     def _stale(self, addr: str, start_id: str) -> bool:
         seen = self.seen_start_ids.setdefault(addr, start_id)
@@ -311,6 +370,8 @@ class DecodeLeg:
             state, reason = await self._transfer(req, peer, t0)
         finally:
             peer.rooms.discard(req.room)
+            if self.nixl:
+                self.nixl.forget(req.room)
         if req.done:
             return
         if state == READY:
@@ -328,6 +389,7 @@ class DecodeLeg:
         """Bootstrap the room and wait for its KV: (state, failure reason)."""
         clock, k, m = self.engine.clock, self.cfg.knobs, self.metrics
         lost = (FAILED, f"Lost connection with prefill instance (bootstrap_addr: {peer.addr})")
+        arrived = self.nixl.expect(req.room or 0) if self.nixl else None
         start_id = await self._bootstrap_room(peer.addr, req.room or 0)
         if start_id is not None:
             if start_id != peer.start_id and self._stale(peer.addr, start_id):
@@ -355,6 +417,14 @@ class DecodeLeg:
             if peer.lost.is_set():
                 return lost
             if result is not None and result[0] != PENDING:
+                if result[0] == READY and arrived is not None:
+                    # Admit once the WRITE's notification for the room is here.
+                    left = k.waiting_timeout_s - (clock.now() - t1)
+                    await self._wait_lost_or(peer, self._arrival(arrived, left))
+                    if peer.lost.is_set():
+                        return lost
+                    if not arrived.is_set():
+                        return self._waiting_timeout(req, t1)
                 if m:
                     m.rank_observe(
                         m.per_stage_req_latency, clock.now() - t1, stage="decode_waiting"
@@ -364,12 +434,19 @@ class DecodeLeg:
                 await clock.sleep(0.1)  # bootstrap server unreachable; the heartbeat decides
         return self._waiting_timeout(req, t1)
 
+    async def _arrival(self, arrived: asyncio.Event, wait: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(arrived.wait(), self.engine.clock.wall(max(wait, 0.0)))
+
     async def _bootstrap_room(self, addr: str, room: int) -> str | None:
         """Send the room's KV indices to the prefill; its start id, None if unreachable."""
+        body: dict[str, object] = {"session_id": self.session_id}
+        if self.nixl:
+            body["dst_offset"] = self.nixl.slot_offset(room)
         try:
             async with self.http.post(
                 f"http://{addr}/pdsim/rooms/{room}",
-                json={"session_id": self.session_id},
+                json=body,
                 timeout=aiohttp.ClientTimeout(total=5),
             ) as resp:
                 return str((await resp.json())["start_id"])

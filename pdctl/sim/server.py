@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .engine import Engine
 from .generate import NativeGenerate
 from .info import InfoRoutes
 from .metrics import SimMetrics
+from .nixl_conn import NixlKV
 from .pd import DecodeLeg, PrefillLeg
 from .serving_chat import OpenAIServingChat
 from .serving_completions import OpenAIServingCompletion
@@ -45,12 +47,16 @@ class SimServer:
         )
         self.engine = Engine(cfg, self.metrics, log)
         self.status = "starting"
+        # The nixl backend's agent comes up first: a missing package or a UCX variable the
+        # library refuses ends the start-up with one line (SystemExit), never a fallback.
+        self.nixl = NixlKV(cfg.kv_slot_bytes, os.environ, log) if cfg.uses_nixl else None
         self.boot = (
             BootstrapServer(
                 self.engine.clock,
                 log,
                 cfg.degraded_enabled,
                 cfg.knobs.bootstrap_timeout_s + cfg.knobs.waiting_timeout_s,
+                self.nixl,
             )
             if cfg.mode == "prefill"
             else None
@@ -60,7 +66,9 @@ class SimServer:
         self.started_at = time.time()
         self.tm = TokenizerManager(cfg, log, self.engine, self.metrics, self.spawn, self._status)
         if self.boot is not None:
-            self.tm.prefill_leg = PrefillLeg(cfg, self.engine, self.boot, self.metrics, log)
+            self.tm.prefill_leg = PrefillLeg(
+                cfg, self.engine, self.boot, self.metrics, log, self.nixl
+            )
         info = InfoRoutes(self)
         self.app = web.Application(middlewares=[self._http_metrics], client_max_size=64 * 2**20)
         r = self.app.router
@@ -100,7 +108,7 @@ class SimServer:
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         if self.cfg.mode == "decode":
             self.tm.decode_leg = DecodeLeg(
-                self.cfg, self.engine, self.metrics, self.log, self.http, self.spawn
+                self.cfg, self.engine, self.metrics, self.log, self.http, self.spawn, self.nixl
             )
         await self._load_and_capture()
         self.spawn(self.engine.run())

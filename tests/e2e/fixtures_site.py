@@ -97,10 +97,9 @@ class Site:
 
 def build_wheelhouse(profile: Path, inventory: Path) -> Path:
     """deploy/wheelhouse.sh for the profile's packages, as site.yml would run it (cached)."""
-    packages = filter_plugin().pdstack_deployment(str(inventory), str(profile))["packages"]
-    reqs = [p for p in packages["engine"] + packages["gateway"] if p != "pdctl"]
+    args = filter_plugin().pdstack_deployment(str(inventory), str(profile))["wheelhouse_args"]
     result = subprocess.run(
-        [str(ROOT / "deploy" / "wheelhouse.sh"), *reqs],
+        [str(ROOT / "deploy" / "wheelhouse.sh"), *args],
         env={**os.environ, "PDSTACK_PYTHON": sys.executable},
         text=True, capture_output=True, timeout=1800, check=False,
     )  # fmt: skip

@@ -42,8 +42,10 @@ from pdctl.testing.stack import (
 
 pytestmark = pytest.mark.gateway
 
-# A degraded pair fails most requests, so an 8-request canary cannot miss it by chance.
-ENV = {"PDSIM_DEGRADED_FAIL_RATIO": "0.8"}
+# The modelled degraded pair (PDSIM_DEGRADED=on: the production failure after a lone decode
+# restart, which NIXL over host memory cannot show) fails most requests, so an 8-request
+# canary cannot miss it by chance.
+ENV = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "0.8"}
 
 
 @pytest.fixture

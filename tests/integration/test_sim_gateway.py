@@ -179,8 +179,29 @@ def test_lost_prefill_fails_requests_waiting_for_kv(
     assert "Lost connection with prefill instance" in decode.log_text()
 
 
+def test_with_real_nixl_a_lone_decode_restart_leaves_the_pair_working(pd_stack: PDStack) -> None:
+    """The restarted decode is a new NIXL agent the prefill registers beside the old one."""
+    assert set(completion_statuses(pd_stack.url, 6)) == {200}
+    pd_stack.decode.restart().wait_healthy()
+    pd_stack.gateway.wait_ready(TIMEOUT)
+    assert set(completion_statuses(pd_stack.url, 12)) == {200}
+    assert "Peer " not in pd_stack.prefill.log_text()  # a new name, not a re-registration
+    assert "the pair is degraded" not in pd_stack.prefill.log_text()
+
+
+# PDSIM_DEGRADED=on: the modelled production failure NIXL over host memory cannot show.
+DEGRADED = {"PDSIM_DEGRADED": "on"}
+
+
 @pytest.mark.parametrize("side", ["decode", "prefill"])
-def test_lone_restart_degrades_the_pair_until_both_restart(pd_stack: PDStack, side: str) -> None:
+def test_lone_restart_degrades_the_pair_until_both_restart(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway], side: str
+) -> None:
+    prefill = sim_factory("prefill", env=DEGRADED).wait_healthy()
+    decode = sim_factory("decode", env=DEGRADED).wait_healthy()
+    pd_stack = PDStack(
+        prefill, decode, gateway_factory([prefill], [decode], "--disable-retries").wait_ready()
+    )
     assert set(completion_statuses(pd_stack.url, 6)) == {200}
     restarted, survivor = (
         (pd_stack.decode, pd_stack.prefill)
@@ -203,7 +224,7 @@ def test_lone_restart_degrades_the_pair_until_both_restart(pd_stack: PDStack, si
 def test_degraded_pair_in_hang_mode_ends_in_timeouts(
     sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
 ) -> None:
-    env = {"PDSIM_DEGRADED_MODE": "hang", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    env = {**DEGRADED, "PDSIM_DEGRADED_MODE": "hang", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
     prefill = sim_factory("prefill", env=env).wait_healthy()
     decode = sim_factory("decode", env=env).wait_healthy()
     gateway = gateway_factory([prefill], [decode], "--disable-retries").wait_ready()

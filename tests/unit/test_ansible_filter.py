@@ -107,11 +107,23 @@ def test_unit_context_is_the_renderers() -> None:
 def test_packages_per_engine_kind() -> None:
     ref = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(REFERENCE))["packages"]
     assert ref == {
-        "engine": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"],
-        "gateway": ["smg==1.13.0", "pdctl"],
+        "engine": {"deps": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"], "no_deps": []},
+        "gateway": {"deps": ["smg==1.13.0", "pdctl"], "no_deps": []},
     }
     sim = filters.pdstack_deployment(str(ROOT / "inventory.ini"), "deploy/profiles/sim.yml")
-    assert sim["packages"]["engine"] == ["pdctl"]
+    # The sim's NIXL: the controller venv's pin (requirements/nixl-sim.txt), without torch/CUDA.
+    assert sim["packages"]["engine"] == {"deps": ["pdctl"], "no_deps": ["nixl-cu12==1.5.1"]}
+    assert sim["wheelhouse_args"] == ["smg==1.13.0", "--no-deps", "nixl-cu12==1.5.1"]
+    assert filters.SIM_NIXL_REQUIREMENTS.read_text().count("nixl-cu12==1.5.1") == 1
+
+
+def test_sim_without_nixl_backend_installs_no_nixl(tmp_path: Path) -> None:
+    profile = tmp_path / "sim-fake.yml"
+    sim = (ROOT / "deploy/profiles/sim.yml").read_text()
+    profile.write_text(sim.replace("transfer_backend: nixl", "transfer_backend: fake"))
+    data = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(profile))
+    assert data["packages"]["engine"] == {"deps": ["pdctl"], "no_deps": []}
+    assert data["wheelhouse_args"] == ["smg==1.13.0"]
 
 
 def test_bad_profile_is_an_ansible_error(tmp_path: Path) -> None:

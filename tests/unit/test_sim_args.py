@@ -55,7 +55,7 @@ def test_seed_launch_line() -> None:
         ],
         {},
     )
-    assert cfg.engine_type == "decode" and cfg.degraded_enabled
+    assert cfg.engine_type == "decode" and cfg.uses_nixl and not cfg.degraded_enabled
     assert cfg.decode_buckets == [1, 2, 4, 8, 12, 16, 24, 32]
     assert cfg.max_running_requests == 96
     assert cfg.page_size == 64
@@ -121,6 +121,9 @@ def test_knobs_from_env() -> None:
         {"PDSIM_TIME_SCALE": "0"},
         {"PDSIM_DEGRADED_FAIL_RATIO": "2"},
         {"PDSIM_DEGRADED_MODE": "explode"},
+        {"PDSIM_DEGRADED": "auto"},
+        {"PDSIM_KV_TRANSFER_SCALE": "0"},
+        {"PDSIM_KV_TRANSFER_SCALE": "2"},
         {"PDSIM_STEP_A_MS": "fast"},
     ],
 )
@@ -129,7 +132,9 @@ def test_bad_knobs_are_refused(env: dict[str, str]) -> None:
         Knobs.from_env(env)
 
 
-def test_degradation_defaults_on_for_nixl_only() -> None:
-    assert resolve([*BASE, "--disaggregation-transfer-backend", "nixl"], {}).degraded_enabled
+def test_the_modelled_degradation_is_off_unless_asked_for() -> None:
+    """Real NIXL decides what a lone restart does (tests/unit/test_sim_nixl.py)."""
+    nixl = [*BASE, "--disaggregation-transfer-backend", "nixl"]
+    assert not resolve(nixl, {}).degraded_enabled
     assert not resolve(BASE, {}).degraded_enabled
-    assert resolve(BASE, {"PDSIM_DEGRADED": "on"}).degraded_enabled
+    assert resolve(nixl, {"PDSIM_DEGRADED": "on"}).degraded_enabled
