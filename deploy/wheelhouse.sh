@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PDSTACK_PYTHON:-$ROOT/.venv/bin/python}
 CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}/wheelhouse
-KEEP=3  # wheelhouses kept; each source change of pdctl makes a new one
+KEEP=5  # wheelhouses kept; each source change of pdctl or package list makes a new one
 TIMEOUT=${PDSTACK_WHEELHOUSE_TIMEOUT:-1800}
 
 log() { printf 'wheelhouse: %s\n' "$*" >&2; }
