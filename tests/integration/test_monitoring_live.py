@@ -255,7 +255,9 @@ def live(
 ) -> Iterator[Live]:
     promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
     node_exporter = require_tool("prometheus-node-exporter")
-    env = {"PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    # The degraded pair after a lone decode restart is the modelled production incident: real
+    # NIXL over host memory heals it (docs/sim.md), so the alert test switches the model on.
+    env = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
     prefill = sim_factory("prefill", env=env, extra=("--tp-size", str(TP)))
     decode = sim_factory(
         "decode",
