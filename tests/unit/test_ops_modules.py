@@ -562,7 +562,7 @@ def test_gateway_key_from_env_or_the_gateway_env_file(
 ) -> None:
     env_file = tmp_path / "gateway.env"
     env_file.write_text("# managed\nPDSTACK_GATEWAY_API_KEY=k-from-file\n")
-    monkeypatch.setattr(gateway, "KEY_FILE", env_file)
+    monkeypatch.setattr(gateway, "KEY_FILES", (tmp_path / "unreadable" / "gateway.env", env_file))
     monkeypatch.delenv(gateway.KEY_VAR, raising=False)
     assert gateway.api_key() == "k-from-file"
     monkeypatch.setenv(gateway.KEY_VAR, "k-from-env")
