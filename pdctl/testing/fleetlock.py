@@ -1,18 +1,23 @@
-"""The fleet restart lock's server (pdctl.lockd) on a thread of this process, for tests and
-rehearsals: the real aiohttp app on a free local port, stopped when the block ends."""
+"""The fleet restart lock's server (pdctl.lockd) for tests and rehearsals, on a free local port
+and stopped when the block ends: on a thread of this process (`lock_server`), or as its own
+process, `pdctl lock serve` as its unit runs it (`lock_server_process`, stopped by PID)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import requests
 from aiohttp import web
 
-from pdctl import lockd
-from pdctl.testing.stack import free_port
+from pdctl import lockd, names
+from pdctl.testing.stack import free_port, stop_pid, wait_until
 
 
 @contextlib.contextmanager
@@ -43,3 +48,30 @@ def lock_server(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@contextlib.contextmanager
+def lock_server_process(
+    state: Path, log: Path, api_key: str | None = None, port: int | None = None
+) -> Iterator[str]:
+    """`pdctl lock serve` in a process of its own, logging to `log`; its URL."""
+    port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if k != names.GATEWAY_KEY_VAR}
+    if api_key:
+        env[names.GATEWAY_KEY_VAR] = api_key
+    argv = [sys.executable, "-c", "from pdctl.cli import main; main()", "lock", "serve",
+            "--host", "127.0.0.1", "--port", str(port), "--state", str(state)]  # fmt: skip
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: (
+                proc.poll() is None and requests.get(f"{url}/lease", timeout=2).status_code == 200
+            ),
+            30,
+            f"the lock server on :{port} (log {log})",
+        )
+        yield url
+    finally:
+        stop_pid(proc)
