@@ -341,14 +341,15 @@ def fleet_held(
     wait: float = 0.0,
     say: Callable[[str], None] | None = None,
     poll: float = 0.5,
+    started: float | None = None,
 ) -> Iterator[Acquired]:
     """Hold the fleet lock's lease for `what`, renewed until the block ends, then released.
 
-    Waits up to `wait` s for a holder (progress through `say` every 10 s), then LockHeld
-    naming it. A stale holder is taken over with a warning. FleetLockUnavailable when the
-    server does not answer."""
+    Waits up to `wait` s from `started` (time.monotonic(); default now) for a holder
+    (progress through `say` every 10 s), then LockHeld naming it. A stale holder is taken
+    over with a warning. FleetLockUnavailable when the server does not answer."""
     say = say or _stderr
-    t0, last = time.monotonic(), None
+    t0, last = started if started is not None else time.monotonic(), None
     behind: Holder | None = None
     while True:
         try:
@@ -417,8 +418,7 @@ def held(
         if fleet is None:
             yield host
             return
-        left = max(wait - (time.monotonic() - t0), 0.0)
-        with fleet_held(fleet, what, left, say, poll) as got:
+        with fleet_held(fleet, what, wait, say, poll, started=t0) as got:
             behind = got.behind or host.behind
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
             yield Acquired(waited_s, behind, got.took_over)
