@@ -138,6 +138,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "lock": {
                 "host": dep.router_host,
                 "url": dep.lock_url,
+                "port": r.lock_port,
                 "unit": names.LOCK_UNIT,
                 "command": systemd_command(render.lock_command(dep)),
                 "state_name": names.LOCK_STATE_NAME,
