@@ -288,8 +288,8 @@ def restart(
                 [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
                 f"Restart {len(chosen)} pair(s) as above?",
             )
-            with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}"):
-                reports = restart_pairs(ops, chosen)
+            with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:
+                reports = restart_pairs(ops, chosen, got.lost)
     _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
 

@@ -51,11 +51,18 @@ class FleetLockUnavailable(PdctlError):
     exit_code = 5
 
 
+def _never_lost() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Acquired:
     waited_s: float = 0.0
-    behind: str | None = None  # the holder waited for ("4242 pdctl restart ..."), if any
+    behind: str | None = None  # the holder waited for ("PID 4242 pdctl restart ..."), if any
     took_over: str | None = None  # the dead fleet lock holder taken over, if any
+    # Why the fleet lock may no longer be this restart's (taken over, or not renewed for
+    # longer than its ttl), None while it is: a roll stops before its next pair.
+    lost: Callable[[], str | None] = _never_lost
 
 
 def _open(path: Path) -> int:
@@ -297,6 +304,10 @@ class _Heartbeat:
         self.fleet, self.token, self.say = fleet, token, say
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="fleet-lock-heartbeat", daemon=True)
+        self.lost: str | None = None  # why the lease may be someone else's now
+
+    def why_lost(self) -> str | None:
+        return self.lost
 
     def _run(self) -> None:
         ttl = self.fleet.ttl_s
@@ -308,6 +319,7 @@ class _Heartbeat:
                 late = time.monotonic() - last_ok
                 if late > ttl and not warned:
                     warned = True
+                    self.lost = f"not renewed for {late:.0f}s, ttl {ttl:g}s"
                     self.say(
                         f"WARNING: the fleet restart lock was not renewed for {late:.0f}s "
                         f"(ttl {ttl:g}s): {e}. Another restarter may take it over and restart "
@@ -316,6 +328,7 @@ class _Heartbeat:
                 continue
             if not ours:
                 now = f"{holder.describe()} holds it now" if holder else "nobody holds it now"
+                self.lost = now
                 self.say(
                     f"WARNING: this restart lost the fleet restart lock ({now}): pairs may "
                     "restart elsewhere at the same time; check pdctl status"
@@ -323,7 +336,7 @@ class _Heartbeat:
                 return
             if warned:
                 self.say("the fleet restart lock is renewed again; this restart still holds it")
-            last_ok, warned = time.monotonic(), False
+            last_ok, warned, self.lost = time.monotonic(), False, None
 
     def __enter__(self) -> _Heartbeat:
         self.thread.start()
@@ -386,9 +399,11 @@ def fleet_held(
             "is presumed dead. Check what it left behind (pdctl status: drained pairs)"
         )
     try:
-        with _Heartbeat(fleet, got.token, say):
+        with _Heartbeat(fleet, got.token, say) as beat:
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
-            yield Acquired(waited_s, behind.describe() if behind else None, took_over)
+            yield Acquired(
+                waited_s, behind.describe() if behind else None, took_over, beat.why_lost
+            )
     finally:
         try:
             fleet.release(got.token)
@@ -421,4 +436,4 @@ def held(
         with fleet_held(fleet, what, wait, say, poll, started=t0) as got:
             behind = got.behind or host.behind
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
-            yield Acquired(waited_s, behind, got.took_over)
+            yield Acquired(waited_s, behind, got.took_over, got.lost)

@@ -93,7 +93,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet_lock: str) -> I
     monkeypatch.delenv("PDSTACK_INVENTORY", raising=False)
     c = Calls()
 
-    def pairs(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def pairs(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         c.restarted.append([p.id for p in chosen])
         return [Report(p.id, lines=[f"OK: {i.id}" for i in p.instances]) for p in chosen]
 
@@ -199,7 +199,7 @@ def test_restart_refuses_while_another_holds_the_lock(topo_file: Path, calls: Ca
 def test_failed_pair_exits_1_with_the_journal(
     topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def failing(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def failing(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         return [
             Report(
                 chosen[0].id,
@@ -507,7 +507,7 @@ def test_restart_with_a_non_json_gateway_stops_nothing(
 def test_ctrl_c_mid_restart_names_the_drained_pair_and_the_way_back(
     topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def interrupted(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         raise Interrupted(chosen[0].id, "health")
 
     monkeypatch.setattr(ops_commands, "restart_pairs", interrupted)

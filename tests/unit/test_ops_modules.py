@@ -318,6 +318,24 @@ def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch)
     assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
 
 
+def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_may_be_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(restart, "_first_canary", lambda *_: None)
+    monkeypatch.setattr(restart, "_verify", lambda *_: None)
+    monkeypatch.setattr(restart, "register_pair", lambda *_a, **_k: None)
+    ops, said = fake_ops(sd, gw), []
+    ops.say = said.append
+    reasons = iter([None, "pdf2 PID 7 pdctl restart --all, since 12:00:00 holds it now"])
+    reports = restart.restart_pairs(ops, ops.source.pairs(), lambda: next(reasons))
+    assert [r.ok for r in reports] == [True, False]
+    assert "may no longer hold the fleet restart lock (pdf2 PID 7" in (reports[1].error or "")
+    assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
+    assert any(line.startswith("stopping the roll before node-a/pd1") for line in said)
+
+
 def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
