@@ -110,7 +110,7 @@ class Holder:
         return self.ttl_s is not None and (self.heartbeat_age_s or 0.0) > self.ttl_s
 
     def describe(self) -> str:
-        """ "pdf1 PID 4242 pdctl restart --both --pair pd0, since 12:01:05"."""
+        """In one line: pdf1 PID 4242 pdctl restart --both --pair pd0, since 12:01:05."""
         who = f"{self.host} PID {self.pid}" if self.host else f"PID {self.pid}"
         return f"{who} {self.what}, since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
 
@@ -217,10 +217,13 @@ class LeaseAnswer(BaseModel):
     took_over: LeaseView | None = None
 
 
+WHAT_MAX = 2000  # characters of the holder's command line the server keeps
+
+
 class AcquireRequest(BaseModel):
     host: str = Field(min_length=1, max_length=255)
     pid: int = Field(ge=1)
-    what: str = Field(max_length=2000)
+    what: str = Field(max_length=WHAT_MAX)
     ttl_s: float = Field(ge=1, le=3600)
 
 
@@ -271,13 +274,15 @@ class FleetLock:
 
     def acquire(self, what: str) -> Grant | Holder:
         """The lease (a Grant), or who holds it."""
+        if len(what) > WHAT_MAX:  # a roll of very many pairs: its start says what it is
+            what = what[: WHAT_MAX - 1] + "…"
         body = AcquireRequest(
             host=socket.gethostname(), pid=os.getpid(), what=what, ttl_s=self.ttl_s
         )
         ans = self._call("POST", "/lease", body.model_dump())
         if ans.granted and ans.token:
             return Grant(ans.token, ans.took_over.holder() if ans.took_over else None)
-        if ans.lease is None:  # released between the server's check and its answer: not so
+        if ans.lease is None:  # a refusal names the holder; this is no lock server's answer
             raise FleetLockUnavailable(
                 f"the fleet restart lock at {self.url} refused, naming no holder"
             )

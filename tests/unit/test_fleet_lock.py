@@ -127,7 +127,11 @@ def test_taking_needs_the_key_and_reading_does_not(tmp_path: Path) -> None:
 
 def test_without_a_key_nothing_is_checked() -> None:
     with lock_server() as url:
-        assert isinstance(FleetLock(url, "any", 30).acquire("x"), Grant)
+        fleet = FleetLock(url, "any", 30)
+        assert isinstance(fleet.acquire("pdctl restart --both " + "h/pd0 " * 1000), Grant)
+        holder = fleet.holder()  # a roll of very many pairs: its command line, cut
+        assert holder is not None and len(holder.what) == lock.WHAT_MAX
+        assert holder.what.endswith("…")
 
 
 def test_a_held_lock_survives_a_restart_of_its_server(tmp_path: Path) -> None:
