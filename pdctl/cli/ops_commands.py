@@ -122,7 +122,7 @@ def status(
     watch: float | None,
     canaries: int,
 ) -> None:
-    """Every host, pair, engine and gateway, and who holds the restart lock.
+    """Every host, pair, engine and gateway, and who holds the fleet restart lock.
 
     All probes run at once, each with its own timeout: the wall time is the slowest probe's,
     not the sum. Grouped per host; per pair: the gateway's routing and a real request through
