@@ -134,6 +134,15 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             },
             # The same command as argv, for the role's own run after a topology change.
             "register_argv": {g.name: render.register_command(g.name) for g in dep.gateways},
+            # The fleet restart lock: on the first gateway's host only.
+            "lock": {
+                "host": dep.router_host,
+                "url": dep.lock_url,
+                "port": r.lock_port,
+                "unit": names.LOCK_UNIT,
+                "command": systemd_command(render.lock_command(dep)),
+                "state_name": names.LOCK_STATE_NAME,
+            },
         },
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
@@ -146,6 +155,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "user": names.SERVICE_USER,
             "topology_file": names.TOPOLOGY_FILE,
             "recover_unit": names.RECOVER_UNIT,
+            "ops_env_file": names.OPS_ENV_FILE,
             "restart_pending_dir": names.RESTART_PENDING_DIR,
             "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),
             "docs": list(names.DOCS),

@@ -30,7 +30,14 @@ DOCS = ("README.md", "docs/runbook.md")
 RECOVER_UNIT = f"{PREFIX}-recover@.service"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
-RESTART_LOCK = f"/run/{PREFIX}/restart.lock"
+RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this host
+# One restart at a time across the fleet: a lease server on the first [router] host.
+LOCK_UNIT = f"{PREFIX}-lock.service"
+LOCK_STATE_NAME = f"{PREFIX}-lock"  # its StateDirectory=: the gateway user's, not the engines'
+LOCK_STATE_FILE = f"/var/lib/{LOCK_STATE_NAME}/lease.json"
+# The gateway's API key on every pd host (root, 0600): `pdctl restart` and `pdctl recover`
+# authenticate with it to the gateways (drain, register) and the fleet lock.
+OPS_ENV_FILE = f"{CONFIG_DIR}/ops.env"
 # "Restart pending" markers: site.yml with pdstack_engine_restart_on_change=false writes one per
 # changed pair, the coordinated restart removes it. Root's folder: restarts delete in it as root.
 RESTART_PENDING_DIR = f"/var/lib/{PREFIX}-pending"

@@ -155,6 +155,17 @@ def register_command(gateway_host: str) -> list[str]:
     ]  # fmt: skip
 
 
+def lock_command(dep: Deployment) -> list[str]:
+    """The fleet restart lock's ExecStart: on the first [router] host, at the address the
+    topology gives clients. It reads the gateway's key from the unit's environment."""
+    return [
+        f"{names.VENV}/bin/pdctl", "lock", "serve",
+        "--host", dep.router_address,
+        "--port", str(dep.profile.router.lock_port),
+        "--state", names.LOCK_STATE_FILE,
+    ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RenderedInstance:
     instance: Instance

@@ -57,6 +57,14 @@ class TopologyRouter(_Frozen):
     unit: str
 
 
+class TopologyLock(_Frozen):
+    """The fleet restart lock: one lease server, on the first [router] host."""
+
+    host: str
+    url: str
+    ttl_s: float
+
+
 class Topology(_Frozen):
     version: int = VERSION
     model: str  # served model name
@@ -65,6 +73,7 @@ class Topology(_Frozen):
     pairs: list[TopologyPair]
     router: TopologyRouter
     gateways: list[TopologyRouter] = []  # router first; left out: [router]
+    lock: TopologyLock | None = None  # left out by pdstack before the fleet lock
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +136,9 @@ def from_deployment(dep: Deployment) -> Topology:
         ],
         router=gateways[0],
         gateways=gateways,
+        lock=TopologyLock(
+            host=dep.router_host, url=dep.lock_url, ttl_s=dep.profile.router.lock_ttl_s
+        ),
     )
 
 

@@ -23,6 +23,7 @@ COMMANDS = {
     "doctor": "pdctl.cli.ops_commands:doctor",
     "recover": "pdctl.cli.ops_commands:recover",
     "gateway": "pdctl.cli.ops_commands:gateway",
+    "lock": "pdctl.cli.lock_commands:lock",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",
     "exporter": "pdctl.exporter.command:exporter",

@@ -15,7 +15,7 @@ from pdctl.bench.level import Target, build_levels
 from pdctl.bench.view import RichProgress, compare_table, fit_line, sweep_table
 from pdctl.cli.analyze_commands import new_file
 from pdctl.cli.options import deployment_options, format_option
-from pdctl.ops.gateway import KEY_FILE, KEY_VAR
+from pdctl.ops.gateway import KEY_FILES, KEY_VAR
 from pdctl.ops.gateway import api_key as gateway_key
 from pdctl.spec import Role, load_deployment
 
@@ -82,7 +82,8 @@ def sweep_target(
     envvar=KEY_VAR,
     show_envvar=True,
     help=f"The gateway's API key, sent as Authorization: Bearer (default: {KEY_VAR} in "
-    f"{KEY_FILE} when readable). Prefer the variable: an option shows in `ps`.",
+    f"{' or '.join(map(str, KEY_FILES))} when readable). Prefer the variable: an option "
+    "shows in `ps`.",
 )
 @click.option(
     "--endpoint",

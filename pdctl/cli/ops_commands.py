@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from pdctl.cli.options import deployment_options, format_option
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
 from pdctl.ops import lock, source
-from pdctl.ops.context import Ops, Timeouts, real_ops
+from pdctl.ops.context import Ops, Timeouts, real_ops, restart_lock
 from pdctl.ops.doctor import doctor as run_doctor
 from pdctl.ops.recover import (
     DEFAULT_STATE,
@@ -50,6 +51,19 @@ LONE_RESTART_REFUSAL = (
     "metadata and the pair stays degraded (requests fail or hang until both restart; the "
     "seed's production incident). Use --both. --force restarts it alone anyway."
 )
+
+
+def fleet_lock_option(f: F) -> F:
+    return click.option(
+        "--no-fleet-lock",
+        is_flag=True,
+        help="DANGEROUS: restart without the fleet restart lock (only this host's lock), when "
+        "its server is down. Restarts started elsewhere may then run at the same time.",
+    )(f)
+
+
+def _warn(line: str) -> None:
+    click.secho(line, fg="yellow", err=True)
 
 
 def source_options(f: F) -> F:
@@ -108,7 +122,7 @@ def status(
     watch: float | None,
     canaries: int,
 ) -> None:
-    """Every host, pair, engine and gateway, and who holds the restart lock.
+    """Every host, pair, engine and gateway, and who holds the fleet restart lock.
 
     All probes run at once, each with its own timeout: the wall time is the slowest probe's,
     not the sum. Grouped per host; per pair: the gateway's routing and a real request through
@@ -176,6 +190,15 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
 @click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
 @click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
+@click.option(
+    "--lock-wait",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECS",
+    help="Wait up to SECS for a restart holding the lock (progress every 10 s), then exit 3.",
+)
+@fleet_lock_option
 def restart(
     topology_path: Path,
     inventory: Path,
@@ -192,19 +215,26 @@ def restart(
     drain_timeout: float,
     health_timeout: float,
     canary_timeout: float,
+    lock_wait: float,
+    no_fleet_lock: bool,
 ) -> None:
     """Restart PD pairs the safe way: drain, stop both, start both, verify, re-register.
 
     A pair is restarted as one: the gateway stops routing to it and in-flight requests finish
     (bounded), both engines stop and start through the pair's systemd target, then /health on
     both, canary requests through the pair's PD path, and only then the gateway routes to it
-    again. --all rolls pairs one at a time and stops at the first failure. One restart at a
-    time per host (lock /run/pdstack/restart.lock).
+    again. --all rolls pairs one at a time and stops at the first failure.
+
+    One restart at a time across the fleet: this host's lock (/run/pdstack/restart.lock),
+    then the fleet restart lock on the first [router] host (a lease renewed while the restart
+    runs). A holder that stopped renewing (killed, host lost) is taken over with a warning
+    naming it. If the lock server does not answer, nothing restarts (exit 5).
 
     \b
     Exit codes: 0 done; 1 a pair failed (journal lines follow); 2 bad input or refused;
-    3 another restart holds the lock; 130 interrupted (Ctrl-C): the message names the pair
-    left out of the gateway and the command that puts it back.
+    3 another restart holds the lock (after --lock-wait); 5 the fleet restart lock does not
+    answer; 130 interrupted (Ctrl-C): the message names the pair left out of the gateway
+    and the command that puts it back.
     \b
     Examples:
       pdctl restart --both --pair pd0
@@ -221,13 +251,18 @@ def restart(
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
     timeouts = Timeouts(drain=drain_timeout, health=health_timeout, canary=canary_timeout)
     ops = _ops(topology_path, inventory, profile, timeouts)
+    fleet = restart_lock(ops, no_fleet_lock, _warn)
+
+    def locked(what: str) -> AbstractContextManager[lock.Acquired]:
+        return lock.held(what, wait=lock_wait, say=ops.say, poll=ops.timeouts.poll, fleet=fleet)
+
     if router:
         _confirm(
             yes,
             [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
             "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
-        with lock.held("pdctl restart --router"):
+        with locked("pdctl restart --router"):
             reports = restart_router(ops)
     else:
         chosen = ops.source.select(pairs, all_pairs)
@@ -238,7 +273,7 @@ def restart(
                 [f"{i.id} ({i.unit})" for i in insts],
                 "Restart these ALONE? The pairs will be degraded until both restart.",
             )
-            with lock.held("pdctl restart --force (one side)"):
+            with locked("pdctl restart --force (one side)"):
                 reports = [restart_instance(ops, i) for i in insts]
             click.secho(
                 "Warning: the pair is likely degraded now; run pdctl restart --both.",
@@ -253,8 +288,8 @@ def restart(
                 [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
                 f"Restart {len(chosen)} pair(s) as above?",
             )
-            with lock.held(f"pdctl restart --both {' '.join(p.id for p in chosen)}"):
-                reports = restart_pairs(ops, chosen)
+            with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:
+                reports = restart_pairs(ops, chosen, got.lost)
     _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
 
@@ -333,6 +368,7 @@ def doctor(
     show_default=True,
     help="Seconds to wait for a restart holding the lock before exiting 3.",
 )
+@fleet_lock_option
 def recover(
     topology_path: Path,
     inventory: Path,
@@ -342,20 +378,24 @@ def recover(
     window: float,
     state_path: Path,
     lock_timeout: float,
+    no_fleet_lock: bool,
 ) -> None:
     """Coordinated restart of a pair after one of its engines failed (run by systemd).
 
     Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
     restarts the whole pair (never the failed side alone), at most --max-recoveries times per
     --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
-    If another restart holds the lock it waits for it (--lock-timeout), then recovers.
-    An unreadable state file is started afresh with a warning.
+    If another restart holds the lock (this host's, or the fleet restart lock) it waits for
+    it (--lock-timeout), then recovers. An unreadable state file is started afresh with a
+    warning.
 
     \b
     Exit codes: 0 recovered; 1 the restart failed (journal lines follow); 2 bad input or an
-    unsafe state folder; 3 the lock stayed held; 4 rate-limited.
+    unsafe state folder; 3 the lock stayed held; 4 rate-limited; 5 the fleet restart lock
+    does not answer.
     """
     ops = _ops(topology_path, inventory, profile)
+    ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
     (pair,) = ops.source.select((pair_name,), False)
     limit = RateLimit(max_recoveries, window)
     rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_timeout)

@@ -113,6 +113,8 @@ def port_collision(dep: Deployment) -> Iterator[Problem]:
             users.setdefault(router.metrics_port, []).append(
                 ("router metrics", "router.metrics_port")
             )
+        if host.name == dep.router_host:
+            users.setdefault(router.lock_port, []).append(("restart lock", "router.lock_port"))
         for port, who in sorted(users.items()):
             if len(who) > 1:
                 yield Problem(

@@ -1,7 +1,9 @@
-"""What every ops action needs: the deployment, systemd per host, the gateway, time limits."""
+"""What every ops action needs: the deployment, systemd per host, the gateways, the fleet
+restart lock, time limits."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -9,6 +11,7 @@ from urllib.parse import urlsplit
 import click
 
 from pdctl.ops.gateway import GatewayAdmin, api_key
+from pdctl.ops.lock import FleetLock, FleetLockUnavailable
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
 
@@ -35,6 +38,8 @@ class Ops:
     canary_count: int = 5
     say: Callable[[str], None] = _echo  # progress lines (stderr, so --format json stays clean)
     other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
+    # The fleet restart lock (topology.lock); None: restarts take only this host's lock.
+    fleet_lock: FleetLock | None = None
 
     @property
     def gateways(self) -> list[GatewayAdmin]:
@@ -53,6 +58,35 @@ def host_addresses(source: Source) -> dict[str, str]:
     return out
 
 
+FLEET_LOCK_ENV = "PDCTL_FLEET_LOCK"  # another lock server's URL than the topology's
+
+
+def fleet_lock(source: Source, key: str | None) -> FleetLock | None:
+    lock = source.topology.lock
+    if lock is None:
+        return None
+    return FleetLock(os.environ.get(FLEET_LOCK_ENV) or lock.url, key, lock.ttl_s)
+
+
+def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> FleetLock | None:
+    """The fleet lock a restart must hold; None with --no-fleet-lock (`off`), said loudly.
+    A topology without one (written before the fleet lock) is refused like an unreachable
+    lock server."""
+    if off:
+        warn(
+            "WARNING: --no-fleet-lock: only this host's restart lock is taken; a restart "
+            "started elsewhere (another controller, a recovery on another host) may run at "
+            "the same time"
+        )
+        return None
+    if ops.fleet_lock is None:
+        raise FleetLockUnavailable(
+            "the topology names no fleet restart lock (it predates it): run site.yml, which "
+            "writes it and installs the lock server; --no-fleet-lock restarts without it"
+        )
+    return ops.fleet_lock
+
+
 def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
     """Ops against real hosts: local systemctl here, ssh elsewhere."""
     addresses = host_addresses(source)
@@ -65,4 +99,11 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
 
     key = api_key()
     first, *others = (GatewayAdmin(g.url, key) for g in source.topology.gateways)
-    return Ops(source, systemd_for, first, timeouts or Timeouts(), other_gateways=others)
+    return Ops(
+        source,
+        systemd_for,
+        first,
+        timeouts or Timeouts(),
+        other_gateways=others,
+        fleet_lock=fleet_lock(source, key),
+    )

@@ -2,14 +2,15 @@
 
 Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
 the seed's incident), decode batches running eager, KV usage that stays up while idle,
-running flags that differ from the rendered ones (drift), units failed or restarting.
+running flags that differ from the rendered ones (drift), units failed or restarting, the fleet
+restart lock unreachable or held by a dead holder.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.analyze.logparse import DecodeBatch, parse_line
 from pdctl.errors import PdctlError
 from pdctl.lint import Finding, Severity, lint
@@ -221,10 +222,38 @@ def drift_findings(ops: Ops, s: Status) -> list[Finding]:
     return out
 
 
+def lock_findings(ops: Ops, s: Status) -> list[Finding]:
+    """The fleet restart lock: unreachable (no restart can start) or held by a dead holder."""
+    fleet = ops.source.topology.lock
+    if fleet is None or s.lock_url is None:
+        return []
+    if s.lock_error:
+        return [
+            _error(
+                "live-fleet-lock",
+                fleet.host,
+                f"{s.lock_error}: pdctl restart and pdctl recover refuse to run (exit 5)",
+                f"systemctl status {names.LOCK_UNIT} on {fleet.host}; run site.yml",
+            )
+        ]
+    if s.lock is not None and s.lock.stale:
+        return [
+            _warning(
+                "live-fleet-lock-stale",
+                fleet.host,
+                f"the fleet restart lock is held by {s.lock.describe()}, not renewed for "
+                f"{s.lock.heartbeat_age_s or 0:.0f}s (ttl {s.lock.ttl_s or 0:g}s): its holder "
+                "died mid-restart",
+                "pdctl status for pairs it left drained; the next pdctl restart takes it over",
+            )
+        ]
+    return []
+
+
 def doctor(ops: Ops, canary_count: int = 8) -> tuple[list[Finding], Status]:
     dep = ops.source.deployment
     findings = lint(dep) if dep else []
     s = collect(ops, canary_count)
     findings += unit_findings(s) + pair_findings(s) + kv_findings(s)
-    findings += eager_findings(ops, s) + drift_findings(ops, s)
+    findings += eager_findings(ops, s) + drift_findings(ops, s) + lock_findings(ops, s)
     return findings, s

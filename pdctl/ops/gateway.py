@@ -27,7 +27,8 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops.health import concurrently
 
-KEY_FILE = Path(names.GATEWAY_ENV_FILE)  # written by the pdstack_gateway role
+# Written by the pdstack_gateway role on [router] hosts, and by pdstack_engine on pd hosts.
+KEY_FILES = (Path(names.GATEWAY_ENV_FILE), Path(names.OPS_ENV_FILE))
 KEY_VAR = names.GATEWAY_KEY_VAR
 
 
@@ -36,16 +37,19 @@ class GatewayError(PdctlError):
 
 
 def api_key() -> str | None:
-    """The gateway's API key: from the environment, else the gateway's env file."""
+    """The gateway's API key (the fleet lock's too): from the environment, else the first
+    env file of KEY_FILES that this user can read and that holds it."""
     if os.environ.get(KEY_VAR):
         return os.environ[KEY_VAR]
-    try:
-        lines = KEY_FILE.read_text().splitlines()
-    except OSError:
-        return None
-    return next(
-        (line.split("=", 1)[1].strip() for line in lines if line.startswith(f"{KEY_VAR}=")), None
-    )
+    for path in KEY_FILES:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith(f"{KEY_VAR}="):
+                return line.split("=", 1)[1].strip()
+    return None
 
 
 class _Worker(BaseModel):
@@ -101,7 +105,7 @@ class GatewayAdmin:
         if r.status_code == 401:
             raise GatewayError(
                 f"gateway {self.url}: {method} {path} needs the API key: set "
-                f"{KEY_VAR} (root reads it from {KEY_FILE})"
+                f"{KEY_VAR} (root reads it from {' or '.join(map(str, KEY_FILES))})"
             )
         return r
 

@@ -191,18 +191,19 @@ def recover(
     lock_path: Path | None = None,
     lock_wait: float = LOCK_WAIT_S,
 ) -> Report:
-    """The coordinated restart, once the rate limit and the restart lock allow it.
+    """The coordinated restart, once the rate limit and the restart lock (this host's, and
+    the fleet's when `ops.fleet_lock` is set) allow it.
 
     A restart holding the lock (an operator's roll, another pair's recovery) is waited for,
     bounded: the crash it may have caused still needs recovering after it."""
     what = f"pdctl recover --pair {pair.id}"
-    with lock.held(what, lock_path, lock_wait, ops.say, ops.timeouts.poll) as got:
+    with lock.held(what, lock_path, lock_wait, ops.say, ops.timeouts.poll, ops.fleet_lock) as got:
         if got.behind:
             ops.say(f"{pair.id}: the restart lock is free after {got.waited_s:.0f}s; recovering")
         log.admit(pair.id, limit)
         # The pair is already broken: a gateway we cannot reach must not block recovery.
         rep = restart_pair(ops, pair, drain_required=False)
-    after = f" after waiting {got.waited_s:.0f}s for PID {got.behind}" if got.behind else ""
+    after = f" after waiting {got.waited_s:.0f}s for {got.behind}" if got.behind else ""
     verdict = "recovered" if rep.ok else "recovery FAILED"
     ops.say(f"{pair.id}: {verdict}: restarted prefill and decode together{after}")
     return rep

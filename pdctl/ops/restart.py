@@ -329,10 +329,26 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     return rep
 
 
-def restart_pairs(ops: Ops, pairs: list[Pair]) -> list[Report]:
-    """One pair at a time; after a failure the remaining pairs are left alone."""
+def _no_reason() -> str | None:
+    return None
+
+
+def restart_pairs(
+    ops: Ops, pairs: list[Pair], lock_lost: Callable[[], str | None] = _no_reason
+) -> list[Report]:
+    """One pair at a time; after a failure the remaining pairs are left alone, and so they
+    are once `lock_lost` gives a reason (the fleet restart lock may be another's now)."""
     reports: list[Report] = []
     for pair in pairs:
+        lost = lock_lost()
+        if lost is not None:
+            why = f"this restart may no longer hold the fleet restart lock ({lost})"
+            ops.say(f"stopping the roll before {pair.id}: {why}")
+            reports.append(Report(pair.id, False, [f"FAILED: {pair.id} not restarted"], why))
+            skipped = [p.id for p in pairs[len(reports) :]]
+            if skipped:
+                ops.say(f"untouched: {', '.join(skipped)}")
+            break
         reports.append(restart_pair(ops, pair))
         if not reports[-1].ok:
             skipped = [p.id for p in pairs[len(reports) :]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -74,6 +75,7 @@ class Status:
     gateway: GatewayStatus  # the first; the instance and pair views are its
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
+    lock_url: str | None = None  # the fleet restart lock's server; None: this host's lock
     others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
 
     @property
@@ -112,7 +114,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
     for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):
         calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
-    calls["lock"] = _lock
+    calls["lock"] = partial(_lock, ops)
     got = concurrently(calls, PROBE_WORKERS)
     gw_status, workers = got["gateway:0"]
     by_url = {w.url: w for w in workers or []}
@@ -138,12 +140,14 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
         lock=got["lock"][0],
         lock_error=got["lock"][1],
+        lock_url=ops.fleet_lock.url if ops.fleet_lock else None,
     )
 
 
-def _lock() -> tuple[lock.Holder | None, str | None]:
+def _lock(ops: Ops) -> tuple[lock.Holder | None, str | None]:
+    """The fleet restart lock's holder when the topology has one, else this host's."""
     try:
-        return lock.holder(), None
+        return (ops.fleet_lock.holder() if ops.fleet_lock else lock.holder()), None
     except PdctlError as e:
         return None, str(e)
 
@@ -221,6 +225,12 @@ def to_json(s: Status) -> dict[str, Any]:
             "since": s.lock.since if s.lock else None,
             "held_s": round(now - s.lock.since) if s.lock else None,
             "error": s.lock_error,
+            # The fleet restart lock (url: its server; null: only this host's lock).
+            "url": s.lock_url,
+            "host": s.lock.host if s.lock else None,
+            "stale": s.lock.stale if s.lock else None,
+            "heartbeat_age_s": s.lock.heartbeat_age_s if s.lock else None,
+            "ttl_s": s.lock.ttl_s if s.lock else None,
         },
     }
 
@@ -334,7 +344,12 @@ def _lock_fields(s: Status) -> tuple[str, str]:
     if s.lock is None:
         return "free", ""
     who = f"PID {s.lock.pid}" if s.lock.pid else "unknown PID"
+    if s.lock.host:
+        who = f"{escape(s.lock.host)} {who}"
     held = _duration(time.time() - s.lock.since)
+    if s.lock.stale:
+        late = _duration(s.lock.heartbeat_age_s or 0)
+        held += f" [red](stale: not renewed for {late}; the next restart takes it over)[/]"
     return f"[yellow]held by {who} for {held}[/]", escape(s.lock.what)
 
 

@@ -97,3 +97,8 @@ class Deployment:
 
     def gateway_url(self, gateway: GatewayHost) -> str:
         return f"http://{gateway.address}:{self.profile.router.port}"
+
+    @property
+    def lock_url(self) -> str:
+        """The fleet restart lock: on the first gateway's host and address."""
+        return f"http://{self.router_address}:{self.profile.router.lock_port}"

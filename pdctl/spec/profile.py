@@ -226,6 +226,10 @@ class Router(Strict):
     host: Host = "0.0.0.0"
     port: Port = 8000
     metrics_port: Port = 29000
+    # The fleet restart lock on the first [router] host (docs/operations.md, "One restart at a
+    # time"): its port, and how long a holder may go without renewing before it counts as dead.
+    lock_port: Port = 8790
+    lock_ttl_s: float = Field(default=30.0, ge=3, le=3600)
     policy: Literal[
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"

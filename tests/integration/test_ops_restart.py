@@ -2,12 +2,15 @@
 
 Engines are local processes; `pdctl.testing.localproc.LocalUnits` stands in for systemd
 (start/stop by PID, a pair target names its two units). Everything else is the real code
-path: the gateway admin API, /health, the pair canary, the restart lock.
+path: the gateway admin API, /health, the pair canary, the restart locks (this host's flock and
+the fleet lock's lease, served by `pdctl lock serve` in a process of its own).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +33,7 @@ from pdctl.ops.restart import (
     restart_pairs,
 )
 from pdctl.ops.status import collect
+from pdctl.testing.fleetlock import lock_server_process
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -49,11 +53,19 @@ ENV = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "0.8"}
 
 
 @pytest.fixture
+def lock_url(tmp_path: Path) -> Iterator[str]:
+    """The fleet restart lock: `pdctl lock serve` as a local process."""
+    with lock_server_process(tmp_path / "lease.json", tmp_path / "lock.log") as url:
+        yield url
+
+
+@pytest.fixture
 def two_pairs(
     sim_factory: Callable[..., SimProc],
     gateway_factory: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    lock_url: str,
 ) -> tuple[Ops, LocalUnits]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     pairs = []
@@ -71,7 +83,7 @@ def two_pairs(
     # (like NIXL) fails with stale peer metadata once one of them restarted
     # (docs/operations.md, "Pairs stay pairs").
     gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_ops(pairs, gw)
+    ops, units = local_ops(pairs, gw, lock_url=lock_url)
     for pair in ops.source.pairs():
         register_pair(ops, pair)
     gw.wait_ready()
@@ -138,9 +150,11 @@ def test_doctor_finds_degraded_pair_after_lone_decode_restart(
     assert not [f for f in doctor(ops)[0] if f.id.startswith("live-")]
 
 
-def test_second_restart_refuses_while_the_first_holds_the_lock(
+def test_a_restart_from_another_host_waits_then_exits_3_naming_the_holder(
     two_pairs: tuple[Ops, LocalUnits], tmp_path: Path
 ) -> None:
+    """Two restarters on two "hosts" (each its own host lock): the fleet lock lets one run;
+    the other waits its --lock-wait, saying so, then exits 3 naming the first."""
     ops, _ = two_pairs
     topo_file = tmp_path / "topology.yaml"
     topo_file.write_text(topology.dump(ops.source.topology))
@@ -148,7 +162,7 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
     result: list[bool] = []
 
     def first() -> None:
-        with lock.held("pdctl restart --both --pair pd0"):
+        with lock.held("pdctl restart --both --pair pd0", fleet=ops.fleet_lock):
             holding.set()
             result.append(restart_pair(ops, ops.source.pairs()[0]).ok)
 
@@ -164,18 +178,61 @@ def test_second_restart_refuses_while_the_first_holds_the_lock(
             "--both",
             "--all",
             "--yes",
+            "--lock-wait",
+            "1",
             "--topology",
             str(topo_file),
         ],
         capture_output=True,
         text=True,
         timeout=60,
-        env=os.environ.copy(),
+        env={**os.environ, "PDCTL_LOCK": str(tmp_path / "other-host" / "restart.lock")},
     )
     t.join(120)
     assert second.returncode == 3, second.stderr
-    assert f"PID {os.getpid()} pdctl restart --both --pair pd0" in second.stderr
+    first_one = f"{socket.gethostname()} PID {os.getpid()} pdctl restart --both --pair pd0"
+    assert f"waiting for the fleet restart lock, held by {first_one}, since" in second.stderr
+    assert f"another restart is running: {first_one}, since" in second.stderr
+    assert "after waiting 1s" in second.stderr
     assert result == [True]
+    assert ops.fleet_lock is not None and ops.fleet_lock.holder() is None  # released
+
+
+def test_a_killed_holder_is_taken_over_with_a_warning(
+    two_pairs: tuple[Ops, LocalUnits], lock_url: str
+) -> None:
+    """A restarter SIGKILLed mid-restart (or its host lost) stops renewing its lease: after
+    the ttl the next restart takes it over and says whom from."""
+    ops, _ = two_pairs
+    pd0 = ops.source.pairs()[0]
+    code = (
+        "import sys, time\n"
+        "from pdctl.ops import lock\n"
+        "with lock.fleet_held(lock.FleetLock(sys.argv[1], None, 3.0), sys.argv[2]):\n"
+        "    print('holding', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, lock_url, "pdctl restart --both --pair local/pd1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+    said: list[str] = []
+    with lock.held(
+        "pdctl recover --pair local/pd0", None, 60, said.append, 0.2, ops.fleet_lock
+    ) as got:
+        rep = restart_pair(ops, pd0)
+    dead = f"{socket.gethostname()} PID {holder.pid} pdctl restart --both --pair local/pd1"
+    assert got.took_over is not None and got.took_over.startswith(dead)
+    (warning,) = [line for line in said if line.startswith("WARNING: took over")]
+    assert dead in warning and "presumed dead" in warning
+    assert rep.ok, (rep.error, rep.journal)
+    assert ops.fleet_lock is not None and ops.fleet_lock.holder() is None
 
 
 def test_restart_all_under_load_fails_no_client_request(
@@ -279,14 +336,16 @@ def test_an_interrupted_restart_leaves_the_pair_drained_until_restart_both(
 def test_recover_waits_for_a_running_restart_then_recovers(
     two_pairs: tuple[Ops, LocalUnits], tmp_path: Path
 ) -> None:
+    """An operator's restart runs elsewhere (another host lock), holding the fleet lock."""
     ops, units = two_pairs
     pd0, pd1 = ops.source.pairs()
     said: list[str] = []
     ops.say = said.append
     holding, rolled = threading.Event(), []
+    elsewhere = tmp_path / "other-host" / "restart.lock"
 
     def operator_restart() -> None:
-        with lock.held("pdctl restart --both --pair pd1"):
+        with lock.held("pdctl restart --both --pair pd1", elsewhere, fleet=ops.fleet_lock):
             holding.set()
             rolled.append(restart_pair(ops, pd1).ok)
 
@@ -298,7 +357,7 @@ def test_recover_waits_for_a_running_restart_then_recovers(
     rep = recover(ops, pd0, RateLimit(), log, lock_wait=300)
     t.join(120)
     assert rolled == [True] and rep.ok, (rep.error, rep.journal)
-    assert any(line.startswith("waiting for the restart lock: PID") for line in said)
+    assert any(line.startswith("waiting for the fleet restart lock, held by") for line in said)
     assert said[-1].startswith(f"{pd0.id}: recovered: restarted prefill and decode together")
     assert "after waiting" in said[-1] and "pdctl restart --both --pair pd1" in said[-1]
     assert collect(ops, 1).healthy

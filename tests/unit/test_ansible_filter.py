@@ -76,6 +76,16 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     # With a key: one more line, the variable systemd fills from the gateway's env file.
     assert gateway["command_lines_api_key"] == [*lines, "--api-key ${PDSTACK_GATEWAY_API_KEY}"]
     assert gateway["env_file"] == "/etc/pdstack/gateway.env"
+    # The fleet restart lock: on the first [router] host, at its gateway's address.
+    assert gateway["lock"] == {
+        "host": "gpu-node-1",
+        "url": "http://10.0.0.11:8790",
+        "port": 8790,
+        "unit": "pdstack-lock.service",
+        "command": "/opt/pdstack/venv/bin/pdctl lock serve --host 10.0.0.11 --port 8790 "
+        "--state /var/lib/pdstack-lock/lease.json",
+        "state_name": "pdstack-lock",
+    }
 
 
 def test_stale_pairs_filter_keeps_the_hosts_pairs() -> None:

@@ -609,7 +609,7 @@ def test_sweep_cli_key_from_the_environment(
     fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake_server.state["api_key"] = "from-env"
-    monkeypatch.setattr("pdctl.ops.gateway.KEY_FILE", tmp_path / "absent.env")
+    monkeypatch.setattr("pdctl.ops.gateway.KEY_FILES", (tmp_path / "absent.env",))
     args = ["bench", "sweep", "--url", fake_server.url, "--concurrency", "1",
             "--num-prompts", "1", "--input-len", "8", "--output-len", "2"]  # fmt: skip
     monkeypatch.delenv("PDSTACK_GATEWAY_API_KEY", raising=False)

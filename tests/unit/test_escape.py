@@ -336,5 +336,5 @@ def test_gateway_env_file_round_trips(tmp_path: Path, monkeypatch: pytest.Monkey
     path.write_text(text)
     assert systemd_env(path) == {"PDSTACK_GATEWAY_API_KEY": key}
     monkeypatch.delenv(gateway.KEY_VAR, raising=False)
-    monkeypatch.setattr(gateway, "KEY_FILE", path)
+    monkeypatch.setattr(gateway, "KEY_FILES", (path,))
     assert gateway.api_key() == key

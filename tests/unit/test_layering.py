@@ -14,6 +14,8 @@ RUNTIME = [
     "pdctl.ops.status",
     "pdctl.ops.recover",
     "pdctl.ops.doctor",
+    "pdctl.ops.lock",
+    "pdctl.lockd",
     "pdctl.exporter.collector",
     "pdctl.pdclient",
     "pdctl.names",
@@ -23,6 +25,7 @@ RUNTIME = [
     "pdctl.cli.ops_commands",
     "pdctl.cli.bench_commands",
     "pdctl.cli.analyze_commands",
+    "pdctl.cli.lock_commands",
     "pdctl.exporter.command",
 ]
 

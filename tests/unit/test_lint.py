@@ -72,6 +72,8 @@ CASES = [
          "layout.pairs[0].decode.numa_node"),
     Case("port-collision", {"router.metrics_port": 30001}, {"router.metrics_port": 30001},
          "router.metrics_port", router="ctl-1"),
+    Case("port-collision", {"router.lock_port": 8000}, {"router.lock_port": 8001},
+         "router.lock_port"),
     Case("port-collision", {f"{DECODE}.port": 8998}, {f"{DECODE}.port": 8999},
          "layout.pairs[0].decode.port"),
     Case("pair-mismatch", {"engine.decode.page_size": 64}, {"engine.common.page_size": 64},

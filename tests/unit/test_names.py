@@ -81,5 +81,6 @@ def test_every_unit_starts_with_the_prefix_preflight_allows() -> None:
         names.pair_target("pd0"),
         names.recover_unit("pd0"),
         names.GATEWAY_UNIT,
+        names.LOCK_UNIT,
     ]
     assert all(u.startswith(f"{names.PREFIX}-") for u in units)

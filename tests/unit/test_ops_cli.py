@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pdctl.lint import Finding, Severity
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.health import EngineProbe
+from pdctl.ops.lock import FleetLock
 from pdctl.ops.restart import Interrupted, Report
 from pdctl.ops.source import Pair
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
@@ -86,12 +88,12 @@ def topo_file(
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
+def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet_lock: str) -> Iterator[Calls]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     monkeypatch.delenv("PDSTACK_INVENTORY", raising=False)
     c = Calls()
 
-    def pairs(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def pairs(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         c.restarted.append([p.id for p in chosen])
         return [Report(p.id, lines=[f"OK: {i.id}" for i in p.instances]) for p in chosen]
 
@@ -197,7 +199,7 @@ def test_restart_refuses_while_another_holds_the_lock(topo_file: Path, calls: Ca
 def test_failed_pair_exits_1_with_the_journal(
     topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def failing(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def failing(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         return [
             Report(
                 chosen[0].id,
@@ -424,10 +426,13 @@ class UpSystemd:
 
 @pytest.fixture
 def junk_stack(
-    tmp_path: Path, fake_http: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    fake_http: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    fleet_lock: str,
 ) -> tuple[Path, UpSystemd]:
     """Engines and a gateway that answer 200 with an HTML page to everything; the real ops
-    (no recorders) against a fake systemd."""
+    (no recorders) against a fake systemd, and a real fleet restart lock."""
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     monkeypatch.delenv("PDSTACK_INVENTORY", raising=False)
     page = (200, b"<html><body>It works!</body></html>")
@@ -441,7 +446,8 @@ def junk_stack(
         router_url=gw.url,
         metrics_url=gw.url + "/metrics",
     )
-    path.write_text(topology.dump(topo))
+    lock_at = topology.TopologyLock(host="node-a", url=fleet_lock, ttl_s=30)
+    path.write_text(topology.dump(topo.model_copy(update={"lock": lock_at})))
     sd = UpSystemd()
     monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr: sd)
     return path, sd
@@ -464,16 +470,20 @@ def test_status_and_doctor_survive_non_json_engines_and_gateway(
     assert out["pairs"][0]["gateway"] is None  # the gateway's view is unknown
 
 
-def test_status_names_the_restart_lock_holder(junk_stack: tuple[Path, UpSystemd]) -> None:
+def test_status_names_the_restart_lock_holder(
+    junk_stack: tuple[Path, UpSystemd], fleet_lock: str
+) -> None:
     path, _ = junk_stack
-    with lock.held("pdctl restart --both --pair node-a/pd0"):
+    fleet = FleetLock(fleet_lock, None, 30)
+    with lock.held("pdctl restart --both --pair node-a/pd0", fleet=fleet):
         r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
         table = run("status", "--topology", str(path), "--canaries", "1")
     held = json.loads(r.stdout)["restart_lock"]
-    assert (held["held"], held["pid"]) == (True, os.getpid())
+    assert (held["held"], held["pid"], held["host"]) == (True, os.getpid(), socket.gethostname())
     assert held["command"] == "pdctl restart --both --pair node-a/pd0"
     assert 0 <= held["held_s"] < 600 and held["error"] is None
-    assert f"restart lock:  held by PID {os.getpid()} for " in table.stdout
+    assert (held["url"], held["stale"], held["ttl_s"]) == (fleet_lock, False, 30)
+    assert f"restart lock:  held by {socket.gethostname()} PID {os.getpid()} for " in table.stdout
     assert "pdctl restart --both --pair node-a/pd0" in table.stdout
     r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
     assert json.loads(r.stdout)["restart_lock"]["held"] is False  # released
@@ -497,7 +507,7 @@ def test_restart_with_a_non_json_gateway_stops_nothing(
 def test_ctrl_c_mid_restart_names_the_drained_pair_and_the_way_back(
     topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(_ops: Ops, chosen: list[Pair]) -> list[Report]:
+    def interrupted(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         raise Interrupted(chosen[0].id, "health")
 
     monkeypatch.setattr(ops_commands, "restart_pairs", interrupted)

@@ -27,7 +27,7 @@ from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
 from pdctl.pdclient import CanaryResult, pair_canary
 from pdctl.spec import Deployment
-from pdctl.topology import Topology
+from pdctl.topology import Topology, TopologyLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -318,6 +318,24 @@ def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch)
     assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
 
 
+def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_may_be_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(restart, "_first_canary", lambda *_: None)
+    monkeypatch.setattr(restart, "_verify", lambda *_: None)
+    monkeypatch.setattr(restart, "register_pair", lambda *_a, **_k: None)
+    ops, said = fake_ops(sd, gw), []
+    ops.say = said.append
+    reasons = iter([None, "pdf2 PID 7 pdctl restart --all, since 12:00:00 holds it now"])
+    reports = restart.restart_pairs(ops, ops.source.pairs(), lambda: next(reasons))
+    assert [r.ok for r in reports] == [True, False]
+    assert "may no longer hold the fleet restart lock (pdf2 PID 7" in (reports[1].error or "")
+    assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
+    assert any(line.startswith("stopping the roll before node-a/pd1") for line in said)
+
+
 def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
@@ -562,7 +580,7 @@ def test_gateway_key_from_env_or_the_gateway_env_file(
 ) -> None:
     env_file = tmp_path / "gateway.env"
     env_file.write_text("# managed\nPDSTACK_GATEWAY_API_KEY=k-from-file\n")
-    monkeypatch.setattr(gateway, "KEY_FILE", env_file)
+    monkeypatch.setattr(gateway, "KEY_FILES", (tmp_path / "unreadable" / "gateway.env", env_file))
     monkeypatch.delenv(gateway.KEY_VAR, raising=False)
     assert gateway.api_key() == "k-from-file"
     monkeypatch.setenv(gateway.KEY_VAR, "k-from-env")
@@ -1010,6 +1028,35 @@ def test_status_view_says_the_lock_is_free_or_unreadable() -> None:
     error = "cannot read the restart lock /run/x: Permission denied"
     text = " ".join(" ".join(_render(replace(_fleet_status(), lock_error=error), 80)).split())
     assert f"restart lock: {error}" in text
+
+
+def test_status_view_names_the_fleet_lock_holder_and_says_when_it_is_stale() -> None:
+    what = "pdctl restart --both --pair pdf1/pd0"
+    live = lock.Holder(4242, what, time.time() - 75, "pdf1", 5.0, 30.0)
+    text = " ".join(" ".join(_render(_fleet_status(live), 80)).split())
+    assert f"restart lock: held by pdf1 PID 4242 for 1m15s {what}" in text
+    assert "stale" not in text
+    dead = replace(live, heartbeat_age_s=45.0)
+    text = " ".join(" ".join(_render(_fleet_status(dead), 80)).split())
+    assert (
+        "held by pdf1 PID 4242 for 1m15s (stale: not renewed for 0m45s; the next restart " in text
+    )
+
+
+def test_doctor_says_the_fleet_lock_is_unreachable_or_held_by_a_dead_holder() -> None:
+    t = topo(hosts=LONG_HOSTS, pairs=("pd0",))
+    t = t.model_copy(
+        update={"lock": TopologyLock(host=LONG_HOSTS[0], url="http://x:8790", ttl_s=30)}
+    )
+    ops = Ops(Source(t, None), lambda _host: FakeSystemd(), gateway.GatewayAdmin("http://gw"))
+    s = replace(_fleet_status(), lock_url="http://x:8790")
+    assert doctor.lock_findings(ops, s) == []
+    (down,) = doctor.lock_findings(ops, replace(s, lock_error="the fleet restart lock at …"))
+    assert (down.id, down.severity, down.where) == ("live-fleet-lock", "error", LONG_HOSTS[0])
+    assert "pdstack-lock.service" in down.fix
+    dead = lock.Holder(4242, "pdctl restart --all", time.time() - 90, "pdf1", 60.0, 30.0)
+    (stale,) = doctor.lock_findings(ops, replace(s, lock=dead))
+    assert stale.id == "live-fleet-lock-stale" and "pdf1 PID 4242" in stale.message
 
 
 def test_status_view_says_an_unreachable_hosts_systemd_error_once() -> None:

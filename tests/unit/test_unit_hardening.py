@@ -23,6 +23,7 @@ ROLES = ROOT / "roles"
 LIMITS = {
     "engine": 4.0,
     "pdstack-gateway.service": 3.0,
+    "pdstack-lock.service": 3.0,
     "pd-exporter.service": 3.0,
     "pdstack-recover@.service": 5.0,
     "pdstack-firewall.service": 5.0,
@@ -50,6 +51,14 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         documentation=names.documentation(),
         user="pdstack-gw",
         config_group=names.SERVICE_USER,
+    )
+    files[names.LOCK_UNIT] = gateway.get_template("lock.service.j2").render(
+        **common,
+        command=systemd_command(render.lock_command(dep)),
+        env_file=names.GATEWAY_ENV_FILE,
+        state_name=names.LOCK_STATE_NAME,
+        documentation=names.documentation(),
+        user="pdstack-gw",
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
@@ -132,6 +141,14 @@ def test_recovery_writes_only_its_own_state_folder(units: dict[str, Path]) -> No
     assert not [line for line in text if line.startswith("ReadWritePaths=")]
 
 
+def test_fleet_lock_keeps_its_lease_where_engines_cannot_write(units: dict[str, Path]) -> None:
+    text = units[names.LOCK_UNIT].read_text().splitlines()
+    state = Path(names.LOCK_STATE_FILE).parent
+    assert f"StateDirectory={state.relative_to('/var/lib')}" in text
+    assert "User=pdstack-gw" in text and f"User={names.SERVICE_USER}" not in text
+    assert any(line.startswith("ExecStart=") and " lock serve " in line for line in text)
+
+
 def test_gateway_runs_as_its_own_user(units: dict[str, Path]) -> None:
     gateway = units["pdstack-gateway.service"].read_text()
     engine = units["pdstack-pd0-decode.service"].read_text()
@@ -155,8 +172,8 @@ def _unit_tasks() -> list[tuple[Path, dict[str, Any]]]:
 def test_every_unit_file_a_role_writes_is_validated() -> None:
     tasks = _unit_tasks()
     names = {t["name"] for _, t in tasks}
-    # Engines, pair targets, recovery, firewall, gateway, pd-exporter.
-    assert len(tasks) == 6, names
+    # Engines, pair targets, recovery, firewall, gateway, fleet restart lock, pd-exporter.
+    assert len(tasks) == 7, names
     for path, task in tasks:
         args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
         assert "pdstack_unit_verify" in str(args.get("validate", "")), f"{path}: {task['name']}"
