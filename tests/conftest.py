@@ -2,17 +2,57 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from click.testing import CliRunner
 
 from pdctl.spec import Role
 from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
+
+
+def filter_plugin() -> ModuleType:
+    """filter_plugins/pdstack.py, the roles' view of the deployment (not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_pdctl(*args: str, input: str | None = None) -> Run:
+    """The real entry point in-process, `input` on stdin: `Error: …` on stderr and the exit
+    codes a shell sees, which CliRunner.invoke on the group would not show."""
+    from pdctl.cli import main
+
+    runner = CliRunner()
+    with runner.isolation(input=input) as (out, err, _), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["pdctl", *args])
+        mp.setenv("COLUMNS", "200")
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        return Run(code, out.getvalue().decode(), err.getvalue().decode())
 
 
 def require_path(path: Path | str | None, what: str) -> Path:
