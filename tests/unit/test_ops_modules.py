@@ -438,6 +438,34 @@ def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
         restart.register_gateways(ops, ("gw9",), timeout=1)
 
 
+def test_register_removes_workers_of_pairs_that_left_the_topology() -> None:
+    class Holding(FakeGateway):
+        def workers(self) -> list[GatewayWorker]:
+            return [
+                GatewayWorker(
+                    "a", "http://10.0.0.1:30000", "prefill", "ready", True, 0, "node-a/pd0"
+                ),
+                GatewayWorker("x", "http://10.0.0.9:30020", "prefill", "ready", True, 0, "pd2"),
+                GatewayWorker("y", "http://10.0.0.9:30021", "decode", "draining", True, 0, "pd2"),
+            ]
+
+    gw = Holding("http://gw1:8000")
+    ops = fake_ops(FakeSystemd(), gw)
+    (done,) = restart.register_gateways(ops, (), timeout=1)
+    assert done.workers["http://10.0.0.9:30020"] == "removed"
+    assert "http://10.0.0.9:30021" not in done.workers  # being drained: smg removes it
+    assert gw.calls[0] == "remove http://10.0.0.9:30020"
+    assert sorted(gw.calls[1:]) == [
+        "add http://10.0.0.1:30001 pairing node-a/pd0",
+        "add http://10.0.0.1:30010 pairing node-a/pd1",
+        "add http://10.0.0.1:30011 pairing node-a/pd1",
+    ]
+    # Re-registering one pair after its restart never removes the others.
+    gw.calls.clear()
+    restart.register_pair(ops, ops.source.pairs()[1])
+    assert not any(c.startswith("remove") for c in gw.calls)
+
+
 def test_register_waits_until_drained_entries_are_gone_or_bound_again() -> None:
     url = "http://10.0.0.1:30000"
     settled = gateway.settled([url], "node-a/pd0")
