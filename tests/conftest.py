@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from pdctl.spec import Role
@@ -53,6 +57,37 @@ def run_pdctl(*args: str, input: str | None = None) -> Run:
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
         return Run(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def role_expression(tmp_path: Path, vars_file: Path, facts: dict[str, Any], expr: str) -> Any:
+    """`{{ expr }}` as real Ansible evaluates it on localhost with a role's vars file and
+    `facts` (registered results as the role's tasks produce them), read back as JSON."""
+    playbook = ROOT / ".venv" / "bin" / "ansible-playbook"
+    if not playbook.exists():
+        pytest.skip(f"{playbook} not found; run scripts/setup.sh")
+    out = tmp_path / "out.json"
+    task = {"dest": str(out), "content": f"{{{{ {expr} | to_json }}}}", "mode": "0644"}
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [str(vars_file)],
+            "tasks": [{"ansible.builtin.copy": task}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    facts = {**facts, "ansible_python_interpreter": sys.executable}
+    (tmp_path / "vars.json").write_text(json.dumps(facts))
+    env = dict(
+        os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    )
+    r = subprocess.run(
+        [str(playbook), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+         "-e", f"@{tmp_path / 'vars.json'}"],
+        cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def require_path(path: Path | str | None, what: str) -> Path:

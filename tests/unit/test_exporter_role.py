@@ -4,61 +4,28 @@ localhost against registered results as its tasks produce them."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_exporter"
-PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"
 INSTALLED = 1_764_558_000.0  # mtime of the venv's site-packages
 
 
 def _stale(tmp_path: Path, started: str, site_packages: list[float]) -> bool:
     """_pdstack_exporter_stale for `systemctl show` output `started` and directory mtimes."""
-    if not PLAYBOOK.exists():
-        pytest.skip(f"{PLAYBOOK} not found; run scripts/setup.sh")
     facts: dict[str, Any] = {
         "__pdstack_exporter_started": {"stdout": started},
         "__pdstack_exporter_site_packages": {"files": [{"mtime": m} for m in site_packages]},
-        "ansible_python_interpreter": sys.executable,
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "vars" / "main.yml")],
-            "tasks": [
-                {
-                    "ansible.builtin.copy": {
-                        "dest": str(tmp_path / "out.json"),
-                        "content": "{{ _pdstack_exporter_stale | bool | to_json }}",
-                        "mode": "0644",
-                    }
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp_path / "vars.json").write_text(json.dumps(facts))
-    env = dict(
-        os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    stale: bool = role_expression(
+        tmp_path, ROLE / "vars" / "main.yml", facts, "_pdstack_exporter_stale | bool"
     )
-    r = subprocess.run(
-        [str(PLAYBOOK), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
-         "-e", f"@{tmp_path / 'vars.json'}"],
-        cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    result: bool = json.loads((tmp_path / "out.json").read_text())
-    return result
+    return stale
 
 
 @pytest.mark.parametrize(
