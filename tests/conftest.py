@@ -2,17 +2,92 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from pdctl.spec import Role
 from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
+
+
+def filter_plugin() -> ModuleType:
+    """filter_plugins/pdstack.py, the roles' view of the deployment (not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_pdctl(*args: str, input: str | None = None) -> Run:
+    """The real entry point in-process, `input` on stdin: `Error: …` on stderr and the exit
+    codes a shell sees, which CliRunner.invoke on the group would not show."""
+    from pdctl.cli import main
+
+    runner = CliRunner()
+    with runner.isolation(input=input) as (out, err, _), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["pdctl", *args])
+        mp.setenv("COLUMNS", "200")
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        return Run(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def role_expression(tmp_path: Path, vars_file: Path, facts: dict[str, Any], expr: str) -> Any:
+    """`{{ expr }}` as real Ansible evaluates it on localhost with a role's vars file and
+    `facts` (registered results as the role's tasks produce them), read back as JSON."""
+    playbook = ROOT / ".venv" / "bin" / "ansible-playbook"
+    if not playbook.exists():
+        pytest.skip(f"{playbook} not found; run scripts/setup.sh")
+    out = tmp_path / "out.json"
+    task = {"dest": str(out), "content": f"{{{{ {expr} | to_json }}}}", "mode": "0644"}
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [str(vars_file)],
+            "tasks": [{"ansible.builtin.copy": task}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    facts = {**facts, "ansible_python_interpreter": sys.executable}
+    (tmp_path / "vars.json").write_text(json.dumps(facts))
+    env = dict(
+        os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    )
+    r = subprocess.run(
+        [str(playbook), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+         "-e", f"@{tmp_path / 'vars.json'}"],
+        cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def require_path(path: Path | str | None, what: str) -> Path:

@@ -54,8 +54,9 @@ _SEP = rb"(?: \[\d+\])?[.,] "
 _NUM = rb"(\d+\.?\d*)"
 _DECODE_HEAD = _SEP + rb"#running-req: (\d+),"
 _DECODE_TAIL = rb"[^\n]*gen throughput(?<=([^\n]{6})gen throughput) \(token/s\): " + _NUM + b", "
-DECODE_RE = re.compile(  # running, flag, tok/s
-    DECODE_MARKER + rb"(?:" + _DECODE_HEAD + _DECODE_TAIL + rb")?"
+# The empty group stands for `accept len`, so both decode patterns give the same four groups.
+DECODE_RE = re.compile(  # running, accept len (empty), flag, tok/s
+    DECODE_MARKER + rb"(?:" + _DECODE_HEAD + rb"()" + _DECODE_TAIL + rb")?"
 )
 # `accept len` is followed by `accept rate` (`block accept len` never is). The optional group
 # costs a second pass over each line, so it is used only on chunks that hold the field.
@@ -128,10 +129,6 @@ def graph_flag(tail: bytes) -> bool | None:
 
 
 def _decode(g: tuple[bytes, ...], ts: str | None) -> DecodeBatch:
-    return DecodeBatch(int(g[0]), float(g[2]), _GRAPH.get(g[1]), ts)
-
-
-def _spec_decode(g: tuple[bytes, ...], ts: str | None) -> DecodeBatch:
     accept = float(g[1]) if g[1] else None
     return DecodeBatch(int(g[0]), float(g[3]), _GRAPH.get(g[2]), ts, accept or None)
 
@@ -150,18 +147,15 @@ def _timestamp(buf: bytes | bytearray, pos: int) -> str | None:
 _Build = Callable[[tuple[bytes, ...], str | None], DecodeBatch | PrefillBatch]
 
 
-def _decode_kind(buf: bytes | bytearray, end: int) -> tuple[re.Pattern[bytes], _Build]:
-    if buf.find(ACCEPT_FIELD, 0, end) >= 0:
-        return SPEC_DECODE_RE, _spec_decode
-    return DECODE_RE, _decode
+def _decode_re(buf: bytes | bytearray, end: int) -> re.Pattern[bytes]:
+    return SPEC_DECODE_RE if buf.find(ACCEPT_FIELD, 0, end) >= 0 else DECODE_RE
 
 
 def parse_line(line: str) -> DecodeBatch | PrefillBatch | None:
     """One line, any prefix; None when it is not a batch line or cannot be read."""
     raw = line.encode(errors="replace")
-    decode_re, build_decode = _decode_kind(raw, len(raw))
     kinds: tuple[tuple[re.Pattern[bytes], _Build], ...] = (
-        (decode_re, build_decode),
+        (_decode_re(raw, len(raw)), _decode),
         (PREFILL_RE, _prefill),
     )
     for regex, build in kinds:
@@ -222,8 +216,11 @@ def scan(
     for buf, end in _chunks(stream, chunk_bytes):
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
-        decode_re, build_decode = _decode_kind(buf, end)
-        for regex, build in ((decode_re, build_decode), (PREFILL_RE, _prefill)):
+        kinds: tuple[tuple[re.Pattern[bytes], _Build], ...] = (
+            (_decode_re(buf, end), _decode),
+            (PREFILL_RE, _prefill),
+        )
+        for regex, build in kinds:
             for m in regex.finditer(buf, 0, end):
                 if m[1] is None:
                     counts.unparseable += 1
@@ -252,46 +249,30 @@ class DecodeTally:
     unparseable: int = 0
 
 
-def _tally(found: list[tuple[bytes, ...]], spec: bool, tally: DecodeTally) -> None:
-    # The hot loop of a multi-GB read: locals only, one dict lookup and one float() per line.
+def _tally(found: list[tuple[bytes, ...]], tally: DecodeTally) -> None:
+    # The hot loop of a multi-GB read: locals only, one dict lookup and one float() per line
+    # (two with an accept len).
     cells = tally.cells
     get = cells.get
     idle = bad = 0
-    if spec:
-        for running, accept, flag, tps in found:
-            if not running:
-                bad += 1
-                continue
-            t = float(tps)
-            if t <= 0.0:
-                idle += 1
-                continue
-            c = get((running, flag))
-            if c is None:
-                c = cells[running, flag] = [0, 0.0, 0.0, 0.0, 0]
-            c[0] += 1
-            c[1] += t
-            a = float(accept) if accept else 0.0
-            if a > 0.0:
-                c[2] += a / t
-                c[3] += a
-                c[4] += 1
-            else:
-                c[2] += 1.0 / t
-    else:
-        for running, flag, tps in found:
-            if not running:
-                bad += 1
-                continue
-            t = float(tps)
-            if t <= 0.0:
-                idle += 1
-                continue
-            c = get((running, flag))
-            if c is None:
-                c = cells[running, flag] = [0, 0.0, 0.0, 0.0, 0]
-            c[0] += 1
-            c[1] += t
+    for running, accept, flag, tps in found:
+        if not running:
+            bad += 1
+            continue
+        t = float(tps)
+        if t <= 0.0:
+            idle += 1
+            continue
+        c = get((running, flag))
+        if c is None:
+            c = cells[running, flag] = [0, 0.0, 0.0, 0.0, 0]
+        c[0] += 1
+        c[1] += t
+        if accept and (a := float(accept)) > 0.0:
+            c[2] += a / t
+            c[3] += a
+            c[4] += 1
+        else:
             c[2] += 1.0 / t
     tally.idle += idle
     tally.unparseable += bad
@@ -304,10 +285,9 @@ def scan_tallies(
     for buf, end in _chunks(stream, chunk_bytes):
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
-        decode_re, _ = _decode_kind(buf, end)
-        if found := decode_re.findall(buf, 0, end):
+        if found := _decode_re(buf, end).findall(buf, 0, end):
             tally = DecodeTally()
-            _tally(found, decode_re is SPEC_DECODE_RE, tally)
+            _tally(found, tally)
             counts.unparseable += tally.unparseable
             yield tally
         for groups in PREFILL_RE.findall(buf, 0, end):

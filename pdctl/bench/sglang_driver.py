@@ -1,9 +1,10 @@
-"""The sglang driver: `python -m sglang.bench_serving` from an SGLang venv, one run per level.
+"""The sglang driver: sglang's bench_serving from an SGLang venv, one run per level.
 
-bench_serving appends one JSON line per run to its --output-file; each run gets a fresh file
-in a private directory, so the line read back is this level's. Its own warm-up request and
-metric code are used unchanged: this driver is the reference the builtin one is checked
-against on GPU hosts.
+bench_serving runs through judged_bench_serving.py, which applies pdctl's failure rule
+(stream.py) to each request before bench_serving counts it; its own warm-up request, timing
+and metric code are used unchanged: this driver is the reference the builtin one is checked
+against on GPU hosts. bench_serving appends one JSON line per run to its --output-file; each
+run gets a fresh file in a private directory, so the line read back is this level's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ STOP_GRACE_S = 10.0
 # rejects on streamed requests (HTTP 400); a null overrides it and passes.
 NO_BEST_OF = '{"best_of": null}'
 LOG_TAIL = 2000
+JUDGE = Path(__file__).with_name("judged_bench_serving.py")
 
 
 def bench_serving_command(
@@ -33,7 +35,7 @@ def bench_serving_command(
     if target.endpoint == "completions" and "--extra-request-body" not in extra:
         extra += ["--extra-request-body", NO_BEST_OF]
     return [
-        python, "-m", "sglang.bench_serving",
+        python, str(JUDGE),
         "--backend", BACKENDS[target.endpoint],
         "--base-url", target.url,
         "--model", target.model,
@@ -87,4 +89,7 @@ async def run_level(
         if not lines:
             raise PdctlError(f"bench_serving wrote no result:\n{tail}")
         result: dict[str, Any] = json.loads(lines[-1])
-        return result
+        failures = Path(f"{out}.failures.json")
+        errors = json.loads(failures.read_text())["errors"] if failures.exists() else []
+    # bench_serving counts as completed only what passed the judge.
+    return result | {"failed": level.num_prompts - int(result["completed"]), "errors": errors}

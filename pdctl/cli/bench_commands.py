@@ -162,7 +162,8 @@ def sweep(
 
     \b
     --driver builtin  an async streaming client in pdctl (no SGLang needed)
-    --driver sglang   python -m sglang.bench_serving from --sglang-python (GPU host)
+    --driver sglang   sglang's bench_serving from --sglang-python (GPU host); both
+                      count failures by one rule (docs/bench.md, Failures)
 
     \b
     Examples:

@@ -442,7 +442,8 @@ def register(
     It does not wait for the engines: smg adds each worker once its engine answers. Safe to
     run again: workers a gateway holds are left alone; one held without its pair's protocol
     is reported "unbound" (pdctl restart --both --pair NAME rebinds it without failing
-    requests), one being drained "draining" (a restart is under way).
+    requests), one being drained "draining" (a restart is under way). A worker whose URL is
+    no instance of the topology (its pair left the profile) is removed and listed.
 
     \b
     Exit codes: 0 done; 1 a gateway did not answer within --timeout; 2 bad input.
@@ -463,6 +464,8 @@ def register(
             summary = ", ".join(f"{n} {state}" for state, n in counts.items())
             click.echo(f"OK: {d.host} ({d.url}): {summary or 'no workers'}")
             for url, state in d.workers.items():
-                if state not in ("added", "bound"):
+                if state == "removed":
+                    click.echo(f"  Removed: {url} (no instance of the topology)")
+                elif state not in ("added", "bound"):
                     click.secho(f"  Warning: {url} {state}", fg="yellow")
     sys.exit(1 if any(d.error for d in done) else 0)

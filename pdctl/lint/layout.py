@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import hardware_key, instance_key
-from pdctl.spec import Deployment
+from pdctl.spec import Deployment, HostSpec, Instance
 
 
 @rule("gpu-overlap", Severity.ERROR, "a GPU id is given to two instances on one host")
@@ -59,40 +59,40 @@ def tp_mismatch(dep: Deployment) -> Iterator[Problem]:
             )
 
 
+def _numa_bound(dep: Deployment) -> Iterator[tuple[HostSpec, dict[int, list[int]], Instance]]:
+    """(host, its NUMA topology, instance) for the instances of hosts whose topology is known."""
+    for host in dep.hosts:
+        if topology := host.hardware.numa_gpus:
+            for inst in host.instances:
+                yield host, topology, inst
+
+
 @rule("numa-unknown-node", Severity.ERROR, "numa_node is not a node of the host's numa_gpus")
 def numa_unknown_node(dep: Deployment) -> Iterator[Problem]:
-    for host in dep.hosts:
-        topology = host.hardware.numa_gpus
-        if not topology:
-            continue
-        for inst in host.instances:
-            if inst.numa_node not in topology:
-                yield Problem(
-                    where=inst.id,
-                    message=f"NUMA node {inst.numa_node} is not in the host's topology "
-                    f"(nodes {sorted(topology)}): numactl --membind fails, the unit never starts",
-                    fix=f"{instance_key(dep, inst, 'numa_node')} or "
-                    f"{hardware_key(dep, host.name, 'numa_gpus')}",
-                )
+    for host, topology, inst in _numa_bound(dep):
+        if inst.numa_node not in topology:
+            yield Problem(
+                where=inst.id,
+                message=f"NUMA node {inst.numa_node} is not in the host's topology "
+                f"(nodes {sorted(topology)}): numactl --membind fails, the unit never starts",
+                fix=f"{instance_key(dep, inst, 'numa_node')} or "
+                f"{hardware_key(dep, host.name, 'numa_gpus')}",
+            )
 
 
 @rule("numa-mismatch", Severity.WARNING, "an instance is bound to another NUMA node than its GPUs")
 def numa_mismatch(dep: Deployment) -> Iterator[Problem]:
-    for host in dep.hosts:
-        topology = host.hardware.numa_gpus
-        if not topology:
-            continue
-        for inst in host.instances:
-            local = set(topology.get(inst.numa_node, []))
-            if inst.numa_node in topology and not set(inst.gpus) <= local:
-                far = sorted(set(inst.gpus) - local)
-                yield Problem(
-                    where=inst.id,
-                    message=f"bound to NUMA node {inst.numa_node} but GPUs {far} hang off another "
-                    "node: every host-GPU copy and the KV transfer cross the socket link",
-                    fix=f"{instance_key(dep, inst, 'numa_node')}: the node of its GPUs "
-                    f"({hardware_key(dep, host.name, 'numa_gpus')})",
-                )
+    for host, topology, inst in _numa_bound(dep):
+        local = set(topology.get(inst.numa_node, []))
+        if inst.numa_node in topology and not set(inst.gpus) <= local:
+            far = sorted(set(inst.gpus) - local)
+            yield Problem(
+                where=inst.id,
+                message=f"bound to NUMA node {inst.numa_node} but GPUs {far} hang off another "
+                "node: every host-GPU copy and the KV transfer cross the socket link",
+                fix=f"{instance_key(dep, inst, 'numa_node')}: the node of its GPUs "
+                f"({hardware_key(dep, host.name, 'numa_gpus')})",
+            )
 
 
 @rule("port-collision", Severity.ERROR, "two listeners on one host share a port")

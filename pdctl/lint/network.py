@@ -8,26 +8,38 @@ from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import hardware_key
 from pdctl.lint.launch_line import flag_values
 from pdctl.render import environment, launch_args
-from pdctl.spec import Deployment
+from pdctl.spec import Deployment, HostSpec, Instance
+
+
+def _rdma_hosted(dep: Deployment, backend: str) -> Iterator[tuple[HostSpec, list[str], Instance]]:
+    """(host, its RDMA NICs, instance) for the instances of hosts with RDMA NICs, when `backend`
+    moves the KV."""
+    if dep.profile.engine.transfer_backend != backend:
+        return
+    for host in dep.hosts:
+        if nics := host.hardware.rdma_nics:
+            for inst in host.instances:
+                yield host, nics, inst
+
+
+def _ucx_fix(dep: Deployment, host: HostSpec, nics: list[str]) -> str:
+    return (
+        f"engine.common.env.UCX_NET_DEVICES: {','.join(f'{n}:1' for n in nics)} "
+        f"(see {hardware_key(dep, host.name, 'rdma_nics')})"
+    )
 
 
 @rule("nixl-ucx-devices", Severity.ERROR, "NIXL on a host with RDMA NICs but no UCX_NET_DEVICES")
 def nixl_ucx_devices(dep: Deployment) -> Iterator[Problem]:
-    if dep.profile.engine.transfer_backend != "nixl":
-        return
-    for host in dep.hosts:
-        nics = host.hardware.rdma_nics
-        for inst in host.instances:
-            if nics and "UCX_NET_DEVICES" not in environment(inst, dep):
-                yield Problem(
-                    where=inst.id,
-                    message=f"the host has RDMA NICs {nics} but UCX_NET_DEVICES is unset: NIXL "
-                    "ignores --disaggregation-ib-device, UCX may pick a wrong device and "
-                    "transfers hang until the 300 s timeout",
-                    fix="engine.common.env.UCX_NET_DEVICES: "
-                    f"{','.join(f'{n}:1' for n in nics)} (see "
-                    f"{hardware_key(dep, host.name, 'rdma_nics')})",
-                )
+    for host, nics, inst in _rdma_hosted(dep, "nixl"):
+        if "UCX_NET_DEVICES" not in environment(inst, dep):
+            yield Problem(
+                where=inst.id,
+                message=f"the host has RDMA NICs {nics} but UCX_NET_DEVICES is unset: NIXL "
+                "ignores --disaggregation-ib-device, UCX may pick a wrong device and "
+                "transfers hang until the 300 s timeout",
+                fix=_ucx_fix(dep, host, nics),
+            )
 
 
 @rule(
@@ -40,29 +52,21 @@ def ucx_unknown_device(dep: Deployment) -> Iterator[Problem]:
     (NIXL_ERR_BACKEND), so the engine dies at start-up. Only `device:port` entries (the RDMA
     form) are checked, and only on hosts whose facts list RDMA NICs: network interfaces
     (eth0, lo) are not in the facts."""
-    if dep.profile.engine.transfer_backend != "nixl":
-        return
-    for host in dep.hosts:
-        nics = host.hardware.rdma_nics
-        if not nics:
-            continue
-        for inst in host.instances:
-            devices = environment(inst, dep).get("UCX_NET_DEVICES", "")
-            unknown = [
-                d.strip()
-                for d in devices.split(",")
-                if ":" in d and d.strip().split(":")[0] not in nics
-            ]
-            if unknown:
-                yield Problem(
-                    where=inst.id,
-                    message=f"UCX_NET_DEVICES={devices} names {', '.join(unknown)}, which the "
-                    f"host's RDMA NICs {nics} do not include: UCX cannot open it and the "
-                    "engine exits at start-up (NIXL_ERR_BACKEND)",
-                    fix="engine.common.env.UCX_NET_DEVICES: "
-                    f"{','.join(f'{n}:1' for n in nics)} (see "
-                    f"{hardware_key(dep, host.name, 'rdma_nics')})",
-                )
+    for host, nics, inst in _rdma_hosted(dep, "nixl"):
+        devices = environment(inst, dep).get("UCX_NET_DEVICES", "")
+        unknown = [
+            d.strip()
+            for d in devices.split(",")
+            if ":" in d and d.strip().split(":")[0] not in nics
+        ]
+        if unknown:
+            yield Problem(
+                where=inst.id,
+                message=f"UCX_NET_DEVICES={devices} names {', '.join(unknown)}, which the "
+                f"host's RDMA NICs {nics} do not include: UCX cannot open it and the "
+                "engine exits at start-up (NIXL_ERR_BACKEND)",
+                fix=_ucx_fix(dep, host, nics),
+            )
 
 
 @rule(
@@ -71,19 +75,14 @@ def ucx_unknown_device(dep: Deployment) -> Iterator[Problem]:
     "mooncake on a host with RDMA NICs but no --disaggregation-ib-device",
 )
 def mooncake_ib_device(dep: Deployment) -> Iterator[Problem]:
-    if dep.profile.engine.transfer_backend != "mooncake":
-        return
-    for host in dep.hosts:
-        nics = host.hardware.rdma_nics
-        for inst in host.instances:
-            if nics and "--disaggregation-ib-device" not in flag_values(launch_args(inst, dep)):
-                yield Problem(
-                    where=inst.id,
-                    message=f"the host has RDMA NICs {nics} but --disaggregation-ib-device is not "
-                    "given: mooncake then chooses a device itself, possibly one across the socket",
-                    fix="engine.common.extra_args: add "
-                    f"--disaggregation-ib-device {','.join(nics)}",
-                )
+    for _, nics, inst in _rdma_hosted(dep, "mooncake"):
+        if "--disaggregation-ib-device" not in flag_values(launch_args(inst, dep)):
+            yield Problem(
+                where=inst.id,
+                message=f"the host has RDMA NICs {nics} but --disaggregation-ib-device is not "
+                "given: mooncake then chooses a device itself, possibly one across the socket",
+                fix=f"engine.common.extra_args: add --disaggregation-ib-device {','.join(nics)}",
+            )
 
 
 WILDCARDS = ("0.0.0.0", "::")

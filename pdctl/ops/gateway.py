@@ -176,14 +176,25 @@ class GatewayAdmin:
                 f"gateway: POST /workers {url} answered {r.status_code}: {r.text[:200]}"
             )
 
-    def register(self, regs: Iterable[Registration]) -> dict[str, str]:
+    def register(self, regs: Iterable[Registration], prune: bool = False) -> dict[str, str]:
         """Add the workers the gateway does not hold, bound (idempotent: a worker it holds is
         left alone). Does not wait for the engines: smg adds each one once it answers.
         Returns per URL: added, bound (already, with its pairing), draining (being taken out:
         a restart is under way), or `unbound (pairing X)` (held without its pair's protocol:
-        only `pdctl restart --both` rebinds it without failing its requests)."""
+        only `pdctl restart --both` rebinds it without failing its requests).
+
+        With `prune`, `regs` are every instance of the topology: a worker held at a URL that
+        matches none of them (its pair left the profile) is removed first and reported
+        `removed`; one being drained already is left to smg."""
+        regs = list(regs)
         held = {w.url: w for w in self.workers()}
         out: dict[str, str] = {}
+        if prune:
+            known = {r.url for r in regs}
+            stale = [u for u, w in held.items() if u not in known and w.status != "draining"]
+            if stale:
+                self.remove(stale)
+            out |= dict.fromkeys(stale, "removed")
         todo: list[Registration] = []
         for r in regs:
             w = held.get(r.url)

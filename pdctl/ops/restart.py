@@ -242,8 +242,9 @@ def register_gateways(
     ops: Ops, hosts: tuple[str, ...], timeout: float
 ) -> list[GatewayRegistration]:
     """Register every pair, bound, with the gateways on `hosts` (default: all), each waited
-    for up to `timeout` s to answer (it may be starting). The gateway unit runs this after
-    each start: smg starts empty, so no worker is ever held unbound."""
+    for up to `timeout` s to answer (it may be starting), and remove the workers they hold
+    that are no instance of the topology (pairs removed from the profile). The gateway unit
+    runs this after each start: smg starts empty, so no worker is ever held unbound."""
     topo = ops.source.topology
     chosen = [topo.gateway(h) for h in hosts] if hosts else topo.gateways
     admins = {g.host: gw for g, gw in zip(topo.gateways, ops.gateways, strict=True)}
@@ -253,7 +254,7 @@ def register_gateways(
         out = GatewayRegistration(host, url)
         try:
             admins[host].wait_answering(timeout)
-            out.workers = admins[host].register(regs)
+            out.workers = admins[host].register(regs, prune=True)
         except gateway.GatewayError as e:
             out.error = str(e)
         return out

@@ -62,6 +62,20 @@ def observe_transfer(m: SimMetrics, total_bytes: int, seconds: float) -> None:
     m.rank_observe(m.kv_transfer_total_mb, mb)
 
 
+def fail_transfer(
+    engine: Engine, log: logging.Logger, req: Req, what: str, var: str, reason: str
+) -> None:
+    """Log SGLang's KV-transfer failure line for `what` ("Prefill bootstrap", ...) and abort
+    the request with it (500); `var` is the request's name in that scheduler's f-string."""
+    message = (
+        f"{what} failed for request rank=0 {var}.rid={req.rid!r} "
+        f"{var}.bootstrap_room={req.room} with exception "
+        f"KVTransferError(bootstrap_room={req.room}): {reason}"
+    )
+    log.error(message)
+    engine.abort(req, message, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
 def degraded_draw(seed: int, room: int, ratio: float) -> bool:
     """Whether a degraded pair fails this room; deterministic per (seed, room)."""
     return random.Random(f"degraded:{seed}:{room}").random() < ratio
@@ -84,13 +98,7 @@ class PrefillLeg:
         self.nixl = nixl
 
     def _fail(self, req: Req, phase: str, reason: str) -> None:
-        message = (
-            f"Prefill {phase} failed for request rank=0 req.rid={req.rid!r} "
-            f"req.bootstrap_room={req.room} with exception "
-            f"KVTransferError(bootstrap_room={req.room}): {reason}"
-        )
-        self.log.error(message)
-        self.engine.abort(req, message, HTTPStatus.INTERNAL_SERVER_ERROR)
+        fail_transfer(self.engine, self.log, req, f"Prefill {phase}", "req", reason)
 
     async def run(self, req: Req) -> None:
         assert req.room is not None
@@ -230,13 +238,7 @@ class DecodeLeg:
             metrics.sched_inc(metrics.cross_pair_transfers, 0)
 
     def _abort(self, req: Req, phase: str, reason: str) -> None:
-        message = (
-            f"Decode {phase} failed for request rank=0 decode_req.req.rid={req.rid!r} "
-            f"decode_req.req.bootstrap_room={req.room} with exception "
-            f"KVTransferError(bootstrap_room={req.room}): {reason}"
-        )
-        self.log.error(message)
-        self.engine.abort(req, message, HTTPStatus.INTERNAL_SERVER_ERROR)
+        fail_transfer(self.engine, self.log, req, f"Decode {phase}", "decode_req.req", reason)
 
     async def _get(self, url: str, timeout: float) -> aiohttp.ClientResponse:
         return await self.http.get(url, timeout=aiohttp.ClientTimeout(total=timeout))

@@ -53,7 +53,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 
 class OpenAIServing:
     object = ""  # the answer's "object"
+    chunk_object = ""  # a stream chunk's "object"
     prefix = ""  # of the answer's id
+    usage_drops_null = False  # the usage chunk leaves out null fields
 
     def __init__(self, tm: TokenizerManager) -> None:
         self.tm = tm
@@ -151,7 +153,7 @@ class OpenAIServing:
             first = await anext(events)
             resp = await sse_response(request)
             head = {"created": created, "model": p.model}
-            await self.stream(resp, p, reqs, head, chain(first, events))
+            await self.stream(resp, p, Outputs(reqs, chain(first, events)), head)
         await resp.write(DONE)
         return resp
 
@@ -159,14 +161,21 @@ class OpenAIServing:
         raise NotImplementedError
 
     async def stream(
-        self,
-        resp: web.StreamResponse,
-        p: Parsed,
-        reqs: list[Req],
-        head: dict[str, Any],
-        events: Events,
+        self, resp: web.StreamResponse, p: Parsed, out: Outputs, head: dict[str, Any]
     ) -> None:
         raise NotImplementedError
+
+    async def write_usage(
+        self, resp: web.StreamResponse, p: Parsed, out: Outputs, head: dict[str, Any]
+    ) -> None:
+        """The closing usage chunk, when `stream_options.include_usage` asks for it."""
+        if not p.include_usage:
+            return
+        body = usage(p.prompt_tokens, sum(r.generated for r in out.reqs))
+        if self.usage_drops_null:
+            body = {k: v for k, v in body.items() if v is not None}
+        head = {"id": self.rid(out.reqs[out.last]), "object": self.chunk_object, **head}
+        await resp.write(sse_data({**head, "choices": [], "usage": body}))
 
 
 async def chain(first: tuple[int, Event], rest: Events) -> Events:
@@ -193,23 +202,52 @@ def stream_error(ev: Abort) -> bytes:
     return sse_data({"error": err})
 
 
-class Pending:
-    """Per sample, what a stream has not sent yet: a token right before its finish goes
-    out with it, as SGLang's last output carries both."""
+def choice(
+    index: int, content: dict[str, Any], logprobs: dict[str, Any] | None, fin: Finish | None
+) -> dict[str, Any]:
+    """A choice, whole or a stream chunk's: its content fields between index and logprobs, and
+    `finish_reason` / `matched_stop` (null until it finishes)."""
+    return {
+        "index": index,
+        **content,
+        "logprobs": logprobs,
+        "finish_reason": fin.reason if fin else None,
+        "matched_stop": fin.matched if fin else None,
+    }
 
-    def __init__(self, n: int) -> None:
-        self.text = ["" for _ in range(n)]
-        self.samples: list[list[Sample]] = [[] for _ in range(n)]
 
-    def add(self, i: int, ev: Token | Finish) -> None:
-        if isinstance(ev, Token):
-            self.text[i] += ev.text
-            if ev.sample is not None:
-                self.samples[i].append(ev.sample)
-        else:
-            self.text[i] += ev.tail
+class Outputs:
+    """A stream's outputs per sample: a token right before its finish goes out with it, as
+    SGLang's last output carries both. `last` is the sample of the latest event, whose id the
+    closing chunks carry."""
 
-    def take(self, i: int) -> tuple[str, list[Sample]]:
-        out = self.text[i], self.samples[i]
-        self.text[i], self.samples[i] = "", []
-        return out
+    def __init__(self, reqs: list[Req], events: Events) -> None:
+        self.reqs = reqs
+        self.events = events
+        self.last = 0
+        self.text = ["" for _ in reqs]
+        self.samples: list[list[Sample]] = [[] for _ in reqs]
+
+    async def each(
+        self, resp: web.StreamResponse
+    ) -> AsyncGenerator[tuple[int, str, list[Sample], Finish | None], None]:
+        """(sample, text, samples, finish or None) per output; an abort is written as the
+        stream's error and ends the outputs."""
+        async for i, ev in self.events:
+            self.last = i
+            if isinstance(ev, Abort):
+                await resp.write(stream_error(ev))
+                return
+            if isinstance(ev, Token):
+                self.text[i] += ev.text
+                if ev.sample is not None:
+                    self.samples[i].append(ev.sample)
+                if not self.reqs[i].out.empty():
+                    continue  # its finish is right behind: one output, as in SGLang
+                fin = None
+            else:
+                self.text[i] += ev.tail
+                fin = ev
+            text, samples = self.text[i], self.samples[i]
+            self.text[i], self.samples[i] = "", []
+            yield i, text, samples, fin

@@ -14,11 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .engine import Abort, Finish, Req
+from .engine import Finish
 from .model import count_tokens
 from .protocol import Parsed, validation_error
 from .sampling import Sample
-from .serving_base import Events, OpenAIServing, Pending, stream_error, usage
+from .serving_base import OpenAIServing, Outputs, choice
 from .streaming import sse_data
 from .tokenizer_manager import Outcome
 
@@ -42,6 +42,7 @@ def chat_logprobs(samples: list[Sample]) -> dict[str, Any]:
 
 class OpenAIServingChat(OpenAIServing):
     object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
     prefix = "chatcmpl"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -74,71 +75,43 @@ class OpenAIServingChat(OpenAIServing):
         return await self.run(request, p)
 
     def choice(self, index: int, outcome: Outcome) -> dict[str, Any]:
-        params = outcome.req.text.params
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": outcome.text, "reasoning_content": None},
-            "logprobs": chat_logprobs(outcome.samples) if params.logprobs else None,
-            "finish_reason": outcome.finish.reason,
-            "matched_stop": outcome.finish.matched,
-        }
+        message = {"role": "assistant", "content": outcome.text, "reasoning_content": None}
+        logprobs = chat_logprobs(outcome.samples) if outcome.req.text.params.logprobs else None
+        return choice(index, {"message": message}, logprobs, outcome.finish)
 
     async def stream(
-        self,
-        resp: web.StreamResponse,
-        p: Parsed,
-        reqs: list[Req],
-        head: dict[str, Any],
-        events: Events,
+        self, resp: web.StreamResponse, p: Parsed, out: Outputs, head: dict[str, Any]
     ) -> None:
-        def chunk(i: int, delta: dict[str, Any], rid: int | None = None, **choice: Any) -> bytes:
+        def chunk(
+            i: int,
+            delta: dict[str, Any],
+            logprobs: dict[str, Any] | None = None,
+            fin: Finish | None = None,
+            rid: int | None = None,
+        ) -> bytes:
             return sse_data(
                 {
-                    "id": self.rid(reqs[i if rid is None else rid]),
-                    "object": "chat.completion.chunk",
+                    "id": self.rid(out.reqs[i if rid is None else rid]),
+                    "object": self.chunk_object,
                     **head,
                     "choices": [
-                        {
-                            "index": i,
-                            "delta": {"reasoning_content": None, **delta},
-                            "logprobs": choice.get("logprobs"),
-                            "finish_reason": choice.get("finish_reason"),
-                            "matched_stop": choice.get("matched_stop"),
-                        }
+                        choice(i, {"delta": {"reasoning_content": None, **delta}}, logprobs, fin)
                     ],
                 }
             )
 
-        pending = Pending(len(reqs))
         started: set[int] = set()
         finished: dict[int, Finish] = {}
-        last = 0
-        async for i, ev in events:
-            last = i
-            if isinstance(ev, Abort):
-                await resp.write(stream_error(ev))
-                break
-            pending.add(i, ev)
-            if isinstance(ev, Finish):
-                finished[i] = ev
-            elif not reqs[i].out.empty():
-                continue  # its finish is right behind: one output, as in SGLang
+        async for i, text, samples, fin in out.each(resp):
+            if fin is not None:
+                finished[i] = fin
             if i not in started:
                 started.add(i)
                 await resp.write(chunk(i, {"role": "assistant", "content": ""}))
-            text, samples = pending.take(i)
             if text:
                 lp = chat_logprobs(samples) if p.sampling.logprobs and samples else None
-                await resp.write(chunk(i, {"content": text}, logprobs=lp))
+                await resp.write(chunk(i, {"content": text}, lp))
         for i, fin in finished.items():
             # Finish chunks carry the id of the last output, as in SGLang.
-            await resp.write(chunk(i, {}, last, finish_reason=fin.reason, matched_stop=fin.matched))
-        if p.include_usage:
-            body = {
-                "id": self.rid(reqs[last]),
-                "object": "chat.completion.chunk",
-                **head,
-                "choices": [],
-                "usage": usage(p.prompt_tokens, sum(r.generated for r in reqs)),
-            }
-            await resp.write(sse_data(body))
+            await resp.write(chunk(i, {}, fin=fin, rid=out.last))
+        await self.write_usage(resp, p, out, head)

@@ -13,11 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .engine import Abort, Finish, Req
 from .model import count_tokens
 from .protocol import Parsed, first
 from .sampling import Sample
-from .serving_base import Events, OpenAIServing, Pending, stream_error, usage
+from .serving_base import OpenAIServing, Outputs, choice
 from .streaming import sse_data
 from .tokenizer_manager import Outcome
 
@@ -34,7 +33,9 @@ def completion_logprobs(samples: list[Sample], top: int) -> dict[str, Any]:
 
 class OpenAIServingCompletion(OpenAIServing):
     object = "text_completion"
+    chunk_object = "text_completion"
     prefix = "cmpl"
+    usage_drops_null = True
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await self.body(request, "prompt")
@@ -58,54 +59,20 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def choice(self, index: int, outcome: Outcome) -> dict[str, Any]:
         params = outcome.req.text.params
-        return {
-            "index": index,
-            "text": outcome.text,
-            "logprobs": (
-                completion_logprobs(outcome.samples, params.top_logprobs)
-                if params.logprobs
-                else None
-            ),
-            "finish_reason": outcome.finish.reason,
-            "matched_stop": outcome.finish.matched,
-        }
+        lp = completion_logprobs(outcome.samples, params.top_logprobs) if params.logprobs else None
+        return choice(index, {"text": outcome.text}, lp, outcome.finish)
 
     async def stream(
-        self,
-        resp: web.StreamResponse,
-        p: Parsed,
-        reqs: list[Req],
-        head: dict[str, Any],
-        events: Events,
+        self, resp: web.StreamResponse, p: Parsed, out: Outputs, head: dict[str, Any]
     ) -> None:
-        pending = Pending(len(reqs))
-        last = 0
-        async for i, ev in events:
-            last = i
-            if isinstance(ev, Abort):
-                await resp.write(stream_error(ev))
-                break
-            pending.add(i, ev)
-            fin = ev if isinstance(ev, Finish) else None
-            if fin is None and not reqs[i].out.empty():
-                continue  # its finish is right behind: one output, as in SGLang
-            text, samples = pending.take(i)
-            params = p.sampling
-            choice = {
-                "index": i,
-                "text": text,
-                "logprobs": (
-                    completion_logprobs(samples, params.top_logprobs)
-                    if params.logprobs and samples
-                    else None
-                ),
-                "finish_reason": fin.reason if fin else None,
-                "matched_stop": fin.matched if fin else None,
-            }
-            body = {"id": self.rid(reqs[i]), "object": self.object, **head}
-            await resp.write(sse_data({**body, "choices": [choice], "usage": None}))
-        if p.include_usage:
-            full = usage(p.prompt_tokens, sum(r.generated for r in reqs))
-            body = {"id": self.rid(reqs[last]), "object": self.object, **head}
-            compact = {k: v for k, v in full.items() if v is not None}
-            await resp.write(sse_data({**body, "choices": [], "usage": compact}))
+        params = p.sampling
+        async for i, text, samples, fin in out.each(resp):
+            lp = (
+                completion_logprobs(samples, params.top_logprobs)
+                if params.logprobs and samples
+                else None
+            )
+            body = {"id": self.rid(out.reqs[i]), "object": self.chunk_object, **head}
+            chunk = choice(i, {"text": text}, lp, fin)
+            await resp.write(sse_data({**body, "choices": [chunk], "usage": None}))
+        await self.write_usage(resp, p, out, head)

@@ -67,6 +67,25 @@ def _spawn(
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def sim_args(mode: str, port: int, bootstrap_port: int, *extra: str) -> list[str]:
+    """An engine's launch arguments (after `python -m pdctl.sim`) on 127.0.0.1."""
+    return [
+        "--model-path",
+        "/models/sim",
+        "--served-model-name",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disaggregation-mode",
+        mode,
+        "--disaggregation-bootstrap-port",
+        str(bootstrap_port),
+        *extra,
+    ]
+
+
 @dataclass
 class SimProc:
     mode: str
@@ -95,18 +114,7 @@ class SimProc:
             sys.executable,
             "-m",
             "pdctl.sim",
-            "--model-path",
-            "/models/sim",
-            "--served-model-name",
-            "sim",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--disaggregation-mode",
-            mode,
-            "--disaggregation-bootstrap-port",
-            str(bootstrap_port),
+            *sim_args(mode, port, bootstrap_port),
             "--disaggregation-transfer-backend",
             backend,
             "--enable-metrics",
@@ -262,22 +270,7 @@ async def in_process(
     mode: str, env: Mapping[str, str], *extra: str, bootstrap_port: int | None = None
 ) -> AsyncIterator[SimServer]:
     """An engine inside the current event loop on a free port, once it is up."""
-    argv = [
-        "--model-path",
-        "/models/sim",
-        "--served-model-name",
-        "sim",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(free_port()),
-        "--disaggregation-mode",
-        mode,
-        "--disaggregation-bootstrap-port",
-        str(bootstrap_port or free_port()),
-        *extra,
-    ]
-    cfg = resolve(argv, env)
+    cfg = resolve(sim_args(mode, free_port(), bootstrap_port or free_port(), *extra), env)
     async with running(cfg, configure(cfg.args.log_level, "")) as server:
         while server.status != "up":
             await asyncio.sleep(0.01)

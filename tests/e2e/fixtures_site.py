@@ -3,7 +3,6 @@ that reads Ansible's recap."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -12,11 +11,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import requests
+import yaml
+
+from tests.conftest import filter_plugin
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -27,15 +28,26 @@ API_KEY = "e2e-test-key"
 CONVERGE_TIMEOUT = 600
 
 
-def filter_plugin() -> ModuleType:
-    """filter_plugins/pdstack.py, the roles' view of the deployment (not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
+def write_profile(path: Path, profile: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path
+
+
+def two_pair_profile(base: Path, path: Path, **common: Any) -> Path:
+    """`base` with a second pair pd1 (GPUs 2 and 3 of four) and `common` set in
+    `engine.common`, written to `path`."""
+    profile = yaml.safe_load(base.read_text())
+    pd0 = profile["layout"]["pairs"][0]
+    profile["layout"]["pairs"].append(
+        {
+            "name": "pd1",
+            "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
+            "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
+        }
     )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    profile["hardware"].update(gpu_count=4, numa_gpus={0: [0, 1, 2, 3]})
+    profile["engine"]["common"].update(common)
+    return write_profile(path, profile)
 
 
 @dataclass

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
+from fixtures_site import (
+    API_KEY,
+    SIM_PROFILE,
+    Site,
+    build_wheelhouse,
+    two_pair_profile,
+    wait_ready,
+    write_profile,
+)
 
 from pdctl import names
 from pdctl.testing.stack import constant_load
@@ -33,11 +41,6 @@ PDCTL = f"{names.VENV}/bin/pdctl"
 CANARIES = "--canaries 12"  # a degraded sim pair fails half its requests: 12 cannot all pass
 
 
-def _write_profile(path: Path, profile: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(profile, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def ops_site(
     testhost_factory: Callable[..., TestHost], tmp_path_factory: pytest.TempPathFactory
@@ -45,7 +48,7 @@ def ops_site(
     host = testhost_factory("pdops")
     profile = yaml.safe_load(SIM_PROFILE.read_text())
     profile["sim"]["PDSIM_DEGRADED"] = "on"
-    path = _write_profile(tmp_path_factory.mktemp("ops") / "sim-degraded.yml", profile)
+    path = write_profile(tmp_path_factory.mktemp("ops") / "sim-degraded.yml", profile)
     site = Site(host, build_wheelhouse(path, host.inventory), path)
     site.run().assert_ok()
     wait_ready(site.deployment()["gateway"]["url"])
@@ -141,25 +144,11 @@ def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
     assert status(host)["healthy"]
 
 
-def _two_pairs(base: Path, path: Path) -> Path:
-    profile = yaml.safe_load(base.read_text())
-    pd0 = profile["layout"]["pairs"][0]
-    profile["layout"]["pairs"].append(
-        {
-            "name": "pd1",
-            "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
-            "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
-        }
-    )
-    profile["hardware"].update(gpu_count=4, numa_gpus={0: [0, 1, 2, 3]})
-    return _write_profile(path, profile)
-
-
 def test_restart_all_of_two_pairs_under_load_fails_no_request(
     ops_site: Site, tmp_path: Path
 ) -> None:
     host = ops_site.host
-    ops_site.run(profile=_two_pairs(ops_site.profile, tmp_path / "two-pairs.yml")).assert_ok()
+    ops_site.run(profile=two_pair_profile(ops_site.profile, tmp_path / "two-pairs.yml")).assert_ok()
     url = ops_site.deployment()["gateway"]["url"]
     wait_ready(url)
     assert status(host)["healthy"]

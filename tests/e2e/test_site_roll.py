@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
-from fixtures_site import API_KEY, SIM_PROFILE, Site, build_wheelhouse, wait_ready
+from fixtures_site import (
+    API_KEY,
+    SIM_PROFILE,
+    Site,
+    build_wheelhouse,
+    two_pair_profile,
+    wait_ready,
+)
 
 from pdctl import names
 from pdctl.testing.stack import constant_load
@@ -33,19 +39,7 @@ UNITS = [names.engine_unit(p, r) for p in PAIRS for r in names.ROLES]
 
 def _profile(path: Path, context_length: int) -> Path:
     """The sim profile with two pairs and `engine.common.context_length`."""
-    profile = yaml.safe_load(SIM_PROFILE.read_text())
-    pd0 = profile["layout"]["pairs"][0]
-    profile["layout"]["pairs"].append(
-        {
-            "name": "pd1",
-            "prefill": {**pd0["prefill"], "gpus": [2], "port": 30010, "bootstrap_port": 9008},
-            "decode": {**pd0["decode"], "gpus": [3], "port": 30011},
-        }
-    )
-    profile["hardware"].update(gpu_count=4, numa_gpus={0: [0, 1, 2, 3]})
-    profile["engine"]["common"]["context_length"] = context_length
-    path.write_text(yaml.safe_dump(profile, sort_keys=False))
-    return path
+    return two_pair_profile(SIM_PROFILE, path, context_length=context_length)
 
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,41 @@ def test_register_binds_every_pair_from_the_first_request_after_each_start(
     assert served >= STARTS * 150
 
 
+def test_register_removes_the_workers_of_a_pair_that_left_the_profile(
+    sim_factory: Callable[..., SimProc],
+    gateway_factory: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """A gateway keeps its workers across site.yml runs; the register after a profile lost a
+    pair (the role's, or the unit's next start) takes that pair out, and only that pair."""
+    pairs = _pairs(sim_factory)
+    gw = gateway_factory([], [], "--policy", "round_robin")
+    both, _ = local_ops(pairs, gw)
+    both_file = tmp_path / "both.yaml"
+    both_file.write_text(topology.dump(both.source.topology))
+    assert _register_cli(both_file, "--gateway", HOST).returncode == 0
+    wait_until(lambda: _pairings(gw) == _expected(both), 30, "both pairs listed")
+
+    kept, _ = local_ops(pairs[:1], gw)
+    kept_file = tmp_path / "kept.yaml"
+    kept_file.write_text(topology.dump(kept.source.topology))
+    reg = _register_cli(kept_file, "--gateway", HOST)
+    assert reg.returncode == 0, reg.stderr
+    (done,) = json.loads(reg.stdout)
+    gone = [pairs[1].prefill.url, pairs[1].decode.url]
+    assert done["workers"] == {
+        **dict.fromkeys(gone, "removed"),
+        **dict.fromkeys(_expected(kept), "bound"),
+    }
+    wait_until(lambda: _pairings(gw) == _expected(kept), 30, "pd1's workers gone")
+    with constant_load(gw.url, timeout=30) as outcomes:
+        wait_until(lambda: len(outcomes) >= 50, 60, "50 requests")
+    failed = [o.failure for o in outcomes if not o.ok]
+    assert not failed, f"{len(failed)} of {len(outcomes)} failed: {failed[:5]}"
+    again = _register_cli(kept_file, "--gateway", HOST)
+    assert set(json.loads(again.stdout)[0]["workers"].values()) == {"bound"}
+
+
 def test_register_reports_a_gateway_that_does_not_answer(
     sim_factory: Callable[..., SimProc], tmp_path: Path, gateway_factory: Callable[..., Gateway]
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,10 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from pdctl.cli import main
 from pdctl.spec import Deployment, load_deployment
+from tests.conftest import Run, run_pdctl
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "deploy" / "profiles"
@@ -70,31 +68,10 @@ def load(write_deployment: WriteDeployment) -> Callable[..., Deployment]:
     return _load
 
 
-@dataclass(frozen=True)
-class Run:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-
-def _run_pdctl(*args: str) -> Run:
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "argv", ["pdctl", *args])
-        mp.setenv("COLUMNS", "200")
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return Run(code, out.getvalue().decode(), err.getvalue().decode())
-
-
 @pytest.fixture
 def pdctl() -> Callable[..., Run]:
-    """pdctl("validate", "-i", path) runs the real entry point in-process: `Error: …` on
-    stderr and the exit codes a shell sees, which CliRunner.invoke on the group would not show."""
-    return _run_pdctl
+    """pdctl("validate", "-i", path): see tests.conftest.run_pdctl."""
+    return run_pdctl
 
 
 @dataclass(frozen=True)

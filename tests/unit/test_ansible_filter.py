@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from pdctl.lint import Severity, lint
 from pdctl.render import render_instance, router_args
 from pdctl.spec import load_deployment
-from tests.conftest import two_gateways_inventory
+from tests.conftest import filter_plugin, two_gateways_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_HOSTS = ROOT / "deploy" / "examples" / "two-hosts.ini"
 REFERENCE = ROOT / "deploy" / "profiles" / "reference.yml"
 
 
-def _plugin() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "pdstack_filters", ROOT / "filter_plugins" / "pdstack.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-filters = _plugin()
+filters = filter_plugin()
 
 
 def test_two_hosts_validate_clean() -> None:

@@ -28,6 +28,7 @@ from pdctl.bench.metrics import calculate
 from pdctl.bench.prompts import random_prompts
 from pdctl.bench.results import load, tpot_fit, write_atomic
 from pdctl.bench.sampler import parse_sample
+from pdctl.bench.sglang_driver import JUDGE
 from pdctl.bench.sweep import SweepOptions, run_sweep
 from pdctl.cli import cli
 from pdctl.cli.bench_commands import sweep_target
@@ -479,7 +480,7 @@ FAKE_BENCH_SERVING = """#!{python}
 import json, os, sys
 with open("{argv_log}.key", "w") as f:
     f.write(os.environ.get("OPENAI_API_KEY", "(none)"))
-args = sys.argv[sys.argv.index("-m") + 2 :]
+args = sys.argv[2:]  # after judged_bench_serving.py
 opts = dict(zip(args[::2], args[1::2]))
 with open("{argv_log}", "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
@@ -520,7 +521,8 @@ def test_sglang_driver_reads_bench_serving_lines(
     fit = tpot_fit(load(out))
     assert fit is not None and fit.b == pytest.approx(30.0)
     argv = [json.loads(line) for line in argv_log.read_text().splitlines()]
-    assert argv[0][:2] == ["-m", "sglang.bench_serving"]
+    assert argv[0][0] == str(JUDGE)  # bench_serving under pdctl's failure rule
+    assert rows[0]["failed"] == 8 - 3 and rows[0]["errors"] == []
 
     def opt(run: int, name: str) -> str:
         return str(argv[run][argv[run].index(name) + 1])

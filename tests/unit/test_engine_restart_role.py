@@ -5,10 +5,6 @@ by real Ansible on localhost against registered results as the tasks produce the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +12,9 @@ import pytest
 import yaml
 
 from pdctl import names
+from tests.conftest import ROOT, role_expression
 
-ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "pdstack_engine"
-PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"
 UNITS = names.UNIT_DIR
 
 
@@ -81,8 +76,6 @@ def _inst(pair: str, role: str) -> dict[str, Any]:
 def _evaluate(tmp_path: Path, changed: set[str], active: list[str], **extra: Any) -> Any:
     """The role's vars, with pd0..pd2 on host h1, `changed` files (basenames) and systemctl
     is-active lines `active` for the changed pairs."""
-    if not PLAYBOOK.exists():
-        pytest.skip(f"{PLAYBOOK} not found; run scripts/setup.sh")
     pairs = ["pd0", "pd1", "pd2"]
     insts = [_inst(p, r) for p in pairs for r in names.ROLES]
     base = lambda path: path.rsplit("/", 1)[-1]  # noqa: E731
@@ -104,39 +97,15 @@ def _evaluate(tmp_path: Path, changed: set[str], active: list[str], **extra: Any
         "__pdstack_pip": {"changed": False},
         "__pdstack_pdctl": {"changed": False},
         "pdstack_engine_restart_on_change": True,
-        "ansible_python_interpreter": sys.executable,
         **extra,
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "vars" / "main.yml")],
-            "tasks": [
-                {
-                    "ansible.builtin.copy": {
-                        "dest": str(tmp_path / "out.json"),
-                        "content": "{{ {'changed': _pdstack_engine_changed, "
-                        "'plan': _pdstack_engine_restart_plan, "
-                        "'running': _pdstack_engine_running_changed} | to_json }}",
-                        "mode": "0644",
-                    }
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp_path / "vars.json").write_text(json.dumps(facts))
-    env = dict(
-        os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    return role_expression(
+        tmp_path,
+        ROLE / "vars" / "main.yml",
+        facts,
+        "{'changed': _pdstack_engine_changed, 'plan': _pdstack_engine_restart_plan, "
+        "'running': _pdstack_engine_running_changed}",
     )
-    r = subprocess.run(
-        [str(PLAYBOOK), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
-         "-e", f"@{tmp_path / 'vars.json'}"],
-        cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads((tmp_path / "out.json").read_text())
 
 
 def test_changed_files_name_their_pair_and_only_running_pairs_restart(tmp_path: Path) -> None:

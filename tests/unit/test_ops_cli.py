@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from pdctl import topology
-from pdctl.cli import main, ops_commands
+from pdctl.cli import ops_commands
 from pdctl.lint import Finding, Severity
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
@@ -35,27 +34,8 @@ from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
 from pdctl.pdclient import CanaryResult
 from pdctl.spec import Deployment
-from tests.conftest import ROOT, one_pair_topology
-
-
-@dataclass(frozen=True)
-class Run:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-
-def run(*args: str, input: str | None = None) -> Run:
-    runner = CliRunner()
-    with runner.isolation(input=input) as (out, err, _), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "argv", ["pdctl", *args])
-        mp.setenv("COLUMNS", "200")
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return Run(code, out.getvalue().decode(), err.getvalue().decode())
+from tests.conftest import ROOT, Run, one_pair_topology
+from tests.conftest import run_pdctl as run
 
 
 @dataclass

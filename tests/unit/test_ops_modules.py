@@ -421,18 +421,28 @@ def test_recovery_skips_an_unreachable_gateway(monkeypatch: pytest.MonkeyPatch) 
     assert any("cannot register (gateway http://gw2:8000" in line for line in said)
 
 
-def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
-    class Holding(FakeGateway):
-        def workers(self) -> list[GatewayWorker]:
-            return [
-                GatewayWorker(
-                    "a", "http://10.0.0.1:30000", "prefill", "ready", True, 0, "node-a/pd0"
-                ),
-                GatewayWorker("b", "http://10.0.0.1:30001", "decode", "ready", True, 0, None),
-                GatewayWorker("c", "http://10.0.0.1:30010", "prefill", "draining", True, 1, None),
-            ]
+class Holding(FakeGateway):
+    """A gateway that lists `held`."""
 
-    held, fresh = Holding("http://gw1:8000"), FakeGateway("http://gw2:8000")
+    def __init__(self, url: str, *held: GatewayWorker) -> None:
+        super().__init__(url)
+        self.held = list(held)
+
+    def workers(self) -> list[GatewayWorker]:
+        return self.held
+
+
+PD0_PREFILL = GatewayWorker("a", "http://10.0.0.1:30000", "prefill", "ready", True, 0, "node-a/pd0")
+
+
+def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
+    held = Holding(
+        "http://gw1:8000",
+        PD0_PREFILL,
+        GatewayWorker("b", "http://10.0.0.1:30001", "decode", "ready", True, 0, None),
+        GatewayWorker("c", "http://10.0.0.1:30010", "prefill", "draining", True, 1, None),
+    )
+    fresh = FakeGateway("http://gw2:8000")
     ops = fake_ops(FakeSystemd(), held, fresh)
     done = restart.register_gateways(ops, (), timeout=1)
     assert [(d.host, d.error) for d in done] == [("node-a", None), ("router-2", None)]
@@ -454,6 +464,29 @@ def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
     assert only.url == "http://gw2:8000"
     with pytest.raises(PdctlError, match="no gateway on 'gw9'; gateways run on: node-a, router-2"):
         restart.register_gateways(ops, ("gw9",), timeout=1)
+
+
+def test_register_removes_workers_of_pairs_that_left_the_topology() -> None:
+    gw = Holding(
+        "http://gw1:8000",
+        PD0_PREFILL,
+        GatewayWorker("x", "http://10.0.0.9:30020", "prefill", "ready", True, 0, "pd2"),
+        GatewayWorker("y", "http://10.0.0.9:30021", "decode", "draining", True, 0, "pd2"),
+    )
+    ops = fake_ops(FakeSystemd(), gw)
+    (done,) = restart.register_gateways(ops, (), timeout=1)
+    assert done.workers["http://10.0.0.9:30020"] == "removed"
+    assert "http://10.0.0.9:30021" not in done.workers  # being drained: smg removes it
+    assert gw.calls[0] == "remove http://10.0.0.9:30020"
+    assert sorted(gw.calls[1:]) == [
+        "add http://10.0.0.1:30001 pairing node-a/pd0",
+        "add http://10.0.0.1:30010 pairing node-a/pd1",
+        "add http://10.0.0.1:30011 pairing node-a/pd1",
+    ]
+    # Re-registering one pair after its restart never removes the others.
+    gw.calls.clear()
+    restart.register_pair(ops, ops.source.pairs()[1])
+    assert not any(c.startswith("remove") for c in gw.calls)
 
 
 def test_register_waits_until_drained_entries_are_gone_or_bound_again() -> None:
