@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-FLEET=pdfleet  # what `make demo-fleet-down` takes down
+FLEET=${PDSTACK_DEMO_FLEET:-pdfleet}  # `make demo-fleet-down` takes down pdfleet
 SIZE=2
 PROFILE=$ROOT/deploy/profiles/sim-fleet.yml
 STATE=$ROOT/deploy/testhost/state
@@ -24,7 +24,7 @@ die() { printf 'demo-fleet: error: %s\n' "$*" >&2; exit 1; }
 [[ -x .venv/bin/ansible-playbook ]] || die "no .venv: run scripts/setup.sh first (or make demo-fleet)"
 
 step "Booting the test fleet '$FLEET': $SIZE hosts on bridge br-$FLEET (2 pretend NUMA nodes each)"
-if [[ -f $INVENTORY ]] && deploy/testhost/testhost list | grep -q " fleet $FLEET\$"; then
+if [[ -f $INVENTORY ]] && deploy/testhost/testhost status --name "${FLEET}1" >/dev/null 2>&1; then
   echo "already up: converging it again (site.yml is idempotent)"
 else
   # Prometheus and node exporter baked into the root: the hosts have no package mirror.
