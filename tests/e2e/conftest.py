@@ -7,8 +7,8 @@ Fixtures:
 - ``testhost_factory`` (session): ``testhost_factory(name, init="systemd")`` starts further
   hosts (e.g. ``init="none"``, a host without systemd, for the preflight tests); each is torn
   down at the end of the session unless the test did it itself with ``host.down()``.
-- ``fleet`` (session): two hosts on one bridge with one inventory (``testhost fleet-up``),
-  taken down with ``fleet-down`` at the end.
+- ``fleet`` (module): two hosts on one bridge with one inventory (``testhost fleet-up``),
+  taken down with ``fleet-down`` at the end of the module.
 
 Environment: ``PDSTACK_TESTHOST_NAME`` (default ``pde2e``), ``PDSTACK_TESTHOST_REUSE=1``,
 ``PDSTACK_TESTHOST_KEEP=1`` (leave the session's host and fleet running after the tests),
@@ -268,7 +268,8 @@ def start_fleet(name: str, size: int = 2) -> TestFleet:
     )
 
 
-@pytest.fixture(scope="session")
+# Per module: its 8 engines and 2 gateways do not keep running through the other tests.
+@pytest.fixture(scope="module")
 def fleet() -> Iterator[TestFleet]:
     f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl"))
     yield f
