@@ -1,5 +1,5 @@
 # Entry points. Each target runs scripts/setup.sh first: it is idempotent and cached.
-.PHONY: setup demo demo-down test lint unit
+.PHONY: setup demo demo-down demo-fleet demo-fleet-down test lint unit
 
 PY := .venv/bin/python
 
@@ -11,6 +11,12 @@ demo: setup
 
 demo-down:
 	@deploy/testhost/testhost down
+
+demo-fleet: setup
+	@bash scripts/demo-fleet.sh
+
+demo-fleet-down:
+	@deploy/testhost/testhost fleet-down --fleet pdfleet
 
 lint: setup
 	.venv/bin/ruff check .

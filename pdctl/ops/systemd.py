@@ -2,7 +2,8 @@
 
 Every engine is stopped through its unit (cgroup kill), never by matching a command line.
 A remote host is reached with `ssh HOST systemctl|journalctl ...` (systemctl -H cannot read
-journals or /proc); every call has a timeout and names the host when it fails.
+journals or /proc); every call has a timeout and names the host when it fails. `$PDCTL_SSH_USER`
+is the remote user (root), `$PDCTL_SSH_CONFIG` an ssh config file (`ssh -F`, e.g. a test fleet's).
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ class Systemctl:
         ssh_target: str | None = None,
         timeout: float = 30.0,
         job_timeout: float = 300.0,
+        ssh: tuple[str, ...] = tuple(SSH),
     ) -> None:
-        self.host, self.ssh_target = host, ssh_target
+        self.host, self.ssh_target, self.ssh = host, ssh_target, list(ssh)
         self.timeout, self.job_timeout = timeout, job_timeout
 
     def _run(self, argv: list[str], timeout: float | None = None, check: bool = True) -> str:
-        full = [*SSH, self.ssh_target, shlex.join(argv)] if self.ssh_target else argv
+        full = [*self.ssh, self.ssh_target, shlex.join(argv)] if self.ssh_target else argv
         try:
             cp = subprocess.run(
                 full, capture_output=True, text=True, check=False, timeout=timeout or self.timeout
@@ -178,4 +180,6 @@ def is_local(host: str, address: str) -> bool:
 
 def for_host(host: str, address: str) -> Systemctl:
     user = os.environ.get("PDCTL_SSH_USER", "root")
-    return Systemctl(host, None if is_local(host, address) else f"{user}@{address}")
+    config = os.environ.get("PDCTL_SSH_CONFIG")
+    ssh = (*SSH, "-F", config) if config else tuple(SSH)
+    return Systemctl(host, None if is_local(host, address) else f"{user}@{address}", ssh=ssh)

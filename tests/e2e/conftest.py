@@ -7,9 +7,12 @@ Fixtures:
 - ``testhost_factory`` (session): ``testhost_factory(name, init="systemd")`` starts further
   hosts (e.g. ``init="none"``, a host without systemd, for the preflight tests); each is torn
   down at the end of the session unless the test did it itself with ``host.down()``.
+- ``fleet`` (module): two hosts on one bridge with one inventory (``testhost fleet-up``),
+  taken down with ``fleet-down`` at the end of the module.
 
 Environment: ``PDSTACK_TESTHOST_NAME`` (default ``pde2e``), ``PDSTACK_TESTHOST_REUSE=1``,
-``PDSTACK_TESTHOST_KEEP=1`` (leave the session host running after the tests).
+``PDSTACK_TESTHOST_KEEP=1`` (leave the session's host and fleet running after the tests),
+``PDSTACK_FLEET_NAME`` (default ``pdfl``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +67,17 @@ def _ansible_bin(name: str) -> str:
     return str(found)
 
 
+def run_ansible(
+    tool: str, inventory: Path, args: Sequence[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``TOOL -i INVENTORY ARGS...`` run from the repository root, output captured."""
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [_ansible_bin(tool), "-i", str(inventory), *args],
+        cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
 def run_testhost(*args: str, timeout: float = 960) -> subprocess.CompletedProcess[str]:
     """Run deploy/testhost/testhost; its progress lines go to stderr (shown on failure)."""
     return subprocess.run(
@@ -107,22 +122,13 @@ class TestHost:
 
     def ansible(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``ansible -i <inventory> ARGS...`` (e.g. ``host.ansible("all", "-m", "ping")``)."""
-        return self._ansible_cmd("ansible", args, timeout)
+        return run_ansible("ansible", self.inventory, args, timeout)
 
     def ansible_playbook(
         self, *args: str, timeout: float = 900
     ) -> subprocess.CompletedProcess[str]:
         """``ansible-playbook -i <inventory> ARGS...`` run from the repository root."""
-        return self._ansible_cmd("ansible-playbook", args, timeout)
-
-    def _ansible_cmd(
-        self, tool: str, args: Sequence[str], timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-        return subprocess.run(
-            [_ansible_bin(tool), "-i", str(self.inventory), *args],
-            cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False,
-        )  # fmt: skip
+        return run_ansible("ansible-playbook", self.inventory, args, timeout)
 
     def url(self, port: int, path: str = "") -> str:
         return f"http://{self.address}:{port}{path}"
@@ -216,3 +222,56 @@ def testhost_factory() -> Iterator[Callable[..., TestHost]]:
                 errors.append(str(exc))
     if errors:
         pytest.fail("\n".join(errors))
+
+
+@dataclass
+class TestFleet:
+    """Test hosts NAME1..NAMEn on one bridge (``testhost fleet-up``) with one inventory:
+    [pd_hosts] all, [router] the first two, [monitoring] the first. ``ssh_config`` reaches them
+    all (``ssh -F``, ``PDCTL_SSH_CONFIG``)."""
+
+    __test__ = False
+
+    name: str
+    hosts: list[TestHost]
+    inventory: Path
+    ssh_config: Path
+    seconds: float  # fleet-up's wall time
+
+    def ansible_playbook(
+        self, *args: str, timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]:
+        return run_ansible("ansible-playbook", self.inventory, args, timeout)
+
+    def down(self) -> None:
+        result = run_testhost("fleet-down", "--fleet", self.name, timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(f"testhost fleet-down --fleet {self.name} failed:\n{result.stderr}")
+
+
+def start_fleet(name: str, size: int = 2) -> TestFleet:
+    """Boot fleet ``name`` (fresh hosts; a fleet left by an interrupted session is replaced)."""
+    _check_prerequisites()
+    cleared = run_testhost("fleet-down", "--fleet", name, timeout=300)
+    if cleared.returncode != 0:
+        pytest.fail(f"testhost fleet-down --fleet {name} failed:\n{cleared.stderr[-4000:]}")
+    start = time.monotonic()
+    result = run_testhost("fleet-up", "--fleet", name, "--size", str(size))
+    if result.returncode != 0:
+        pytest.fail(f"testhost fleet-up --fleet {name} failed:\n{result.stderr[-4000:]}")
+    return TestFleet(
+        name=name,
+        hosts=[_load(f"{name}{i}") for i in range(1, size + 1)],
+        inventory=STATE / name / "inventory.ini",
+        ssh_config=STATE / name / "ssh_config",
+        seconds=time.monotonic() - start,
+    )
+
+
+# Per module: its 8 engines and 2 gateways do not keep running through the other tests.
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[TestFleet]:
+    f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl"))
+    yield f
+    if os.environ.get("PDSTACK_TESTHOST_KEEP") != "1":
+        f.down()

@@ -20,7 +20,7 @@ import yaml
 from tests.conftest import filter_plugin
 
 if TYPE_CHECKING:
-    from conftest import TestHost
+    from conftest import TestFleet, TestHost
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_PROFILE = ROOT / "deploy" / "profiles" / "sim.yml"
@@ -60,11 +60,16 @@ class Run:
         return self.result.stdout + self.result.stderr
 
     @property
+    def recaps(self) -> dict[str, dict[str, int]]:
+        """Counters of the PLAY RECAP lines, per host."""
+        lines = re.findall(r"^(\S+)\s+:\s+(ok=.*)$", self.result.stdout, re.M)
+        assert lines, f"no PLAY RECAP in:\n{self.output[-4000:]}"
+        return {h: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", c)} for h, c in lines}
+
+    @property
     def recap(self) -> dict[str, int]:
         """Counters of the PLAY RECAP line (one host)."""
-        match = re.search(r"^\S+\s+:\s+(ok=.*)$", self.result.stdout, re.M)
-        assert match, f"no PLAY RECAP in:\n{self.output[-4000:]}"
-        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+        return next(iter(self.recaps.values()))
 
     def assert_ok(self) -> None:
         assert self.result.returncode == 0, self.output[-6000:]
@@ -83,9 +88,10 @@ class Run:
 
 @dataclass
 class Site:
-    """site.yml against one test host with the sim profile and the session's wheelhouse."""
+    """site.yml against one test host (or a fleet) with the sim profile and the session's
+    wheelhouse."""
 
-    host: TestHost
+    host: TestHost | TestFleet
     wheelhouse: Path
     profile: Path = SIM_PROFILE
 

@@ -21,7 +21,7 @@ def _with(profile: dict[str, Any], section: str, **values: Any) -> dict[str, Any
     return profile
 
 
-@pytest.mark.parametrize("name", ["reference", "sim"])
+@pytest.mark.parametrize("name", ["reference", "sim", "sim-fleet"])
 def test_shipped_profiles_validate_clean(name: str, pdctl: Pdctl) -> None:
     inventory, profile = ROOT / "inventory.ini", ROOT / f"deploy/profiles/{name}.yml"
     run = pdctl("validate", "--strict", "-i", str(inventory), "-p", str(profile))

@@ -154,6 +154,17 @@ def test_remote_systemctl_goes_through_ssh_and_names_the_host(
         sd.show("x.service")
 
 
+def test_remote_host_ssh_user_and_config_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRun(stdout=SHOW)
+    monkeypatch.setattr(subprocess, "run", fake)
+    monkeypatch.setenv("PDCTL_SSH_USER", "ops")
+    monkeypatch.setenv("PDCTL_SSH_CONFIG", "/srv/fleet/ssh_config")
+    systemd.for_host("node-b", "192.0.2.7").show("pdstack-pd0-decode.service")
+    assert fake.argv[0][:-1] == [*systemd.SSH, "-F", "/srv/fleet/ssh_config", "ops@192.0.2.7"]
+
+
 def test_local_systemctl_runs_directly(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeRun(stdout="line 1\nline 2\n")
     monkeypatch.setattr(subprocess, "run", fake)

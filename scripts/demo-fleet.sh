@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The fleet demo (`make demo-fleet`, after scripts/setup.sh): two systemd test hosts on one host
+# bridge, site.yml over their one inventory with the sim fleet profile (2 pairs per host, a
+# gateway on both hosts, monitoring on the first), a chat completion through each gateway, and
+# `pdctl status` of the whole fleet from this machine. Run as root. `make demo-fleet-down`
+# removes the fleet.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+FLEET=${PDSTACK_DEMO_FLEET:-pdfleet}  # `make demo-fleet-down` takes down pdfleet
+SIZE=2
+PROFILE=$ROOT/deploy/profiles/sim-fleet.yml
+STATE=$ROOT/deploy/testhost/state
+INVENTORY=$STATE/$FLEET/inventory.ini
+SSH_CONFIG=$STATE/$FLEET/ssh_config
+KEY_FILE=$STATE/demo-api-key
+PLAYBOOK_TIMEOUT=${PDSTACK_DEMO_PLAYBOOK_TIMEOUT:-1800}
+READY_TIMEOUT=${PDSTACK_DEMO_READY_TIMEOUT:-180}
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'demo-fleet: error: %s\n' "$*" >&2; exit 1; }
+
+[[ -x .venv/bin/ansible-playbook ]] || die "no .venv: run scripts/setup.sh first (or make demo-fleet)"
+
+step "Booting the test fleet '$FLEET': $SIZE hosts on bridge br-$FLEET (2 pretend NUMA nodes each)"
+if [[ -f $INVENTORY ]] && deploy/testhost/testhost status --name "${FLEET}1" >/dev/null 2>&1; then
+  echo "already up: converging it again (site.yml is idempotent)"
+else
+  # Prometheus and node exporter baked into the root: the hosts have no package mirror.
+  deploy/testhost/testhost fleet-up --fleet "$FLEET" --size "$SIZE" \
+    --extra-packages "$(cat deploy/testhost/monitoring-packages)"
+fi
+cat "$INVENTORY"
+
+# Secrets kept out of the repository (the same files as `make demo`).
+mkdir -p "$STATE"
+[[ -s $KEY_FILE ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$KEY_FILE")
+API_KEY=$(cat "$KEY_FILE")
+GRAFANA_FILE=$STATE/demo-grafana-password
+[[ -s $GRAFANA_FILE ]] || (umask 077 && head -c 18 /dev/urandom | base64 | tr '+/' '-_' > "$GRAFANA_FILE")
+
+step "ansible-playbook site.yml over the fleet (profile: deploy/profiles/sim-fleet.yml)"
+echo "preflight on every host -> PD engines (2 pairs per host) -> a gateway on every [router]"
+echo "host, over all 4 pairs -> monitoring on the first host"
+start=$(date +%s)
+timeout "$PLAYBOOK_TIMEOUT" .venv/bin/ansible-playbook site.yml -i "$INVENTORY" \
+  -e "pdstack_profile=$PROFILE" -e "pdstack_gateway_api_key=$API_KEY" \
+  -e pdstack_grafana_install=false -e "pdstack_grafana_admin_password=$(cat "$GRAFANA_FILE")" \
+  || die "site.yml failed (exit $?); see the output above"
+echo "converged in $(( $(date +%s) - start ))s"
+
+# Every gateway's URL, from the deployment (inventory + profile), as pdctl sees it.
+mapfile -t GATEWAYS < <(.venv/bin/python -c '
+import sys
+from pathlib import Path
+from pdctl.spec import load_deployment
+dep = load_deployment(Path(sys.argv[1]), Path(sys.argv[2]))
+print("\n".join(dep.gateway_url(g) for g in dep.gateways))' "$INVENTORY" "$PROFILE")
+
+for gw in "${GATEWAYS[@]}"; do
+  step "A chat completion through the gateway at $gw"
+  deadline=$(( $(date +%s) + READY_TIMEOUT ))
+  until curl -fsS -m 5 "$gw/readiness" >/dev/null 2>&1; do
+    (( $(date +%s) < deadline )) || die "gateway $gw not ready after ${READY_TIMEOUT}s; on its host: journalctl -u pdstack-gateway"
+    sleep 2
+  done
+  curl -fsS -m 60 "$gw/v1/chat/completions" \
+    -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \
+    -d '{"model": "sim-model", "messages": [{"role": "user", "content": "Hello from the fleet demo"}], "max_tokens": 24}' \
+    | .venv/bin/python -m json.tool
+done
+
+step "pdctl status of the whole fleet, from this machine (ssh -F $SSH_CONFIG)"
+PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=$API_KEY COLUMNS=${COLUMNS:-100} \
+  .venv/bin/pdctl status -i "$INVENTORY" -p "$PROFILE" || true
+
+cat <<EOF
+
+Done. Next:
+  ssh -F $SSH_CONFIG ${FLEET}1              a root shell on the first host (${FLEET}2: the second)
+  PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=\$(cat $KEY_FILE) \\
+    .venv/bin/pdctl status -i $INVENTORY -p deploy/profiles/sim-fleet.yml
+  make demo-fleet-down                          remove the fleet
+EOF
