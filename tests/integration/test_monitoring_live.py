@@ -2,7 +2,8 @@
 pd-exporter + node exporter, scraped by a real Prometheus (Debian's) configured from the
 Prometheus role's own templates. Under load, every PromQL expression of every dashboard panel
 and every rule must parse and return data, unless listed below with the reason it only has
-data under failure. Then induced failures drive the matching alerts to firing: the decode
+data under failure. Then planted events must show their true count in every panel that reads
+them (see PLANTED), and induced failures drive the matching alerts to firing: the decode
 stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
 production incident). Both sims run at TP4 as the reference deployment does: counters every
 rank writes for the same event must read once, not four times, in panels and rules."""
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,14 @@ TP = 4
 PAIR = f"{HOST}/pd0"
 TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 RATE_INTERVAL = "30s"
+# The decode's KV pool holds the main load (16 requests of ~57 tokens) but not RETRACT_LOAD
+# at full length, so it retracts only when the test plants retractions.
+DECODE_KV_POOL = 1600
+RESERVED_DECODE_TOKENS = 8
+RETRACT_LOAD = (8, 300)  # requests, max_new_tokens each
+PLANTED_BOOTSTRAP_FAILURES = 3
+PLANT_WINDOW_S = 20
+RETRACTED = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 # Hold times short enough to watch alerts fire within the test, and SLOs of 1 ms so that the
 # SLO alerts fire on the live latencies.
 RULE_OVERRIDES: dict[str, object] = {
@@ -55,6 +66,7 @@ RULE_OVERRIDES: dict[str, object] = {
             "pd_failures",
             "hang",
             "kv_leak",
+            "retract",
         )
     },
     "ttft_p95_seconds": 0.001,
@@ -67,7 +79,7 @@ FAILURE_ONLY = {
     "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
     "sglang:num_prefill_retries_total": "written at the first prefill retry",
     "sglang:num_aborted_requests_total": "written at the first aborted request",
-    "sglang:num_retracted_requests_total": "written at the first retraction (sim: never)",
+    "sglang:num_retracted_requests_total": "written at the first retraction (planted later)",
     "engine:sglang_retracted_requests:rate5m": "recorded from the retraction counter",
     "smg_router_request_errors_total": "written at the first gateway error",
     "smg_worker_errors_total": "written at the first worker error",
@@ -99,7 +111,7 @@ NO_DATA = {
     ("pdstack-gateway", "Stalled workers"): FAILURE_ONLY["smg_worker_stalled"],
     ("pdstack-gateway", "PD prefill duration"): FAILURE_ONLY["smg_pd_prefill_duration_seconds"],
     ("rules", "engine:sglang_retracted_requests:rate5m"): "retraction counter, see FAILURE_ONLY",
-    ("pdstack-decode", "Retractions"): "the rate line: the sim never retracts (gauge stays 0)",
+    ("pdstack-decode", "Retractions"): "the rate line: retractions are planted later",
     ("rules", "engine:sglang_bootstrap_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     ("rules", "engine:sglang_transfer_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     **{
@@ -261,8 +273,10 @@ def live(
     prefill = sim_factory("prefill", env=env, extra=("--tp-size", str(TP)))
     decode = sim_factory(
         "decode",
-        env=env,
+        env={**env, "PDSIM_KV_POOL_TOKENS": str(DECODE_KV_POOL)},
         extra=(
+            "--num-reserved-decode-tokens",
+            str(RESERVED_DECODE_TOKENS),
             "--tp-size",
             str(TP),
             "--cuda-graph-max-bs-decode",
@@ -385,6 +399,8 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
         "PDDecodeEagerFallback",
     )
 
+    assert_planted_values(live)
+
     # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap).
     live.decode.restart().wait_healthy()
     wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
@@ -439,8 +455,12 @@ def assert_counted_once(prom: Prometheus) -> None:
     )
     rank0_5m = _by_engine(prom, rank0_rate.replace(RATE_INTERVAL, "5m"), at)
     assert _by_engine(prom, rule, at) == pytest.approx(rank0_5m)
-    # The recorded series lags by up to one evaluation, far from TP times the truth.
-    assert _by_engine(prom, record, at) == pytest.approx(rank0_5m, rel=0.5)
+    # The recorded series lags by up to one evaluation (and the canary keeps failing), so
+    # compare peaks over the last evaluations: far from TP times the truth.
+    rank0_5m_expr = rank0_rate.replace(RATE_INTERVAL, "5m")
+    assert _by_engine(prom, f"max_over_time({record}[10s])", at) == pytest.approx(
+        _by_engine(prom, f"max_over_time(({rank0_5m_expr})[10s:1s])", at), rel=0.5
+    )
     passes = "sglang:cuda_graph_passes_total"
     decode_panel = next(
         e
@@ -451,3 +471,117 @@ def assert_counted_once(prom: Prometheus) -> None:
     got = sum(float(r["value"][1]) for r in prom.query(substitute(decode_panel, RATE_INTERVAL), at))
     want = prom.query(f'sum(rate({passes}{{tp_rank="0", mode=~"decode_.*"}}[{RATE_INTERVAL}]))', at)
     assert got == pytest.approx(float(want[0]["value"][1]))
+
+
+# Panels that can be planted on this stack, with what plants them: (dashboard uid, panel
+# title, metric the expression reads) -> planted event. Every other panel either reads a
+# continuous signal (rates of tokens, latencies, queues: checked for data above) or an event
+# this stack cannot plant a known number of (docs/monitoring.md, "Live test").
+PLANTED = {
+    ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): "bootstrap",
+    ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): "bootstrap",
+    ("pdstack-overview", "Errors", "num_aborted_requests"): "bootstrap",
+    ("pdstack-decode", "Retractions", "num_retracted_requests"): "retraction",
+}
+
+
+def dead_bootstrap_request(decode_url: str, room: int) -> None:
+    """A decode leg whose prefill bootstrap port answers nothing: after SGLang's 15 route
+    tries, one bootstrap failure (on every rank) and one aborted request on the decode."""
+    r = requests.post(
+        f"{decode_url}/generate",
+        timeout=60,
+        json={
+            "text": "no prefill behind this bootstrap port",
+            "sampling_params": {"max_new_tokens": 1},
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": free_port(),  # one port each: the decode retries a host serially
+            "bootstrap_room": room,
+        },
+    )
+    assert r.status_code == 500, r.text
+
+
+def long_request(url: str, max_new_tokens: int) -> None:
+    r = requests.post(
+        f"{url}/generate",
+        timeout=120,
+        json={
+            "text": "tell me about disaggregated serving",
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == max_new_tokens
+
+
+def plant(live: Live, bootstrap_failures: int, room: int) -> None:
+    """Bootstrap failures and, at the same time, a load that the decode's pool can only serve
+    by retracting; every request of that load still succeeds."""
+    n, max_new = RETRACT_LOAD
+    with ThreadPoolExecutor(bootstrap_failures + n) as pool:
+        jobs = [
+            pool.submit(dead_bootstrap_request, live.decode.url, room + i)
+            for i in range(bootstrap_failures)
+        ] + [pool.submit(long_request, live.gateway.url, max_new) for _ in range(n)]
+        for job in jobs:
+            job.result()
+
+
+def retractions(decode: SimProc) -> int:
+    """Requests retracted so far, from the decode's own warnings."""
+    return sum(int(m[1]) for m in RETRACTED.finditer(decode.log_text()))
+
+
+def panel_exprs(uid: str, title: str, metric: str) -> list[str]:
+    board = next(b for b in map(json.loads, render_dashboards().values()) if b["uid"] == uid)
+    found = [e for t, e in expressions(board) if t == title and f"sglang:{metric}" in e]
+    assert found, (uid, title, metric)
+    return found
+
+
+def assert_planted_values(live: Live) -> None:
+    """Each planted panel shows the planted count for the engine that had the events, over a
+    window that holds exactly those events, not TP times it. SGLang (and the sim) create a
+    labelled counter at its first event, which rate() cannot see, so a first round of the same
+    events creates the series before the counted round."""
+    decode = f"{HOST}/pd0-decode"
+    plant(live, 1, room=900_000)
+    time.sleep(3)  # two scrapes of the created series
+    start, retracted_before = time.time(), retractions(live.decode)
+    plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100)
+    # Two more scrapes, and a window long enough for rate()'s edge extrapolation to stay small.
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    end = time.time()
+    truth = {
+        "bootstrap": PLANTED_BOOTSTRAP_FAILURES,
+        "retraction": retractions(live.decode) - retracted_before,
+    }
+    assert truth["retraction"] > 0, "the planted load did not make the decode retract"
+    window = math.floor(end - start)
+    for (uid, title, metric), event in PLANTED.items():
+        (expr,) = panel_exprs(uid, title, metric)
+        # A rate over a window that holds every planted event, times the window: the count.
+        shown = {
+            e: v * window
+            for e, v in _by_engine(live.prom, substitute(expr, f"{window}s"), end).items()
+        }
+        # rate() extrapolates to the window's edges: up to one scrape interval on each side.
+        assert shown.get(decode) == pytest.approx(truth[event], rel=2 / (window - 2)), (
+            title,
+            shown,
+            truth[event],
+        )
+        assert all(v == 0 for e, v in shown.items() if e != decode), (title, shown)
+    # The gauge line of the Retractions panel is rank 0's count since its previous stats line,
+    # reset at the next one (decode-log-interval steps later): a scrape rarely catches it, and
+    # it never shows more than happened.
+    (gauge,) = panel_exprs("pdstack-decode", "Retractions", "num_retracted_reqs")
+    peak = live.prom.query(f"max_over_time(({substitute(gauge)})[{window}s:1s])", end)
+    assert 0 <= float(peak[0]["value"][1]) <= truth["retraction"], peak
+    print("planted:", truth, "gauge peak:", peak[0]["value"][1], "window:", window)
+    wait_until(lambda: _firing(live.prom, "PDBootstrapFailures", engine=decode), 30, "bootstrap")
+    wait_until(lambda: _firing(live.prom, "PDDecodeRetractions", engine=decode), 30, "retract")
+    # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.
+    (alert,) = [a for a in live.prom.alerts() if a["labels"]["alertname"] == "PDBootstrapFailures"]
+    assert PLANTED_BOOTSTRAP_FAILURES <= float(alert["value"]) < TP * PLANTED_BOOTSTRAP_FAILURES
