@@ -50,6 +50,12 @@ RESERVED_DECODE_TOKENS = 8
 RETRACT_LOAD = (8, 300)  # requests, max_new_tokens each
 PLANTED_BOOTSTRAP_FAILURES = 3
 PLANT_WINDOW_S = 20
+PLANTED_TRANSFER_FAILURES = 3
+# What each side logs once per failed transfer (rank 0's line).
+TRANSFER_FAILED = {
+    "decode": "Decode transfer failed for request",
+    "prefill": "Prefill transfer failed for request",
+}
 RETRACTED = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 # Hold times short enough to watch alerts fire within the test, and SLOs of 1 ms so that the
 # SLO alerts fire on the live latencies.
@@ -177,7 +183,9 @@ class Prometheus:
 class Live:
     prom: Prometheus
     gateway: Gateway
+    prefill: SimProc
     decode: SimProc
+    exporter: subprocess.Popen[bytes]  # its pair canary sends a request every second
 
 
 def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -342,7 +350,7 @@ def live(
             30,
             "every target up",
         )
-        yield Live(prom, gateway, decode)
+        yield Live(prom, gateway, prefill, decode, procs[0])
     finally:
         for proc in procs:
             stop_pid(proc)
@@ -406,6 +414,7 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
     wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
 
     assert_counted_once(live.prom)
+    assert_planted_transfer_failures(live)
 
     # The decode stopped: its engine is down (and the pair alert yields to it)...
     live.decode.stop()
@@ -473,10 +482,11 @@ def assert_counted_once(prom: Prometheus) -> None:
     assert got == pytest.approx(float(want[0]["value"][1]))
 
 
-# Panels that can be planted on this stack, with what plants them: (dashboard uid, panel
-# title, metric the expression reads) -> planted event. Every other panel either reads a
-# continuous signal (rates of tokens, latencies, queues: checked for data above) or an event
-# this stack cannot plant a known number of (docs/monitoring.md, "Live test").
+# Panels planted on the healthy pair: (dashboard uid, panel title, metric the expression
+# reads) -> planted event. KV transfer failures are planted on the degraded pair
+# (assert_planted_transfer_failures). Every other panel reads a continuous signal (tokens,
+# latencies, queues: checked for data above) or an event this stack cannot plant a known
+# number of (docs/monitoring.md, "Not planted, and why").
 PLANTED = {
     ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): "bootstrap",
     ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): "bootstrap",
@@ -540,6 +550,19 @@ def panel_exprs(uid: str, title: str, metric: str) -> list[str]:
     return found
 
 
+def panel_counts(
+    prom: Prometheus, expr: str, start: float, end: float
+) -> tuple[dict[str, float], float]:
+    """A rate panel's count per engine over [start - 2 s, end], and the relative tolerance.
+    The window opens two scrapes before `start` so that it holds a sample from before the
+    first planted event (they can all land within one scrape); `start` must be two scrapes
+    after any earlier event. rate() x window is the count, extrapolated to the window's
+    edges by up to one scrape interval on each side."""
+    window = math.ceil(end - start) + 2
+    rate = _by_engine(prom, substitute(expr, f"{window}s"), end)
+    return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
+
+
 def assert_planted_values(live: Live) -> None:
     """Each planted panel shows the planted count for the engine that had the events, over a
     window that holds exactly those events, not TP times it. SGLang (and the sim) create a
@@ -547,7 +570,7 @@ def assert_planted_values(live: Live) -> None:
     events creates the series before the counted round."""
     decode = f"{HOST}/pd0-decode"
     plant(live, 1, room=900_000)
-    time.sleep(3)  # two scrapes of the created series
+    time.sleep(4)  # the created series is scraped, then two more scrapes
     start, retracted_before = time.time(), retractions(live.decode)
     plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100)
     # Two more scrapes, and a window long enough for rate()'s edge extrapolation to stay small.
@@ -558,30 +581,73 @@ def assert_planted_values(live: Live) -> None:
         "retraction": retractions(live.decode) - retracted_before,
     }
     assert truth["retraction"] > 0, "the planted load did not make the decode retract"
-    window = math.floor(end - start)
     for (uid, title, metric), event in PLANTED.items():
         (expr,) = panel_exprs(uid, title, metric)
-        # A rate over a window that holds every planted event, times the window: the count.
-        shown = {
-            e: v * window
-            for e, v in _by_engine(live.prom, substitute(expr, f"{window}s"), end).items()
-        }
-        # rate() extrapolates to the window's edges: up to one scrape interval on each side.
-        assert shown.get(decode) == pytest.approx(truth[event], rel=2 / (window - 2)), (
-            title,
-            shown,
-            truth[event],
-        )
+        shown, rel = panel_counts(live.prom, expr, start, end)
+        assert shown.get(decode) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
         assert all(v == 0 for e, v in shown.items() if e != decode), (title, shown)
     # The gauge line of the Retractions panel is rank 0's count since its previous stats line,
     # reset at the next one (decode-log-interval steps later): a scrape rarely catches it, and
     # it never shows more than happened.
     (gauge,) = panel_exprs("pdstack-decode", "Retractions", "num_retracted_reqs")
+    window = math.ceil(end - start)
     peak = live.prom.query(f"max_over_time(({substitute(gauge)})[{window}s:1s])", end)
     assert 0 <= float(peak[0]["value"][1]) <= truth["retraction"], peak
-    print("planted:", truth, "gauge peak:", peak[0]["value"][1], "window:", window)
+    print("planted:", truth, "gauge peak:", peak[0]["value"][1])
     wait_until(lambda: _firing(live.prom, "PDBootstrapFailures", engine=decode), 30, "bootstrap")
     wait_until(lambda: _firing(live.prom, "PDDecodeRetractions", engine=decode), 30, "retract")
     # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.
     (alert,) = [a for a in live.prom.alerts() if a["labels"]["alertname"] == "PDBootstrapFailures"]
     assert PLANTED_BOOTSTRAP_FAILURES <= float(alert["value"]) < TP * PLANTED_BOOTSTRAP_FAILURES
+
+
+def pd_request(prefill: SimProc, decode: SimProc, room: int) -> None:
+    """Both legs of one PD request, as the gateway sends them."""
+    body = {
+        "text": "a transfer through the degraded pair",
+        "sampling_params": {"max_new_tokens": 4},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": room,
+    }
+    with ThreadPoolExecutor(2) as pool:
+        legs = [pool.submit(requests.post, f"{s.url}/generate", json=body, timeout=60)
+                for s in (prefill, decode)]  # fmt: skip
+        assert legs[1].result().status_code == 500, legs[1].result().text
+        legs[0].result()
+
+
+def plant_transfer_failures(live: Live, n: int, room: int) -> None:
+    with ThreadPoolExecutor(n) as pool:
+        for job in [pool.submit(pd_request, live.prefill, live.decode, room + i) for i in range(n)]:
+            job.result()
+
+
+def assert_planted_transfer_failures(live: Live) -> None:
+    """With the pair degraded (the decode restarted alone) every transfer fails, on both sides.
+    The canary is stopped so that only the planted requests fail; the KV transfer failures
+    panel then shows, for each engine, the failures it logged, once and not TP times. As in
+    assert_planted_values, a first failure creates each side's series before the counted
+    round (the canary's failures do not always reach the prefill's counter)."""
+    stop_pid(live.exporter)
+    time.sleep(3)  # the canary's last request (3 s timeout) has ended
+    plant_transfer_failures(live, 1, room=910_000)
+    time.sleep(4)  # the created series is scraped, then two more scrapes
+
+    def logged() -> dict[str, int]:
+        return {
+            f"{HOST}/pd0-{sim.mode}": sim.log_text().count(TRANSFER_FAILED[sim.mode])
+            for sim in (live.prefill, live.decode)
+        }
+
+    start, before = time.time(), logged()
+    plant_transfer_failures(live, PLANTED_TRANSFER_FAILURES, room=910_100)
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    end = time.time()
+    truth = {e: n - before[e] for e, n in logged().items()}
+    assert truth[f"{HOST}/pd0-decode"] == PLANTED_TRANSFER_FAILURES, truth
+    (expr,) = panel_exprs("pdstack-pipeline", "KV transfer failures", "num_transfer_failed_reqs")
+    shown, rel = panel_counts(live.prom, expr, start, end)
+    for engine, n in truth.items():
+        assert shown.get(engine, 0.0) == pytest.approx(n, rel=rel), (shown, truth)
+    print("planted transfer failures:", truth, "shown:", shown)
