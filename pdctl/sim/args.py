@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--disaggregation-ib-device", default=None)
     p.add_argument("--disaggregation-decode-host-receive-threshold", type=float, default=1.0)
+    # KV headroom a decode server keeps per active request (engine.py: admission, retraction).
+    p.add_argument("--num-reserved-decode-tokens", type=int, default=512)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)

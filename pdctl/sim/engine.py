@@ -1,9 +1,19 @@
 """The simulated scheduler: one asyncio task that runs prefill batches and decode steps.
 
 Queues mirror SGLang's: `waiting` (needs prefill; unified and prefill servers), on a decode
-server `prealloc` (waiting for KV pool space) and `transfer` (waiting for the prefill's KV),
-and `running` (decoding). A request reserves prompt + output budget in the KV pool when it
-is admitted (a prefill server reserves the prompt only and frees it after the transfer).
+server `prealloc` (waiting for KV pool space), `transfer` (waiting for the prefill's KV) and
+`retracted`, and `running` (decoding). A unified server reserves prompt + output budget in the
+KV pool when it admits a request (a prefill server the prompt only, freed after the transfer),
+so it never runs out mid-decode.
+
+A decode server allocates as SGLang's DecodePreallocQueue does: the prompt at admission, then
+one slot per token as it decodes. Admission keeps `--num-reserved-decode-tokens` of headroom
+per active request and counts the running requests' KV as retractable, so a decode can admit
+more than its pool holds at full length. When the next step does not fit, it retracts as
+`Scheduler.update_running_batch` / `ScheduleBatch.retract_decode` do: the requests with the
+fewest output tokens (then the longest prompts) leave the batch until the rest fits, their KV
+backed up to host (`retracted` queue, `#retracted-req`), and they resume with their output so
+far when space returns; the client only sees a pause.
 Outputs go to each request's queue as `Token`, `Finish` or `Abort` events.
 """
 
@@ -23,6 +33,15 @@ from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
 from .metrics import SimMetrics
 from .model import Clock, KVPool, StepModel
 from .sampling import EOS_TOKEN_ID, Sample, Sampler
+
+# sglang/srt/environ.py defaults: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
+# SGLANG_RETRACT_DECODE_STEPS, SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness 1.0),
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR and SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,10 @@ class Engine:
         self.prealloc: deque[Req] = deque()
         self.transfer: set[Req] = set()
         self.running: list[Req] = []
+        # Decode server: retracted under KV pressure, KV backed up to host, waiting to resume.
+        self.retracted: list[Req] = []
+        self._retracted_since_stats = 0  # metrics_reporter.num_retracted_reqs
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         # Prefill server: requests waiting for their decode (bootstrap) and in KV transfer.
         self.bootstrap_queue: set[Req] = set()
         self.inflight: set[Req] = set()
@@ -108,19 +131,44 @@ class Engine:
         self._wake.set()
 
     async def preallocate(self, req: Req) -> None:
-        """Decode server: wait for KV pool space for the whole request (prealloc queue)."""
+        """Decode server: wait in the prealloc queue until the request's prompt fits with the
+        decode headroom, then allocate the prompt's KV."""
         self.prealloc.append(req)
         try:
-            while not req.done and not self._can_admit(req.prompt_tokens + req.max_new_tokens):
+            while not req.done and not self._decode_admits(req):
                 self._prealloc_changed.clear()
                 await self._prealloc_changed.wait()
             if req.done:  # cancelled while waiting for space
                 return
-            self.pool.try_reserve(req.prompt_tokens + req.max_new_tokens)
-            req.reserved = req.prompt_tokens + req.max_new_tokens
+            self.pool.try_reserve(req.prompt_tokens)
+            req.reserved = req.prompt_tokens
             req.admitted = self.clock.now()
         finally:
             self.prealloc.remove(req)
+
+    def _decode_budget(self, count_retracted: bool) -> int:
+        """_allocatable_token_budgets: free slots minus the headroom of every active request
+        (and, for admission, what the retracted requests need to resume)."""
+        reserve = self.cfg.args.num_reserved_decode_tokens
+        active = len(self.running) + len(self.transfer)
+        budget = self.pool.size - self.pool.used - reserve * active
+        if count_retracted:
+            budget -= sum(r.prompt_tokens + r.generated + reserve for r in self.retracted)
+        return budget
+
+    def _decode_admits(self, req: Req) -> bool:
+        """_required_admission_tokens: the prompt plus headroom, or the whole (clipped) output
+        less what retracting the running batch would free. The headroom is capped at the
+        request's own output so that a small pool (PDSIM_KV_POOL_TOKENS) still serves."""
+        if len(self.running) + len(self.transfer) >= self.cfg.max_running_requests:
+            return False
+        retractable = sum(r.prompt_tokens + r.generated for r in self.running if not r.done)
+        headroom = min(self.cfg.args.num_reserved_decode_tokens, req.max_new_tokens)
+        need = max(
+            req.prompt_tokens + headroom,
+            req.prompt_tokens + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) - retractable,
+        )
+        return self._decode_budget(count_retracted=True) >= need
 
     def start_decoding(self, req: Req) -> None:
         """Decode server: the KV arrived; the prefill's first token goes out now."""
@@ -156,6 +204,8 @@ class Engine:
         self.transfer.discard(req)
         self.inflight.discard(req)
         self.bootstrap_queue.discard(req)
+        if req in self.retracted:
+            self.retracted.remove(req)
         if req.reserved:
             self.pool.release(req.reserved)
             req.reserved = 0
@@ -204,7 +254,9 @@ class Engine:
             batch = self._take_prefill_batch()
             if batch:
                 await self._prefill(batch)
-            elif self.running:
+                continue
+            self._resume_retracted()
+            if self.running:
                 await self._decode_step()
             else:
                 self._wake.clear()
@@ -286,7 +338,94 @@ class Engine:
             m.sched_inc(m.realtime_tokens, new_tokens, mode="prefill_compute")
             self._update_gauges()
 
+    def _resume_retracted(self) -> None:
+        """resume_retracted_reqs: in queue order, while the request's KV plus headroom fits;
+        its KV comes back from the host backup, so it decodes on from where it stopped."""
+        reserve = self.cfg.args.num_reserved_decode_tokens
+        while self.retracted:
+            req = self.retracted[0]
+            kv = req.prompt_tokens + req.generated
+            if self._decode_budget(count_retracted=False) < kv + reserve:
+                return
+            self.retracted.pop(0)
+            self.pool.try_reserve(kv)
+            req.reserved = kv
+            self.running.append(req)
+
+    def _slots_needed(self, req: Req, step: int) -> int:
+        """KV slots the request must gain to run a step of up to `step` tokens (the KV of
+        the newest token is written by the step after it)."""
+        tokens = min(step, req.max_new_tokens - req.generated)
+        return max(req.prompt_tokens + req.generated + tokens - 1 - req.reserved, 0)
+
+    def _allocate_step(self) -> None:
+        """update_running_batch: retract when the next step does not fit (check_decode_mem),
+        else take the step's slots. A unified server's reservations already cover it."""
+        step = math.ceil(self.cfg.spec_accept_len)
+        free = self.pool.size - self.pool.used
+        if sum(self._slots_needed(r, step) for r in self.running) > free:
+            self._retract(step)
+        else:
+            self.new_token_ratio = max(
+                self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+            )
+        for req in self.running:
+            need = self._slots_needed(req, step)
+            self.pool.try_reserve(need)
+            req.reserved += need
+
+    def _retract(self, step: int) -> None:
+        """retract_decode: keep the requests with the most output tokens (then the shortest
+        prompts), back the others' KV up to host and requeue them; the last one left that
+        still does not fit is aborted."""
+        keep = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens), reverse=True)
+        freed_from = self.pool.used
+        retracted: list[Req] = []
+
+        def fits() -> bool:
+            return sum(self._slots_needed(r, step) for r in keep) <= self.pool.size - self.pool.used
+
+        while len(keep) > 1 and (not retracted or not fits()):
+            req = keep.pop()
+            self.pool.release(req.reserved)
+            req.reserved = 0
+            retracted.append(req)
+        self.running = keep
+        if not fits():
+            last = keep[0]
+            self.abort(
+                last,
+                "Out of memory even after retracting all other requests in the decode batch. "
+                "Aborting the last request.",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            )
+            self.running = []
+        self.retracted.extend(retracted)
+        self._retracted_since_stats += len(retracted)
+        if self.metrics and retracted:
+            m = self.metrics
+            m.rank_inc(m.num_retracted_requests, len(retracted))
+            m.rank_inc(m.num_retracted_input_tokens, sum(r.prompt_tokens for r in retracted))
+            m.rank_inc(m.num_retracted_output_tokens, sum(r.generated for r in retracted))
+        old_ratio = self.new_token_ratio
+        self.new_token_ratio = min(
+            1.0,
+            (sum(r.generated for r in keep) + RETRACT_DECODE_STEPS * len(keep))
+            / (sum(r.max_new_tokens for r in keep) + 1),
+        )
+        self.log.warning(
+            "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
+            "#new_tokens_gained: %d, #new_token_ratio: %.4f -> %.4f",
+            len(retracted),
+            freed_from - self.pool.used,
+            old_ratio,
+            self.new_token_ratio,
+        )
+
     async def _decode_step(self) -> None:
+        self._allocate_step()
+        if not self.running:
+            return
         n = len(self.running)
         step_ms, graph = self.steps.decode_step_ms(n)
         if not graph and self.cfg.knobs.eager_oom:
@@ -362,7 +501,7 @@ class Engine:
                     ),
                     prealloc_req=len(self.prealloc) if decode_server else None,
                     transfer_req=len(self.transfer) if decode_server else None,
-                    retracted_req=0 if decode_server else None,
+                    retracted_req=len(self.retracted) if decode_server else None,
                     # no host pool here: nothing is ever received into it
                     host_receive_req=0 if decode_server and host_receive else None,
                     accept_len=accept_len,
@@ -418,8 +557,9 @@ class Engine:
             m.pending_prealloc_token_usage,
             sum(r.reserved for r in self.transfer) / self.pool.size if decode else 0.0,
         )
-        # The sim reserves each request's whole output up front, so it never retracts.
-        m.sched_gauge(m.num_retracted_reqs, 0, **m.pid)
+        # Requests retracted since the last stats line (metrics_reporter resets it there).
+        m.sched_gauge(m.num_retracted_reqs, self._retracted_since_stats, **m.pid)
+        self._retracted_since_stats = 0
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:
@@ -450,6 +590,7 @@ class Engine:
         return bool(
             self.waiting
             or self.running
+            or self.retracted
             or self.prealloc
             or self.transfer
             or self.inflight

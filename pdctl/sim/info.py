@@ -154,7 +154,7 @@ class InfoRoutes:
                 "prefill_inflight_queue_reqs": len(e.inflight),
                 "decode_prealloc_queue_reqs": len(e.prealloc),
                 "decode_transfer_queue_reqs": len(e.transfer),
-                "decode_retracted_queue_reqs": 0,
+                "decode_retracted_queue_reqs": len(e.retracted),
                 "kv_transfer_speed_gb_s": 0.0,
                 "kv_transfer_latency_ms": 0.0,
             },

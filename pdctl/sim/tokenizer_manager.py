@@ -144,7 +144,7 @@ class TokenizerManager:
         for req in reqs:
             need = req.prompt_tokens + req.max_new_tokens
             if need > self.cfg.kv_pool_tokens:
-                # The sim reserves a request's whole budget up front, so it must fit the pool.
+                # A unified sim reserves a request's whole budget up front: it must fit the pool.
                 raise BadRequest(
                     f"Request {req.rid} exceeds the maximum number of tokens: "
                     f"{need} > {self.cfg.kv_pool_tokens}"

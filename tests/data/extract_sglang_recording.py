@@ -30,6 +30,7 @@ import ast
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 MODES = ("null", "prefill", "decode")
@@ -151,6 +152,10 @@ def _modes_from_conditions(conds: list[str]) -> set[str]:
 
 
 class Source:
+    """Call sites of sglang/srt by method name. A file is parsed only when its text holds
+    `.<name>` for a name looked up (a superset of its calls), and each site's modes are
+    computed once: the walk over every file and the caller recursion were the run time."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.files = {
@@ -158,36 +163,68 @@ class Source:
             for p in sorted((root / "srt").rglob("*.py"))
             if "__pycache__" not in p.parts
         }
-        self.trees = {rel: ast.parse(text) for rel, text in self.files.items()}
-        self.conds = {rel: _conditions(tree) for rel, tree in self.trees.items()}
-        self.by_name: dict[str, list[_Site]] = defaultdict(list)
-        for rel, tree in self.trees.items():
-            if rel == "srt/observability/metrics_collector.py":
-                continue
+        self._parsed: dict[str, dict[str, list[_Site]]] = {}
+        self._lines: dict[str, list[str]] = {}
+        self._modes: dict[tuple[str, int, int], set[str]] = {}
+        self._holders: dict[str, list[str]] = {}
+
+    def _sites(self, rel: str) -> dict[str, list[_Site]]:
+        if rel not in self._parsed:
+            tree = ast.parse(self.files[rel])
+            conds = _conditions(tree)
+            by_name: dict[str, list[_Site]] = defaultdict(list)
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                    conds, func = self.conds[rel].get(node.lineno, ([], "<module>"))
-                    self.by_name[node.func.attr].append(_Site(rel, node.lineno, conds, func))
+                    c, func = conds.get(node.lineno, ([], "<module>"))
+                    by_name[node.func.attr].append(_Site(rel, node.lineno, c, func))
+            self._parsed[rel] = by_name
+        return self._parsed[rel]
+
+    def _callers(self, method: str) -> Iterator[_Site]:
+        """Calls of `.<method>(` in file order, parsing files as it goes."""
+        if method not in self._holders:
+            needle = "." + method
+            self._holders[method] = [
+                rel
+                for rel, text in self.files.items()
+                if rel != "srt/observability/metrics_collector.py" and needle in text
+            ]
+        for rel in self._holders[method]:
+            yield from self._sites(rel).get(method, [])
 
     def calls(self, method: str) -> list[_Site]:
-        return self.by_name.get(method, [])
+        return list(self._callers(method))
+
+    def line(self, site: _Site) -> str:
+        if site.rel not in self._lines:
+            self._lines[site.rel] = self.files[site.rel].splitlines()
+        return self._lines[site.rel][site.line - 1]
 
     def modes(self, site: _Site, depth: int = 3) -> set[str]:
+        key = (site.rel, site.line, depth)
+        if key not in self._modes:
+            self._modes[key] = self._site_modes(site, depth)
+        return self._modes[key]
+
+    def _site_modes(self, site: _Site, depth: int) -> set[str]:
         modes = MODE_FILES.get(site.rel, set(MODES)) & _modes_from_conditions(site.conds)
         if site.rel in MODE_FILES or depth == 0 or site.func.startswith("<"):
             return modes
-        callers = [c for c in self.calls(site.func) if (c.rel, c.line) != (site.rel, site.line)]
-        if not callers:
-            return modes
-        return modes & set().union(*(self.modes(c, depth - 1) for c in callers))
+        callers: set[str] | None = None
+        for c in self._callers(site.func):
+            if (c.rel, c.line) == (site.rel, site.line):
+                continue
+            callers = (callers or set()) | self.modes(c, depth - 1)
+            if callers >= modes:  # no further caller can narrow the result
+                break
+        return modes if callers is None else modes & callers
 
 
 def _collector_sites(src: Source, method: str, collector: str) -> list[_Site]:
     """Calls of the method on a metrics collector (not on a same-named helper elsewhere)."""
     out = []
     for site in src.calls(method):
-        line = src.files[site.rel].splitlines()[site.line - 1]
-        if collector == "tokenizer" or "metrics_collector" in line:
+        if collector == "tokenizer" or "metrics_collector" in src.line(site):
             out.append(site)
     return out
 

@@ -2,7 +2,8 @@
 pd-exporter + node exporter, scraped by a real Prometheus (Debian's) configured from the
 Prometheus role's own templates. Under load, every PromQL expression of every dashboard panel
 and every rule must parse and return data, unless listed below with the reason it only has
-data under failure. Then induced failures drive the matching alerts to firing: the decode
+data under failure. Then planted events must show their true count in every panel that reads
+them (see PLANTED), and induced failures drive the matching alerts to firing: the decode
 stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
 production incident). Both sims run at TP4 as the reference deployment does: counters every
 rank writes for the same event must read once, not four times, in panels and rules."""
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,20 @@ TP = 4
 PAIR = f"{HOST}/pd0"
 TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 RATE_INTERVAL = "30s"
+# The decode's KV pool holds the main load (16 requests of ~57 tokens) but not RETRACT_LOAD
+# at full length, so it retracts only when the test plants retractions.
+DECODE_KV_POOL = 1600
+RESERVED_DECODE_TOKENS = 8
+RETRACT_LOAD = (8, 300)  # requests, max_new_tokens each
+PLANTED_BOOTSTRAP_FAILURES = 3
+PLANT_WINDOW_S = 20
+PLANTED_TRANSFER_FAILURES = 3
+# What each side logs once per failed transfer (rank 0's line).
+TRANSFER_FAILED = {
+    "decode": "Decode transfer failed for request",
+    "prefill": "Prefill transfer failed for request",
+}
+RETRACTED = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 # Hold times short enough to watch alerts fire within the test, and SLOs of 1 ms so that the
 # SLO alerts fire on the live latencies.
 RULE_OVERRIDES: dict[str, object] = {
@@ -55,6 +72,7 @@ RULE_OVERRIDES: dict[str, object] = {
             "pd_failures",
             "hang",
             "kv_leak",
+            "retract",
         )
     },
     "ttft_p95_seconds": 0.001,
@@ -67,7 +85,7 @@ FAILURE_ONLY = {
     "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
     "sglang:num_prefill_retries_total": "written at the first prefill retry",
     "sglang:num_aborted_requests_total": "written at the first aborted request",
-    "sglang:num_retracted_requests_total": "written at the first retraction (sim: never)",
+    "sglang:num_retracted_requests_total": "written at the first retraction (planted later)",
     "engine:sglang_retracted_requests:rate5m": "recorded from the retraction counter",
     "smg_router_request_errors_total": "written at the first gateway error",
     "smg_worker_errors_total": "written at the first worker error",
@@ -99,7 +117,7 @@ NO_DATA = {
     ("pdstack-gateway", "Stalled workers"): FAILURE_ONLY["smg_worker_stalled"],
     ("pdstack-gateway", "PD prefill duration"): FAILURE_ONLY["smg_pd_prefill_duration_seconds"],
     ("rules", "engine:sglang_retracted_requests:rate5m"): "retraction counter, see FAILURE_ONLY",
-    ("pdstack-decode", "Retractions"): "the rate line: the sim never retracts (gauge stays 0)",
+    ("pdstack-decode", "Retractions"): "the rate line: retractions are planted later",
     ("rules", "engine:sglang_bootstrap_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     ("rules", "engine:sglang_transfer_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     **{
@@ -165,7 +183,9 @@ class Prometheus:
 class Live:
     prom: Prometheus
     gateway: Gateway
+    prefill: SimProc
     decode: SimProc
+    exporter: subprocess.Popen[bytes]  # its pair canary sends a request every second
 
 
 def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -261,8 +281,10 @@ def live(
     prefill = sim_factory("prefill", env=env, extra=("--tp-size", str(TP)))
     decode = sim_factory(
         "decode",
-        env=env,
+        env={**env, "PDSIM_KV_POOL_TOKENS": str(DECODE_KV_POOL)},
         extra=(
+            "--num-reserved-decode-tokens",
+            str(RESERVED_DECODE_TOKENS),
             "--tp-size",
             str(TP),
             "--cuda-graph-max-bs-decode",
@@ -328,7 +350,7 @@ def live(
             30,
             "every target up",
         )
-        yield Live(prom, gateway, decode)
+        yield Live(prom, gateway, prefill, decode, procs[0])
     finally:
         for proc in procs:
             stop_pid(proc)
@@ -385,11 +407,14 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
         "PDDecodeEagerFallback",
     )
 
+    assert_planted_values(live)
+
     # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap).
     live.decode.restart().wait_healthy()
     wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
 
     assert_counted_once(live.prom)
+    assert_planted_transfer_failures(live)
 
     # The decode stopped: its engine is down (and the pair alert yields to it)...
     live.decode.stop()
@@ -439,8 +464,12 @@ def assert_counted_once(prom: Prometheus) -> None:
     )
     rank0_5m = _by_engine(prom, rank0_rate.replace(RATE_INTERVAL, "5m"), at)
     assert _by_engine(prom, rule, at) == pytest.approx(rank0_5m)
-    # The recorded series lags by up to one evaluation, far from TP times the truth.
-    assert _by_engine(prom, record, at) == pytest.approx(rank0_5m, rel=0.5)
+    # The recorded series lags by up to one evaluation (and the canary keeps failing), so
+    # compare peaks over the last evaluations: far from TP times the truth.
+    rank0_5m_expr = rank0_rate.replace(RATE_INTERVAL, "5m")
+    assert _by_engine(prom, f"max_over_time({record}[10s])", at) == pytest.approx(
+        _by_engine(prom, f"max_over_time(({rank0_5m_expr})[10s:1s])", at), rel=0.5
+    )
     passes = "sglang:cuda_graph_passes_total"
     decode_panel = next(
         e
@@ -451,3 +480,174 @@ def assert_counted_once(prom: Prometheus) -> None:
     got = sum(float(r["value"][1]) for r in prom.query(substitute(decode_panel, RATE_INTERVAL), at))
     want = prom.query(f'sum(rate({passes}{{tp_rank="0", mode=~"decode_.*"}}[{RATE_INTERVAL}]))', at)
     assert got == pytest.approx(float(want[0]["value"][1]))
+
+
+# Panels planted on the healthy pair: (dashboard uid, panel title, metric the expression
+# reads) -> planted event. KV transfer failures are planted on the degraded pair
+# (assert_planted_transfer_failures). Every other panel reads a continuous signal (tokens,
+# latencies, queues: checked for data above) or an event this stack cannot plant a known
+# number of (docs/monitoring.md, "Not planted, and why").
+PLANTED = {
+    ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): "bootstrap",
+    ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): "bootstrap",
+    ("pdstack-overview", "Errors", "num_aborted_requests"): "bootstrap",
+    ("pdstack-decode", "Retractions", "num_retracted_requests"): "retraction",
+}
+
+
+def dead_bootstrap_request(decode_url: str, room: int) -> None:
+    """A decode leg whose prefill bootstrap port answers nothing: after SGLang's 15 route
+    tries, one bootstrap failure (on every rank) and one aborted request on the decode."""
+    r = requests.post(
+        f"{decode_url}/generate",
+        timeout=60,
+        json={
+            "text": "no prefill behind this bootstrap port",
+            "sampling_params": {"max_new_tokens": 1},
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": free_port(),  # one port each: the decode retries a host serially
+            "bootstrap_room": room,
+        },
+    )
+    assert r.status_code == 500, r.text
+
+
+def long_request(url: str, max_new_tokens: int) -> None:
+    r = requests.post(
+        f"{url}/generate",
+        timeout=120,
+        json={
+            "text": "tell me about disaggregated serving",
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == max_new_tokens
+
+
+def plant(live: Live, bootstrap_failures: int, room: int) -> None:
+    """Bootstrap failures and, at the same time, a load that the decode's pool can only serve
+    by retracting; every request of that load still succeeds."""
+    n, max_new = RETRACT_LOAD
+    with ThreadPoolExecutor(bootstrap_failures + n) as pool:
+        jobs = [
+            pool.submit(dead_bootstrap_request, live.decode.url, room + i)
+            for i in range(bootstrap_failures)
+        ] + [pool.submit(long_request, live.gateway.url, max_new) for _ in range(n)]
+        for job in jobs:
+            job.result()
+
+
+def retractions(decode: SimProc) -> int:
+    """Requests retracted so far, from the decode's own warnings."""
+    return sum(int(m[1]) for m in RETRACTED.finditer(decode.log_text()))
+
+
+def panel_exprs(uid: str, title: str, metric: str) -> list[str]:
+    board = next(b for b in map(json.loads, render_dashboards().values()) if b["uid"] == uid)
+    found = [e for t, e in expressions(board) if t == title and f"sglang:{metric}" in e]
+    assert found, (uid, title, metric)
+    return found
+
+
+def panel_counts(
+    prom: Prometheus, expr: str, start: float, end: float
+) -> tuple[dict[str, float], float]:
+    """A rate panel's count per engine over [start - 2 s, end], and the relative tolerance.
+    The window opens two scrapes before `start` so that it holds a sample from before the
+    first planted event (they can all land within one scrape); `start` must be two scrapes
+    after any earlier event. rate() x window is the count, extrapolated to the window's
+    edges by up to one scrape interval on each side."""
+    window = math.ceil(end - start) + 2
+    rate = _by_engine(prom, substitute(expr, f"{window}s"), end)
+    return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
+
+
+def assert_planted_values(live: Live) -> None:
+    """Each planted panel shows the planted count for the engine that had the events, over a
+    window that holds exactly those events, not TP times it. SGLang (and the sim) create a
+    labelled counter at its first event, which rate() cannot see, so a first round of the same
+    events creates the series before the counted round."""
+    decode = f"{HOST}/pd0-decode"
+    plant(live, 1, room=900_000)
+    time.sleep(4)  # the created series is scraped, then two more scrapes
+    start, retracted_before = time.time(), retractions(live.decode)
+    plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100)
+    # Two more scrapes, and a window long enough for rate()'s edge extrapolation to stay small.
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    end = time.time()
+    truth = {
+        "bootstrap": PLANTED_BOOTSTRAP_FAILURES,
+        "retraction": retractions(live.decode) - retracted_before,
+    }
+    assert truth["retraction"] > 0, "the planted load did not make the decode retract"
+    for (uid, title, metric), event in PLANTED.items():
+        (expr,) = panel_exprs(uid, title, metric)
+        shown, rel = panel_counts(live.prom, expr, start, end)
+        assert shown.get(decode) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
+        assert all(v == 0 for e, v in shown.items() if e != decode), (title, shown)
+    # The gauge line of the Retractions panel is rank 0's count since its previous stats line,
+    # reset at the next one (decode-log-interval steps later): a scrape rarely catches it, and
+    # it never shows more than happened.
+    (gauge,) = panel_exprs("pdstack-decode", "Retractions", "num_retracted_reqs")
+    window = math.ceil(end - start)
+    peak = live.prom.query(f"max_over_time(({substitute(gauge)})[{window}s:1s])", end)
+    assert 0 <= float(peak[0]["value"][1]) <= truth["retraction"], peak
+    print("planted:", truth, "gauge peak:", peak[0]["value"][1])
+    wait_until(lambda: _firing(live.prom, "PDBootstrapFailures", engine=decode), 30, "bootstrap")
+    wait_until(lambda: _firing(live.prom, "PDDecodeRetractions", engine=decode), 30, "retract")
+    # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.
+    (alert,) = [a for a in live.prom.alerts() if a["labels"]["alertname"] == "PDBootstrapFailures"]
+    assert PLANTED_BOOTSTRAP_FAILURES <= float(alert["value"]) < TP * PLANTED_BOOTSTRAP_FAILURES
+
+
+def pd_request(prefill: SimProc, decode: SimProc, room: int) -> None:
+    """Both legs of one PD request, as the gateway sends them."""
+    body = {
+        "text": "a transfer through the degraded pair",
+        "sampling_params": {"max_new_tokens": 4},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": room,
+    }
+    with ThreadPoolExecutor(2) as pool:
+        legs = [pool.submit(requests.post, f"{s.url}/generate", json=body, timeout=60)
+                for s in (prefill, decode)]  # fmt: skip
+        assert legs[1].result().status_code == 500, legs[1].result().text
+        legs[0].result()
+
+
+def plant_transfer_failures(live: Live, n: int, room: int) -> None:
+    with ThreadPoolExecutor(n) as pool:
+        for job in [pool.submit(pd_request, live.prefill, live.decode, room + i) for i in range(n)]:
+            job.result()
+
+
+def assert_planted_transfer_failures(live: Live) -> None:
+    """With the pair degraded (the decode restarted alone) every transfer fails, on both sides.
+    The canary is stopped so that only the planted requests fail; the KV transfer failures
+    panel then shows, for each engine, the failures it logged, once and not TP times. As in
+    assert_planted_values, a first failure creates each side's series before the counted
+    round (the canary's failures do not always reach the prefill's counter)."""
+    stop_pid(live.exporter)
+    time.sleep(3)  # the canary's last request (3 s timeout) has ended
+    plant_transfer_failures(live, 1, room=910_000)
+    time.sleep(4)  # the created series is scraped, then two more scrapes
+
+    def logged() -> dict[str, int]:
+        return {
+            f"{HOST}/pd0-{sim.mode}": sim.log_text().count(TRANSFER_FAILED[sim.mode])
+            for sim in (live.prefill, live.decode)
+        }
+
+    start, before = time.time(), logged()
+    plant_transfer_failures(live, PLANTED_TRANSFER_FAILURES, room=910_100)
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    end = time.time()
+    truth = {e: n - before[e] for e, n in logged().items()}
+    assert truth[f"{HOST}/pd0-decode"] == PLANTED_TRANSFER_FAILURES, truth
+    (expr,) = panel_exprs("pdstack-pipeline", "KV transfer failures", "num_transfer_failed_reqs")
+    shown, rel = panel_counts(live.prom, expr, start, end)
+    for engine, n in truth.items():
+        assert shown.get(engine, 0.0) == pytest.approx(n, rel=rel), (shown, truth)
+    print("planted transfer failures:", truth, "shown:", shown)

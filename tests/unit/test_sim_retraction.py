@@ -1,0 +1,85 @@
+"""Decode retraction in the sim, as SGLang 0.5.23's decode server does it: a pool too small for
+the admitted requests at full length retracts the newest ones (fewest output tokens) back to
+the retracted queue, counts them on every TP rank, logs SGLang's warning, and resumes them; the
+clients get the same answers as without pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdctl.testing.stack import free_port, in_process
+
+FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
+TP = 4
+REQUESTS = 6
+MAX_NEW = 60
+RETRACT = re.compile(
+    r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+), "
+    r"#new_tokens_gained: \d+, #new_token_ratio: \d\.\d{4} -> \d\.\d{4}$"
+)
+
+
+async def serve(pool: int | None) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """REQUESTS concurrent PD requests through one prefill and one TP4 decode whose KV pool
+    holds `pool` tokens (None: the derived size). The answers and the decode's counters."""
+    port = free_port()
+    env = {**FAST, **({"PDSIM_KV_POOL_TOKENS": str(pool)} if pool else {})}
+    decode_args = ("--enable-metrics", "--tp-size", str(TP), "--decode-log-interval", "1")
+    async with (
+        in_process("prefill", FAST, "--enable-metrics", bootstrap_port=port) as prefill,
+        in_process("decode", env, *decode_args, "--num-reserved-decode-tokens", "4") as decode,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def one(room: int) -> dict[str, Any]:
+            body = {
+                "text": "retract me under decode memory pressure",
+                "rid": f"r{room}",
+                "sampling_params": {"max_new_tokens": MAX_NEW, "ignore_eos": True},
+                "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": port,
+                "bootstrap_room": room,
+            }
+            legs = [http.post(f"{s.url}/generate", json=body) for s in (prefill, decode)]
+            _, answer = await asyncio.gather(*legs)
+            assert answer.status == 200, await answer.text()
+            return dict(await answer.json())
+
+        answers = list(await asyncio.gather(*(one(room) for room in range(1, REQUESTS + 1))))
+        async with http.get(f"{decode.url}/metrics") as resp:
+            text = await resp.text()
+    counters: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("sglang:num_retracted"):
+                counters.setdefault(s.name, {})[s.labels.get("tp_rank", "")] = s.value
+    return answers, counters
+
+
+def test_a_full_decode_pool_retracts_and_resumes(capsys: pytest.CaptureFixture[str]) -> None:
+    calm, calm_counters = asyncio.run(serve(None))
+    # 6 requests of 10 prompt + 60 output tokens need 420 slots at full length.
+    squeezed, counters = asyncio.run(serve(200))
+    out = capsys.readouterr().out.splitlines()
+
+    assert [a["text"] for a in squeezed] == [a["text"] for a in calm]
+    assert all(a["meta_info"]["completion_tokens"] == MAX_NEW for a in squeezed)
+    assert not any(name.endswith("_total") for name in calm_counters)
+
+    retracted = sum(int(m[1]) for ln in out if (m := RETRACT.search(ln)))
+    assert retracted > 0
+    ranks = {str(r) for r in range(TP)}
+    # Counted by every rank (increment_retracted_reqs under plain enable_metrics).
+    assert counters["sglang:num_retracted_requests_total"] == dict.fromkeys(ranks, retracted)
+    assert set(counters["sglang:num_retracted_input_tokens_total"]) == ranks
+    assert set(counters["sglang:num_retracted_output_tokens_total"]) == ranks
+    # The gauge is rank 0's log_stats value.
+    assert set(counters["sglang:num_retracted_reqs"]) == {"0"}
+    waiting = [int(m[1]) for ln in out if (m := re.search(r"#retracted-req: (\d+)", ln))]
+    assert max(waiting) > 0 and waiting[-1] == 0
