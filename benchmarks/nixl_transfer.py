@@ -190,7 +190,7 @@ def main() -> None:
         rows, elapsed = cross_host(a, sizes)
     else:
         rows, elapsed = same_host(sizes, a.repeat)
-    where = "cross-host" if a.prefill_via else "same-host"
+    where = "cross-host" if a.prefill_via != a.decode_via else "same-host"
     env = {k: os.environ[k] for k in UCX_VARS if k in os.environ}
     if a.json:
         print(json.dumps({"where": where, "ucx_env": env, "elapsed_s": elapsed, "rows": rows}))
