@@ -39,7 +39,7 @@ from fixtures_site import (
 from pdctl import names
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.pdclient import pair_canary
-from pdctl.testing.stack import constant_load
+from pdctl.testing.stack import constant_load, wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -348,7 +348,7 @@ def test_a_pair_across_two_hosts_moves_kv_through_nixl(fleet: TestFleet) -> None
             )
             assert run.returncode == 0, run.stderr
         for role, url in urls.items():
-            wait_for(
+            wait_until(
                 lambda u=url: requests.get(f"{u}/health", timeout=2).status_code == 200,
                 60,
                 f"the cross-host {role} at {url}",
@@ -388,7 +388,7 @@ def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
         i["inst"]["id"]: i["inst"]["url"] for h in dep["hosts"].values() for i in h["instances"]
     }
     lost = f"{second.name}/pd0"  # host 2's first pair in the roll
-    lost_urls = {urls[f"{lost}/{r}"] for r in names.ROLES}
+    lost_urls = {urls[f"{lost}-{r}"] for r in names.ROLES}
     link = f"vb-{second.name}"  # the host side of its veth on the fleet's bridge
     start = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
