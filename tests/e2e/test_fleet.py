@@ -8,7 +8,8 @@ load one pair at a time over both hosts with no failed request, the fleet restar
 refusing a second restarter (the controller) while a host restarts, naming the holder, a pair
 whose prefill and decode are on different hosts (KV through NIXL between them), and last the
 second host cut off the bridge in the middle of a roll (site.yml fails naming it, its lease
-goes stale and is taken over with a warning, its drained pair stays visible), then put back.
+goes stale and is taken over with a warning by a restart on host 1, which then stops nothing
+because host 2's gateway cannot be drained; its drained pair stays visible), then put back.
 """
 
 from __future__ import annotations
@@ -378,11 +379,6 @@ def gateway_urls(gateway: str) -> set[str]:
 
 
 # Last: it cuts the second host off the bridge, then puts it back.
-@pytest.mark.xfail(
-    reason="pdctl restart on the first host refuses to drain while the lost host's gateway "
-    "does not answer ('nothing was stopped'): the takeover restart exits 1",
-    strict=False,
-)
 def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
     fleet_site: Site, fleet: TestFleet, tmp_path: Path
 ) -> None:
@@ -421,11 +417,18 @@ def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
             shown = host_status(first)["restart_lock"]
             assert shown["stale"] and shown["host"] == second.name, shown
             assert lost in shown["command"], shown
+            # The next restarter takes the stale lease over, saying from whom, and then refuses
+            # to stop anything: a gateway (host 2's) cannot be drained.
+            engines = f"systemctl show -p MainPID --value {' '.join(_units(PAIRS))}"
+            pids = first.ssh(engines, check=True).stdout
             took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
-            assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
+            assert took.returncode != 0, took.stdout[-3000:] + took.stderr[-3000:]
             assert f"took over the fleet restart lock from {second.name} PID" in took.stderr, (
                 took.stderr
             )
+            assert "nothing was stopped" in took.stderr, took.stderr[-3000:]
+            assert first.ssh(engines, check=True).stdout == pids
+            assert not lease(fleet_site), "the refused restart left the lease held"
             status = host_status(first)
             pairs = {p["id"]: p["gateway"] for p in status["pairs"]}
             assert all(pairs[f"{first.name}/{p}"] == "routed" for p in PAIRS), pairs
