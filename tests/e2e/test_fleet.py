@@ -2,8 +2,14 @@
 sim-fleet.yml (two pairs per host on two pretend NUMA nodes, a gateway on both hosts).
 
 In file order: the first converge, the second run (nothing changes on any host), requests
-through the first host's gateway served by every pair of both hosts, and `pdctl status` of the
-whole fleet from the controller.
+through the first host's gateway served by every pair of both hosts, `pdctl status` of the
+whole fleet from the controller; then restarts across the fleet: a config change rolled under
+load one pair at a time over both hosts with no failed request, the fleet restart lock
+refusing a second restarter (the controller) while a host restarts, naming the holder, a pair
+whose prefill and decode are on different hosts (KV through NIXL between them), and last the
+second host cut off the bridge in the middle of a roll (site.yml fails naming it, its lease
+goes stale and is taken over with a warning by a restart on host 1, which then stops nothing
+because host 2's gateway cannot be drained; its drained pair stays visible), then put back.
 """
 
 from __future__ import annotations
@@ -12,16 +18,32 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import requests
-from fixtures_site import API_KEY, ROOT, Site, build_wheelhouse, wait_ready
+import yaml
+from fixtures_site import (
+    API_KEY,
+    CONVERGE_TIMEOUT,
+    ROOT,
+    Site,
+    build_wheelhouse,
+    wait_ready,
+    write_profile,
+)
+
+from pdctl import names
+from pdctl.ops.gateway import GatewayAdmin
+from pdctl.pdclient import pair_canary
+from pdctl.testing.stack import constant_load, wait_until
 
 if TYPE_CHECKING:
-    from conftest import TestFleet
+    from conftest import TestFleet, TestHost
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +51,8 @@ FLEET_PROFILE = ROOT / "deploy" / "profiles" / "sim-fleet.yml"
 PAIRS_PER_HOST = 2
 REQUESTS_PER_PAIR = 2
 PROBES = ("/metrics", "/health", "/health_generate")
+PAIRS = ("pd0", "pd1")
+PDCTL = f"{names.VENV}/bin/pdctl"
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +116,39 @@ def test_first_gateway_routes_to_every_pair_on_both_hosts(fleet_site: Site) -> N
     assert all(v >= 1 for v in served.values()), served
 
 
-def test_pdctl_status_from_the_controller_shows_the_fleet(
-    fleet_site: Site, fleet: TestFleet
-) -> None:
-    env = dict(
+def controller_pdctl(
+    fleet: TestFleet, profile: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`pdctl ARGS -i INVENTORY -p PROFILE` on the controller (hosts over ssh -F)."""
+    return subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "pdctl"), *args, *_controller_args(fleet, profile)],
+        env=_controller_env(fleet),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def _controller_env(fleet: TestFleet) -> dict[str, str]:
+    return dict(
         os.environ,
         PDCTL_SSH_CONFIG=str(fleet.ssh_config),
         PDSTACK_GATEWAY_API_KEY=API_KEY,
         PYTHONPATH=str(ROOT),
     )
+
+
+def _controller_args(fleet: TestFleet, profile: Path = FLEET_PROFILE) -> list[str]:
+    return ["-i", str(fleet.inventory), "-p", str(profile)]
+
+
+def test_pdctl_status_from_the_controller_shows_the_fleet(
+    fleet_site: Site, fleet: TestFleet
+) -> None:
+    env = _controller_env(fleet)
     pdctl = [str(Path(ROOT / ".venv" / "bin" / "pdctl")), "status"]
-    args = ["-i", str(fleet.inventory), "-p", str(FLEET_PROFILE)]
-    result = subprocess.run(
-        [*pdctl, *args, "--format", "json"], env=env, text=True, capture_output=True, timeout=120
-    )
+    args = _controller_args(fleet)
+    result = controller_pdctl(fleet, FLEET_PROFILE, "status", "--format", "json")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     status = json.loads(result.stdout)
     hosts = {h.name for h in fleet.hosts}
@@ -120,3 +163,285 @@ def test_pdctl_status_from_the_controller_shows_the_fleet(
     )
     assert table.returncode == 0, table.stdout + table.stderr
     assert "2 gateways" in table.stdout and all(h in table.stdout for h in hosts), table.stdout
+
+
+# ----- restarts across the fleet ------------------------------------------------------------
+
+
+def _profile(path: Path, context_length: int) -> Path:
+    """sim-fleet.yml with `engine.common.context_length` (a change every engine's unit sees)."""
+    profile = yaml.safe_load(FLEET_PROFILE.read_text())
+    profile["engine"]["common"]["context_length"] = context_length
+    return write_profile(path, profile)
+
+
+def _units(pairs: Iterable[str]) -> list[str]:
+    return [names.engine_unit(p, r) for p in pairs for r in names.ROLES]
+
+
+def main_pids(fleet: TestFleet) -> dict[str, int]:
+    """MainPID of every engine of the fleet, by HOST/UNIT."""
+    pids = {}
+    for h in fleet.hosts:
+        units = _units(PAIRS)
+        out = h.ssh(f"systemctl show -p MainPID --value {' '.join(units)}", check=True).stdout
+        pids.update({f"{h.name}/{u}": int(p) for u, p in zip(units, out.split(), strict=True)})
+    return pids
+
+
+def target_jobs(fleet: TestFleet, since: float) -> list[tuple[float, str, str]]:
+    """(time, HOST/pair target, stop|start) of every finished systemd job on the pair targets
+    of every host, in time order (the hosts share the controller's clock)."""
+    filters = " ".join(f"UNIT={names.pair_target(p)}" for p in PAIRS)
+    jobs = []
+    for h in fleet.hosts:
+        cmd = f"journalctl -o json --no-pager --since @{int(since)} {filters}"
+        for line in h.ssh(cmd, check=True).stdout.splitlines():
+            rec = json.loads(line)
+            if rec.get("JOB_TYPE") in ("stop", "start") and rec.get("JOB_RESULT") == "done":
+                t = int(rec["__REALTIME_TIMESTAMP"]) / 1e6
+                jobs.append((t, f"{h.name}/{rec['UNIT']}", rec["JOB_TYPE"]))
+    return sorted(jobs)
+
+
+def test_a_config_change_rolls_one_pair_at_a_time_across_the_fleet(
+    fleet_site: Site, fleet: TestFleet, tmp_path: Path
+) -> None:
+    url = fleet_site.deployment()["gateway"]["url"]
+    before = main_pids(fleet)
+    t0 = time.time() - 1
+    changed = _profile(tmp_path / "changed.yml", 4096)
+    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+        time.sleep(3)
+        run = fleet_site.run("-v", profile=changed)
+        time.sleep(3)
+    run.assert_ok()
+    failed = [o.failure for o in outcomes if not o.ok]
+    print(f"roll: {run.seconds:.0f}s, {len(outcomes)} requests, {len(failed)} failed")
+    assert len(outcomes) > 50, len(outcomes)
+    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    after = main_pids(fleet)
+    assert all(after[k] != v for k, v in before.items()), (before, after)
+    # Strictly one pair down at a time over both hosts: every stop is followed by the start
+    # of the same pair target before anything else stops.
+    jobs = target_jobs(fleet, t0)
+    pairs = [jobs[i][1] for i in range(0, len(jobs), 2)]
+    assert [(t, kind) for _, t, kind in jobs] == [
+        (p, kind) for p in pairs for kind in ("stop", "start")
+    ], jobs
+    assert sorted(pairs) == sorted(
+        f"{h.name}/{names.pair_target(p)}" for h in fleet.hosts for p in PAIRS
+    )
+    again = fleet_site.run(profile=changed)
+    again.assert_ok()
+    changed_counts = {h: r["changed"] for h, r in again.recaps.items()}
+    assert set(changed_counts.values()) == {0}, f"{changed_counts}: {again.changed_tasks()}"
+    print(f"second run after the roll: {again.seconds:.0f}s")
+    fleet_site.profile = changed  # the fleet runs it now: later tests change from here
+
+
+def host_status(host: TestHost) -> dict[str, Any]:
+    """`pdctl status --format json` on a host (its topology: the whole fleet)."""
+    r = host.ssh(f"{PDCTL} status --format json", timeout=300)
+    assert r.stdout, r.stderr
+    result: dict[str, Any] = json.loads(r.stdout)
+    return result
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    """pred()'s first true value, polled every 0.2 s for up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def lease(site: Site) -> dict[str, Any] | None:
+    """The fleet restart lock's lease (its server's GET /lease, open like /readiness)."""
+    url = site.deployment()["gateway"]["lock"]["url"]
+    got: dict[str, Any] | None = requests.get(f"{url}/lease", timeout=5).json()["lease"]
+    return got
+
+
+def serving(fleet: TestFleet, *pair_ids: str) -> bool:
+    """The pairs are routed at the gateways and their canaries pass (host 1's `pdctl status`)."""
+    pairs = {p["id"]: p for p in host_status(fleet.hosts[0])["pairs"]}
+    return all(pairs[i]["gateway"] == "routed" and pairs[i]["canary"]["ok"] for i in pair_ids)
+
+
+def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
+    fleet_site: Site, fleet: TestFleet
+) -> None:
+    first, second = fleet.hosts
+    # Both pairs of the first host: one lease held long enough for the two commands below.
+    mine = [f"{first.name}/{p}" for p in PAIRS]
+    theirs = f"{second.name}/pd1"
+    start = time.monotonic()
+    pairs = " ".join(f"--pair {p}" for p in mine)
+    holder = subprocess.Popen(
+        first.ssh_argv(f"{PDCTL} restart --both {pairs} --yes"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        held = wait_for(lambda: lease(fleet_site), 60, "the first host's restart to take the lock")
+        # From the controller, for a pair of the other host, not waiting; and its status.
+        with ThreadPoolExecutor(2) as pool:
+            refusing = pool.submit(
+                controller_pdctl, fleet, fleet_site.profile,
+                "restart", "--both", "--pair", theirs, "--yes", "--lock-wait", "0",
+            )  # fmt: skip
+            showing = pool.submit(
+                controller_pdctl, fleet, fleet_site.profile, "status", "--format", "json"
+            )
+            refused, status = refusing.result(), showing.result()
+    finally:
+        out, err = holder.communicate(timeout=600)
+    assert holder.returncode == 0, out[-3000:] + err[-3000:]
+    what = f"pdctl restart --both {' '.join(mine)}"
+    assert held["host"] == first.name and held["what"] == what, held
+    assert refused.returncode == 3, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert f"{first.name} PID {held['pid']} {what}" in refused.stderr, refused.stderr
+    shown = json.loads(status.stdout)["restart_lock"]
+    assert shown["held"] and shown["host"] == first.name and not shown["stale"], shown
+    assert shown["pid"] == held["pid"] and shown["command"] == what, shown
+    assert lease(fleet_site) is None
+    assert serving(fleet, *mine, theirs)
+    print(f"contended lock: {time.monotonic() - start:.0f}s")
+
+
+# A pair whose prefill runs on one host and decode on the other (issue 14 item 4): transient
+# units beside the fleet's engines, on ports no pair uses.
+XHOST_PORTS = {"prefill": 31000, "decode": 31001}
+XHOST_BOOTSTRAP = 31002
+
+
+def _xhost_unit(role: str) -> str:
+    return f"pdstack-xhost-{role}.service"
+
+
+def _metric_count(url: str, name: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(f"{name}_count"))
+
+
+def test_a_pair_across_two_hosts_moves_kv_through_nixl(fleet: TestFleet) -> None:
+    start = time.monotonic()
+    legs = dict(zip(names.ROLES, fleet.hosts, strict=False))
+    urls = {role: f"http://{h.address}:{XHOST_PORTS[role]}" for role, h in legs.items()}
+    try:
+        for role, host in legs.items():
+            argv = [
+                f"{names.VENV}/bin/python", "-m", "pdctl.sim",
+                "--model-path", "/opt/pdstack/models/sim", "--served-model-name", "sim-model",
+                "--host", "0.0.0.0", "--port", str(XHOST_PORTS[role]),
+                "--disaggregation-mode", role,
+                "--disaggregation-bootstrap-port", str(XHOST_BOOTSTRAP),
+                "--disaggregation-transfer-backend", "nixl", "--enable-metrics",
+            ]  # fmt: skip
+            run = host.ssh(
+                f"systemd-run --unit={_xhost_unit(role)} --setenv=PDSIM_STARTUP_DELAY_S=0 "
+                + " ".join(argv)
+            )
+            assert run.returncode == 0, run.stderr
+        for role, url in urls.items():
+            wait_until(
+                lambda u=url: requests.get(f"{u}/health", timeout=2).status_code == 200,
+                60,
+                f"the cross-host {role} at {url}",
+            )
+        result = pair_canary(urls["prefill"], urls["decode"], XHOST_BOOTSTRAP, count=3, timeout=30)
+        assert result.ok, result
+        # The KV went through NIXL: the prefill's WRITEs to the decode's registered pool.
+        assert _metric_count(urls["prefill"], "sglang:kv_transfer_speed_gb_s") >= 3
+        logs = {
+            role: host.ssh(f"journalctl -u {_xhost_unit(role)} --no-pager -o cat").stdout
+            for role, host in legs.items()
+        }
+        assert all("NIXL KVManager initialized with backend: UCX" in t for t in logs.values()), logs
+        assert "NIXL transport error" not in logs["prefill"], logs["prefill"][-3000:]
+    finally:
+        for role, host in legs.items():
+            host.ssh(
+                f"systemctl stop {_xhost_unit(role)}; systemctl reset-failed {_xhost_unit(role)}"
+            )
+    print(f"cross-host pair: {time.monotonic() - start:.0f}s")
+
+
+def gateway_urls(gateway: str) -> set[str]:
+    """URLs of the workers a gateway routes to (listed and not draining)."""
+    workers = GatewayAdmin(gateway, API_KEY).workers()
+    return {w.url for w in workers if w.status != "draining"}
+
+
+# Last: it cuts the second host off the bridge, then puts it back.
+def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
+    fleet_site: Site, fleet: TestFleet, tmp_path: Path
+) -> None:
+    first, second = fleet.hosts
+    dep = fleet_site.deployment()
+    gateway = dep["gateway"]["url"]
+    urls = {
+        i["inst"]["id"]: i["inst"]["url"] for h in dep["hosts"].values() for i in h["instances"]
+    }
+    lost = f"{second.name}/pd0"  # host 2's first pair in the roll
+    lost_urls = {urls[f"{lost}-{r}"] for r in names.ROLES}
+    link = f"vb-{second.name}"  # the host side of its veth on the fleet's bridge
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        roll = pool.submit(fleet_site.run, profile=_profile(tmp_path / "changed.yml", 2048))
+        wait_for(
+            lambda: roll.done() or not (lost_urls & gateway_urls(gateway)),
+            CONVERGE_TIMEOUT,
+            f"{lost} drained at {gateway}",
+        )
+        assert not roll.done(), roll.result().output[-4000:]
+        subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=30)
+        try:
+            run = roll.result(timeout=CONVERGE_TIMEOUT + 60)
+            print(f"roll with host 2 cut off: {run.seconds:.0f}s")
+            assert run.result.returncode != 0, run.output[-4000:]
+            assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
+            # host 2's pdctl can renew its lease no more: it goes stale, host 2 still named.
+            held = lease(fleet_site)
+            assert held and held["host"] == second.name and lost in held["what"], held
+            wait_for(
+                lambda: (got := lease(fleet_site)) and got["stale"],
+                held["ttl_s"] + 30,
+                "the lease of host 2's restart to go stale",
+            )
+            shown = host_status(first)["restart_lock"]
+            assert shown["stale"] and shown["host"] == second.name, shown
+            assert lost in shown["command"], shown
+            # The next restarter takes the stale lease over, saying from whom, and then refuses
+            # to stop anything: a gateway (host 2's) cannot be drained.
+            engines = f"systemctl show -p MainPID --value {' '.join(_units(PAIRS))}"
+            pids = first.ssh(engines, check=True).stdout
+            took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
+            assert took.returncode != 0, took.stdout[-3000:] + took.stderr[-3000:]
+            assert f"took over the fleet restart lock from {second.name} PID" in took.stderr, (
+                took.stderr
+            )
+            assert "nothing was stopped" in took.stderr, took.stderr[-3000:]
+            assert first.ssh(engines, check=True).stdout == pids
+            assert not lease(fleet_site), "the refused restart left the lease held"
+            status = host_status(first)
+            pairs = {p["id"]: p["gateway"] for p in status["pairs"]}
+            assert all(pairs[f"{first.name}/{p}"] == "routed" for p in PAIRS), pairs
+            # host 2's pair out of the gateway is shown, not hidden, and says why.
+            assert pairs[lost] == "not routed", pairs
+            gone = [i for i in status["instances"] if i["id"].startswith(f"{second.name}/")]
+            assert len(gone) == 2 * PAIRS_PER_HOST, status["instances"]
+            assert all(i["health"] != "ok" for i in gone), gone
+        finally:
+            subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=30)
+    print(f"host lost mid-roll: {time.monotonic() - start:.0f}s")
+    # Back on the bridge, the drained pair restarts into the gateway (host 2's old pdctl, its
+    # lease taken over, exits first: wait for its host lock).
+    back = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    wait_for(lambda: serving(fleet, lost), 120, f"{lost} serving again")
