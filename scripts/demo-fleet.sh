@@ -20,6 +20,8 @@ READY_TIMEOUT=${PDSTACK_DEMO_READY_TIMEOUT:-180}
 
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'demo-fleet: error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/demo-lib.sh
+. scripts/demo-lib.sh
 
 [[ -x .venv/bin/ansible-playbook ]] || die "no .venv: run scripts/setup.sh first (or make demo-fleet)"
 
@@ -33,22 +35,12 @@ else
 fi
 cat "$INVENTORY"
 
-# Secrets kept out of the repository (the same files as `make demo`).
-mkdir -p "$STATE"
-[[ -s $KEY_FILE ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$KEY_FILE")
-API_KEY=$(cat "$KEY_FILE")
-GRAFANA_FILE=$STATE/demo-grafana-password
-[[ -s $GRAFANA_FILE ]] || (umask 077 && head -c 18 /dev/urandom | base64 | tr '+/' '-_' > "$GRAFANA_FILE")
+demo_secrets  # scripts/demo-lib.sh
 
 step "ansible-playbook site.yml over the fleet (profile: deploy/profiles/sim-fleet.yml)"
 echo "preflight on every host -> PD engines (2 pairs per host) -> a gateway on every [router]"
 echo "host, over all 4 pairs -> monitoring on the first host"
-start=$(date +%s)
-timeout "$PLAYBOOK_TIMEOUT" .venv/bin/ansible-playbook site.yml -i "$INVENTORY" \
-  -e "pdstack_profile=$PROFILE" -e "pdstack_gateway_api_key=$API_KEY" \
-  -e pdstack_grafana_install=false -e "pdstack_grafana_admin_password=$(cat "$GRAFANA_FILE")" \
-  || die "site.yml failed (exit $?); see the output above"
-echo "converged in $(( $(date +%s) - start ))s"
+demo_converge "$INVENTORY" "$PROFILE"
 
 # Every gateway's URL, from the deployment (inventory + profile), as pdctl sees it.
 mapfile -t GATEWAYS < <(.venv/bin/python -c '

@@ -16,6 +16,8 @@ READY_TIMEOUT=${PDSTACK_DEMO_READY_TIMEOUT:-180}
 
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/demo-lib.sh
+. scripts/demo-lib.sh
 # ssh joins its arguments into one remote command line: quote each one.
 on_host() { deploy/testhost/testhost ssh --name "$NAME" -- "$(printf '%q ' "$@")"; }
 
@@ -29,23 +31,13 @@ else
   deploy/testhost/testhost up --name "$NAME" --extra-packages "$(cat deploy/testhost/monitoring-packages)"
 fi
 
-# The gateway's API key: a secret variable, kept out of the repository and the unit file.
-mkdir -p "$STATE"
-[[ -s $KEY_FILE ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr '+/' '-_' > "$KEY_FILE")
-API_KEY=$(cat "$KEY_FILE")
-GRAFANA_FILE=$STATE/demo-grafana-password
-[[ -s $GRAFANA_FILE ]] || (umask 077 && head -c 18 /dev/urandom | base64 | tr '+/' '-_' > "$GRAFANA_FILE")
+demo_secrets  # scripts/demo-lib.sh
 
 step "ansible-playbook site.yml (profile: deploy/profiles/sim.yml)"
 echo "preflight -> PD engines (pair target per prefill/decode) -> gateway -> monitoring (Grafana's"
 echo "provisioning only: no Grafana package is reachable here); the first run builds"
 echo "the wheelhouse the host installs from (cached in /var/cache/pdstack/wheelhouse)"
-start=$(date +%s)
-timeout "$PLAYBOOK_TIMEOUT" .venv/bin/ansible-playbook site.yml -i "$INVENTORY" \
-  -e "pdstack_profile=$PROFILE" -e "pdstack_gateway_api_key=$API_KEY" \
-  -e pdstack_grafana_install=false -e "pdstack_grafana_admin_password=$(cat "$GRAFANA_FILE")" \
-  || die "site.yml failed (exit $?); see the output above"
-echo "converged in $(( $(date +%s) - start ))s"
+demo_converge "$INVENTORY" "$PROFILE"
 
 # pdctl on the host reads the topology file site.yml wrote; no inventory needed there.
 read_topology() {
