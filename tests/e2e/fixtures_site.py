@@ -17,6 +17,7 @@ import pytest
 import requests
 import yaml
 
+from pdctl.testing.stack import constant_load
 from tests.conftest import filter_plugin
 
 if TYPE_CHECKING:
@@ -123,6 +124,22 @@ def build_wheelhouse(profile: Path, inventory: Path) -> Path:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return Path(result.stdout.strip())
+
+
+def roll_under_load(site: Site, profile: Path) -> Run:
+    """site.yml with `profile` (-v: pdctl's progress lines in the output) while streaming
+    clients load the first gateway; asserts the run passed and no client request failed."""
+    url = site.deployment()["gateway"]["url"]
+    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+        time.sleep(3)
+        run = site.run("-v", profile=profile)
+        time.sleep(3)
+    run.assert_ok()
+    failed = [o.failure for o in outcomes if not o.ok]
+    print(f"roll: {run.seconds:.0f}s, {len(outcomes)} requests, {len(failed)} failed")
+    assert len(outcomes) > 50, len(outcomes)
+    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    return run
 
 
 def wait_ready(url: str, timeout: float = 120) -> None:

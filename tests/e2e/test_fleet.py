@@ -33,6 +33,7 @@ from fixtures_site import (
     ROOT,
     Site,
     build_wheelhouse,
+    roll_under_load,
     wait_ready,
     write_profile,
 )
@@ -40,7 +41,7 @@ from fixtures_site import (
 from pdctl import names
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.pdclient import pair_canary
-from pdctl.testing.stack import constant_load, wait_until
+from pdctl.testing.stack import wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -207,19 +208,10 @@ def target_jobs(fleet: TestFleet, since: float) -> list[tuple[float, str, str]]:
 def test_a_config_change_rolls_one_pair_at_a_time_across_the_fleet(
     fleet_site: Site, fleet: TestFleet, tmp_path: Path
 ) -> None:
-    url = fleet_site.deployment()["gateway"]["url"]
     before = main_pids(fleet)
     t0 = time.time() - 1
     changed = _profile(tmp_path / "changed.yml", 4096)
-    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
-        time.sleep(3)
-        run = fleet_site.run("-v", profile=changed)
-        time.sleep(3)
-    run.assert_ok()
-    failed = [o.failure for o in outcomes if not o.ok]
-    print(f"roll: {run.seconds:.0f}s, {len(outcomes)} requests, {len(failed)} failed")
-    assert len(outcomes) > 50, len(outcomes)
-    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    roll_under_load(fleet_site, changed)
     after = main_pids(fleet)
     assert all(after[k] != v for k, v in before.items()), (before, after)
     # Strictly one pair down at a time over both hosts: every stop is followed by the start

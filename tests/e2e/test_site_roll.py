@@ -15,16 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from fixtures_site import (
-    API_KEY,
     SIM_PROFILE,
     Site,
     build_wheelhouse,
+    roll_under_load,
     two_pair_profile,
     wait_ready,
 )
 
 from pdctl import names
-from pdctl.testing.stack import constant_load
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -98,18 +97,10 @@ def test_check_names_the_pairs_and_files_and_changes_nothing(
 
 def test_a_config_change_rolls_pair_by_pair_under_load(roll_site: Site, tmp_path: Path) -> None:
     host = roll_site.host
-    url = roll_site.deployment()["gateway"]["url"]
     before = main_pids(host)
     t0 = time.time() - 1
     changed = _profile(tmp_path / "changed.yml", 4096)
-    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
-        time.sleep(3)
-        run = roll_site.run("-v", profile=changed)
-        time.sleep(3)
-    run.assert_ok()
-    failed = [o.failure for o in outcomes if not o.ok]
-    assert len(outcomes) > 50, len(outcomes)
-    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    run = roll_under_load(roll_site, changed)
     # One pair at a time: pd1 is stopped only once pd0 is back.
     t = [names.pair_target(p) for p in PAIRS]
     assert target_jobs(host, t0) == [
