@@ -46,7 +46,9 @@ from pdctl.testing.stack import wait_until
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
 
-pytestmark = pytest.mark.e2e
+# A converge of two hosts, or a roll of four pairs and a second run, takes 5-11 minutes on a
+# loaded 2-core machine: the e2e default (15 minutes) leaves too little margin.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 FLEET_PROFILE = ROOT / "deploy" / "profiles" / "sim-fleet.yml"
 PAIRS_PER_HOST = 2
