@@ -19,7 +19,7 @@ import requests
 import yaml
 from fixtures_site import API_KEY, SIM_PROFILE, Run, Site, site_fixture, wait_ready  # noqa: F401
 
-from pdctl import topology
+from pdctl import names, topology
 from pdctl.render import render_instance
 from pdctl.spec import load_deployment
 
@@ -131,7 +131,9 @@ def test_installed_units_are_what_pdctl_renders(site: Site) -> None:
 def test_secrets_and_env_file_modes(site: Site) -> None:
     out = site.host.ssh("stat -c '%n %a %U:%G' /etc/pdstack/*.env", check=True).stdout
     modes = dict(line.split(" ", 1) for line in out.splitlines())
+    # The gateway's secrets, and the same key for pdctl's restarts (drain, register, the lock).
     assert modes.pop("/etc/pdstack/gateway.env") == "600 root:root"
+    assert modes.pop(names.OPS_ENV_FILE) == "600 root:root"
     assert modes and set(modes.values()) == {"640 root:pdstack"}
     unit = site.host.ssh("cat /etc/systemd/system/pdstack-gateway.service", check=True).stdout
     assert API_KEY not in unit
