@@ -183,7 +183,15 @@ def test_stopping_the_pair_target_stops_both_engines(site: Site) -> None:
     pair = host["pairs"][0]
     try:
         site.host.ssh(f"systemctl stop {pair['target']}", check=True)
-        states = site.host.ssh(f"systemctl is-active {' '.join(pair['units'])}").stdout.split()
+        # The target's stop job ends before its engines' (no ordering between them): a loaded
+        # host shows them "deactivating" for a moment.
+        deadline = time.monotonic() + 60
+        while True:
+            cmd = f"systemctl is-active {' '.join(pair['units'])}"
+            states = site.host.ssh(cmd).stdout.split()
+            if "deactivating" not in states or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert states == ["inactive"] * len(pair["units"])
     finally:
         site.host.ssh(f"systemctl start {pair['target']}", check=True)
