@@ -22,9 +22,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import jinja2
 import pytest
 import requests
 import yaml
@@ -34,14 +32,21 @@ from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import Topology, dump
-from tests.conftest import ROOT, one_pair_topology, require_tool
+from tests.conftest import one_pair_topology, require_tool
+from tests.integration.live_prometheus import (
+    Prometheus,
+    panel_counts,
+    panel_exprs,
+    render_prometheus_config,
+    running_prometheus,
+    start_process,
+)
 
 pytestmark = pytest.mark.gateway
 
 HOST = "testhost"
 TP = 4
 PAIR = f"{HOST}/pd0"
-TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 RATE_INTERVAL = "30s"
 # The decode's KV pool holds the main load (16 requests of ~57 tokens) but not RETRACT_LOAD
 # at full length, so it retracts only when the test plants retractions.
@@ -147,50 +152,12 @@ ALERTS_WITH_DATA_HERE = {
 
 
 @dataclass
-class Prometheus:
-    url: str
-    proc: subprocess.Popen[bytes]
-
-    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params = {"query": expr} if at is None else {"query": expr, "time": str(at)}
-        r = requests.get(f"{self.url}/api/v1/query", params=params, timeout=10)
-        body = r.json()
-        assert body["status"] == "success", (expr, body)
-        return list(body["data"]["result"])
-
-    def has_series(self, name: str) -> bool:
-        r = requests.get(
-            f"{self.url}/api/v1/series", params={"match[]": f'{{__name__="{name}"}}'}, timeout=10
-        )
-        return bool(r.json()["data"])
-
-    def unseen_names(self, expr: str) -> set[str]:
-        """Metric names the expression selects that Prometheus has no series of, except
-        those explained in FAILURE_ONLY and the GPU readings (no NVML here)."""
-        return {
-            n
-            for n in metric_names(expr)
-            if n not in FAILURE_ONLY
-            and not (n.startswith("pdstack_gpu_") and n != "pdstack_gpu_up")
-            and not self.has_series(n)
-        }
-
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(requests.get(f"{self.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"])
-
-
-@dataclass
 class Live:
     prom: Prometheus
     gateway: Gateway
     prefill: SimProc
     decode: SimProc
     exporter: subprocess.Popen[bytes]  # its pair canary sends a request every second
-
-
-def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
@@ -204,43 +171,6 @@ def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
         prefill_gpus=(0, 1),
         decode_gpus=(2, 3),
     )
-
-
-def render_prometheus_config(root: Path, topo: Topology, ports: dict[str, int]) -> Path:
-    """Config, file_sd targets and rules exactly as roles/pdstack_prometheus writes them."""
-    # Ansible's template module trims blocks the same way.
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        trim_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    (root / "targets").mkdir(parents=True)
-    (root / "rules").mkdir()
-    data = topo.model_dump(mode="json")
-    local = {"target_hosts": [HOST], "hostvars": {HOST: {"ansible_host": "127.0.0.1"}}}
-    files = {
-        "sglang": env.get_template("engines.json.j2").render(topology=data),
-        "smg": env.get_template("gateway.json.j2").render(topology=data),
-        "pd-exporter": env.get_template("hosts.json.j2").render(
-            **local, target_port=ports["exporter"]
-        ),
-        "node": env.get_template("hosts.json.j2").render(**local, target_port=ports["node"]),
-    }
-    for job, text in files.items():
-        (root / "targets" / f"{job}.json").write_text(text)
-    (root / "rules" / "pdstack.rules.yml").write_text(render_rules(RULE_OVERRIDES))
-    config = root / "prometheus.yml"
-    config.write_text(
-        env.get_template("prometheus.yml.j2").render(
-            ansible_managed="test",
-            scrape_interval="1s",
-            scrape_timeout="1s",
-            evaluation_interval="1s",
-            rules_dir=root / "rules",
-            targets_dir=root / "targets",
-        )
-    )
-    return config
 
 
 def generate_load(url: str, seconds: float, concurrency: int) -> int:
@@ -273,7 +203,6 @@ def generate_load(url: str, seconds: float, concurrency: int) -> int:
 def live(
     sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway], tmp_path: Path
 ) -> Iterator[Live]:
-    promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
     node_exporter = require_tool("prometheus-node-exporter")
     # The degraded pair after a lone decode restart is the modelled production incident: real
     # NIXL over host memory heals it (docs/sim.md), so the alert test switches the model on.
@@ -301,7 +230,7 @@ def live(
     topo_file = tmp_path / "topology.yaml"
     topo = topology(prefill, decode, gateway)
     topo_file.write_text(dump(topo))
-    ports = {"exporter": free_port(), "node": free_port(), "prometheus": free_port()}
+    ports = {"exporter": free_port(), "node": free_port()}
     procs = [
         start_process(
             [
@@ -329,40 +258,24 @@ def live(
         ),
     ]
     try:
-        config = render_prometheus_config(tmp_path / "prom", topo, ports)
-        subprocess.run([str(promtool), "check", "config", str(config)], check=True)
-        prom_url = f"http://127.0.0.1:{ports['prometheus']}"
-        procs.append(
-            start_process(
-                [
-                    str(prometheus),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-                ],
-                tmp_path / "prometheus.log",
-            )
-        )
-        wait_until(lambda: requests.get(f"{prom_url}/-/ready", timeout=2).ok, 30, "prometheus")
-        prom = Prometheus(prom_url, procs[-1])
-        wait_until(
-            lambda: len([r for r in prom.query("up") if r["value"][1] == "1"]) == 5,
-            30,
-            "every target up",
-        )
-        yield Live(prom, gateway, prefill, decode, procs[0])
+        config = render_prometheus_config(tmp_path / "prom", topo, HOST, ports, RULE_OVERRIDES)
+        with running_prometheus(config, tmp_path, targets_up=5) as prom:
+            yield Live(prom, gateway, prefill, decode, procs[0])
     finally:
         for proc in procs:
             stop_pid(proc)
 
 
-def _firing(prom: Prometheus, name: str, **labels: str) -> bool:
-    return any(
-        a["labels"]["alertname"] == name
-        and a["state"] == "firing"
-        and all(a["labels"].get(k) == v for k, v in labels.items())
-        for a in prom.alerts()
-    )
+def unseen_names(prom: Prometheus, expr: str) -> set[str]:
+    """Metric names the expression selects that Prometheus has no series of, except those
+    explained in FAILURE_ONLY and the GPU readings (no NVML here)."""
+    return {
+        n
+        for n in metric_names(expr)
+        if n not in FAILURE_ONLY
+        and not (n.startswith("pdstack_gpu_") and n != "pdstack_gpu_up")
+        and not prom.has_series(n)
+    }
 
 
 def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
@@ -384,11 +297,11 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
         for title, expr in expressions(board):
             if not live.prom.query(substitute(expr, RATE_INTERVAL)):
                 empty.append((board["uid"], title))
-            unseen |= live.prom.unseen_names(expr)
+            unseen |= unseen_names(live.prom, expr)
     for rule in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]:
         for r in rule["rules"]:
             name, result = r.get("record") or r["alert"], live.prom.query(r["expr"])
-            unseen |= live.prom.unseen_names(r["expr"])
+            unseen |= unseen_names(live.prom, r["expr"])
             if "record" in r and not result:
                 empty.append(("rules", name))
             if "alert" in r and bool(result) != (name in ALERTS_WITH_DATA_HERE):
@@ -400,9 +313,9 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
 
     # The alerts this host really has fire through the rule files Prometheus loaded.
     for alert in ("PDGPUTelemetryMissing", "PDTTFTSLOBreach", "PDITLSLOBreach"):
-        wait_until(lambda a=alert: _firing(live.prom, a), 20, alert)
+        wait_until(lambda a=alert: live.prom.firing(a), 20, alert)
     wait_until(
-        lambda: _firing(live.prom, "PDDecodeEagerFallback", engine=f"{HOST}/pd0-decode"),
+        lambda: live.prom.firing("PDDecodeEagerFallback", engine=f"{HOST}/pd0-decode"),
         20,
         "PDDecodeEagerFallback",
     )
@@ -411,7 +324,7 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
 
     # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap).
     live.decode.restart().wait_healthy()
-    wait_until(lambda: _firing(live.prom, "PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
+    wait_until(lambda: live.prom.firing("PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
 
     assert_counted_once(live.prom)
     assert_planted_transfer_failures(live)
@@ -419,18 +332,14 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
     # The decode stopped: its engine is down (and the pair alert yields to it)...
     live.decode.stop()
     wait_until(
-        lambda: _firing(live.prom, "PDEngineDown", engine=f"{HOST}/pd0-decode"), 30, "PDEngineDown"
+        lambda: live.prom.firing("PDEngineDown", engine=f"{HOST}/pd0-decode"), 30, "PDEngineDown"
     )
     # ...and the gateway's health checks take it out of rotation.
     wait_until(
-        lambda: _firing(live.prom, "PDGatewayWorkerUnhealthy", worker=live.decode.url),
+        lambda: live.prom.firing("PDGatewayWorkerUnhealthy", worker=live.decode.url),
         30,
         "PDGatewayWorkerUnhealthy",
     )
-
-
-def _by_engine(prom: Prometheus, expr: str, at: float) -> dict[str, float]:
-    return {r["metric"].get("engine", ""): float(r["value"][1]) for r in prom.query(expr, at)}
 
 
 def assert_counted_once(prom: Prometheus) -> None:
@@ -440,9 +349,9 @@ def assert_counted_once(prom: Prometheus) -> None:
     wait_until(lambda: bool(prom.query(f'{failures}{{tp_rank="3"}}')), 30, "transfer failures")
     time.sleep(3)
     at = time.time() - 2  # a settled instant, the same for every query below
-    truth = _by_engine(prom, f'sum by (engine) ({failures}{{tp_rank="0"}})', at)
+    truth = prom.by_label(f'sum by (engine) ({failures}{{tp_rank="0"}})', at)
     assert truth and all(v > 0 for v in truth.values()), truth
-    assert _by_engine(prom, f"sum by (engine) ({failures})", at) == {
+    assert prom.by_label(f"sum by (engine) ({failures})", at) == {
         e: TP * v for e, v in truth.items()
     }, "every rank writes the counter"
     panel = next(
@@ -452,8 +361,8 @@ def assert_counted_once(prom: Prometheus) -> None:
         if t == "KV transfer failures"
     )
     rank0_rate = f'sum by (engine) (rate({failures}{{tp_rank="0"}}[{RATE_INTERVAL}]))'
-    assert _by_engine(prom, substitute(panel, RATE_INTERVAL), at) == pytest.approx(
-        _by_engine(prom, rank0_rate, at)
+    assert prom.by_label(substitute(panel, RATE_INTERVAL), at) == pytest.approx(
+        prom.by_label(rank0_rate, at)
     )
     record = "engine:sglang_transfer_failed_reqs:rate5m"
     rule = next(
@@ -462,13 +371,13 @@ def assert_counted_once(prom: Prometheus) -> None:
         for r in g["rules"]
         if r.get("record") == record
     )
-    rank0_5m = _by_engine(prom, rank0_rate.replace(RATE_INTERVAL, "5m"), at)
-    assert _by_engine(prom, rule, at) == pytest.approx(rank0_5m)
+    rank0_5m = prom.by_label(rank0_rate.replace(RATE_INTERVAL, "5m"), at)
+    assert prom.by_label(rule, at) == pytest.approx(rank0_5m)
     # The recorded series lags by up to one evaluation (and the canary keeps failing), so
     # compare peaks over the last evaluations: far from TP times the truth.
     rank0_5m_expr = rank0_rate.replace(RATE_INTERVAL, "5m")
-    assert _by_engine(prom, f"max_over_time({record}[10s])", at) == pytest.approx(
-        _by_engine(prom, f"max_over_time(({rank0_5m_expr})[10s:1s])", at), rel=0.5
+    assert prom.by_label(f"max_over_time({record}[10s])", at) == pytest.approx(
+        prom.by_label(f"max_over_time(({rank0_5m_expr})[10s:1s])", at), rel=0.5
     )
     passes = "sglang:cuda_graph_passes_total"
     decode_panel = next(
@@ -543,26 +452,6 @@ def retractions(decode: SimProc) -> int:
     return sum(int(m[1]) for m in RETRACTED.finditer(decode.log_text()))
 
 
-def panel_exprs(uid: str, title: str, metric: str) -> list[str]:
-    board = next(b for b in map(json.loads, render_dashboards().values()) if b["uid"] == uid)
-    found = [e for t, e in expressions(board) if t == title and f"sglang:{metric}" in e]
-    assert found, (uid, title, metric)
-    return found
-
-
-def panel_counts(
-    prom: Prometheus, expr: str, start: float, end: float
-) -> tuple[dict[str, float], float]:
-    """A rate panel's count per engine over [start - 2 s, end], and the relative tolerance.
-    The window opens two scrapes before `start` so that it holds a sample from before the
-    first planted event (they can all land within one scrape); `start` must be two scrapes
-    after any earlier event. rate() x window is the count, extrapolated to the window's
-    edges by up to one scrape interval on each side."""
-    window = math.ceil(end - start) + 2
-    rate = _by_engine(prom, substitute(expr, f"{window}s"), end)
-    return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
-
-
 def assert_planted_values(live: Live) -> None:
     """Each planted panel shows the planted count for the engine that had the events, over a
     window that holds exactly those events, not TP times it. SGLang (and the sim) create a
@@ -582,20 +471,20 @@ def assert_planted_values(live: Live) -> None:
     }
     assert truth["retraction"] > 0, "the planted load did not make the decode retract"
     for (uid, title, metric), event in PLANTED.items():
-        (expr,) = panel_exprs(uid, title, metric)
+        (expr,) = panel_exprs(uid, title, f"sglang:{metric}")
         shown, rel = panel_counts(live.prom, expr, start, end)
         assert shown.get(decode) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
         assert all(v == 0 for e, v in shown.items() if e != decode), (title, shown)
     # The gauge line of the Retractions panel is rank 0's count since its previous stats line,
     # reset at the next one (decode-log-interval steps later): a scrape rarely catches it, and
     # it never shows more than happened.
-    (gauge,) = panel_exprs("pdstack-decode", "Retractions", "num_retracted_reqs")
+    (gauge,) = panel_exprs("pdstack-decode", "Retractions", "sglang:num_retracted_reqs")
     window = math.ceil(end - start)
     peak = live.prom.query(f"max_over_time(({substitute(gauge)})[{window}s:1s])", end)
     assert 0 <= float(peak[0]["value"][1]) <= truth["retraction"], peak
     print("planted:", truth, "gauge peak:", peak[0]["value"][1])
-    wait_until(lambda: _firing(live.prom, "PDBootstrapFailures", engine=decode), 30, "bootstrap")
-    wait_until(lambda: _firing(live.prom, "PDDecodeRetractions", engine=decode), 30, "retract")
+    wait_until(lambda: live.prom.firing("PDBootstrapFailures", engine=decode), 30, "bootstrap")
+    wait_until(lambda: live.prom.firing("PDDecodeRetractions", engine=decode), 30, "retract")
     # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.
     (alert,) = [a for a in live.prom.alerts() if a["labels"]["alertname"] == "PDBootstrapFailures"]
     assert PLANTED_BOOTSTRAP_FAILURES <= float(alert["value"]) < TP * PLANTED_BOOTSTRAP_FAILURES
@@ -646,7 +535,9 @@ def assert_planted_transfer_failures(live: Live) -> None:
     end = time.time()
     truth = {e: n - before[e] for e, n in logged().items()}
     assert truth[f"{HOST}/pd0-decode"] == PLANTED_TRANSFER_FAILURES, truth
-    (expr,) = panel_exprs("pdstack-pipeline", "KV transfer failures", "num_transfer_failed_reqs")
+    (expr,) = panel_exprs(
+        "pdstack-pipeline", "KV transfer failures", "sglang:num_transfer_failed_reqs"
+    )
     shown, rel = panel_counts(live.prom, expr, start, end)
     for engine, n in truth.items():
         assert shown.get(engine, 0.0) == pytest.approx(n, rel=rel), (shown, truth)

@@ -1,0 +1,154 @@
+"""A real Prometheus (Debian's) for live monitoring tests: configured from the Prometheus
+role's own templates and rules, with helpers to read what a dashboard panel shows."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import requests
+
+from monitoring.dashboards.export import expressions, render_dashboards
+from monitoring.promql import substitute
+from monitoring.rules_source import render_rules
+from pdctl.testing.stack import free_port, stop_pid, wait_until
+from pdctl.topology import Topology
+from tests.conftest import ROOT, require_tool
+
+TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} if at is None else {"query": expr, "time": str(at)}
+        r = requests.get(f"{self.url}/api/v1/query", params=params, timeout=10)
+        body = r.json()
+        assert body["status"] == "success", (expr, body)
+        return list(body["data"]["result"])
+
+    def has_series(self, name: str) -> bool:
+        r = requests.get(
+            f"{self.url}/api/v1/series", params={"match[]": f'{{__name__="{name}"}}'}, timeout=10
+        )
+        return bool(r.json()["data"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(requests.get(f"{self.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"])
+
+    def firing(self, name: str, **labels: str) -> bool:
+        return any(
+            a["labels"]["alertname"] == name
+            and a["state"] == "firing"
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+            for a in self.alerts()
+        )
+
+    def by_label(self, expr: str, at: float, label: str = "engine") -> dict[str, float]:
+        return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr, at)}
+
+
+def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def render_prometheus_config(
+    root: Path, topo: Topology, host: str, ports: dict[str, int], rule_overrides: dict[str, object]
+) -> Path:
+    """Config, file_sd targets and rules exactly as roles/pdstack_prometheus writes them,
+    for one host at 127.0.0.1 (ports: exporter, node)."""
+    # Ansible's template module trims blocks the same way.
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    (root / "targets").mkdir(parents=True)
+    (root / "rules").mkdir()
+    data = topo.model_dump(mode="json")
+    local = {"target_hosts": [host], "hostvars": {host: {"ansible_host": "127.0.0.1"}}}
+    files = {
+        "sglang": env.get_template("engines.json.j2").render(topology=data),
+        "smg": env.get_template("gateway.json.j2").render(topology=data),
+        "pd-exporter": env.get_template("hosts.json.j2").render(
+            **local, target_port=ports["exporter"]
+        ),
+        "node": env.get_template("hosts.json.j2").render(**local, target_port=ports["node"]),
+    }
+    for job, text in files.items():
+        (root / "targets" / f"{job}.json").write_text(text)
+    (root / "rules" / "pdstack.rules.yml").write_text(render_rules(rule_overrides))
+    config = root / "prometheus.yml"
+    config.write_text(
+        env.get_template("prometheus.yml.j2").render(
+            ansible_managed="test",
+            scrape_interval="1s",
+            scrape_timeout="1s",
+            evaluation_interval="1s",
+            rules_dir=root / "rules",
+            targets_dir=root / "targets",
+        )
+    )
+    return config
+
+
+@contextmanager
+def running_prometheus(config: Path, tmp_path: Path, targets_up: int) -> Iterator[Prometheus]:
+    """Prometheus on a free port with the config promtool accepted, once `targets_up`
+    targets are up; stopped by PID."""
+    promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
+    subprocess.run([str(promtool), "check", "config", str(config)], check=True)
+    port = free_port()
+    proc = start_process(
+        [
+            str(prometheus),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        tmp_path / "prometheus.log",
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: requests.get(f"{url}/-/ready", timeout=2).ok, 30, "prometheus")
+        prom = Prometheus(url, proc)
+        wait_until(
+            lambda: len([r for r in prom.query("up") if r["value"][1] == "1"]) >= targets_up,
+            30,
+            f"{targets_up} targets up",
+        )
+        yield prom
+    finally:
+        stop_pid(proc)
+
+
+def panel_exprs(uid: str, title: str, metric: str = "") -> list[str]:
+    """The expressions of one dashboard panel that read `metric` (all of them by default)."""
+    board = next(b for b in map(json.loads, render_dashboards().values()) if b["uid"] == uid)
+    found = [e for t, e in expressions(board) if t == title and metric in e]
+    assert found, (uid, title, metric)
+    return found
+
+
+def panel_counts(
+    prom: Prometheus, expr: str, start: float, end: float, label: str = "engine"
+) -> tuple[dict[str, float], float]:
+    """A rate panel's count per `label` over [start - 2 s, end], and the relative tolerance.
+    The window opens two scrapes before `start` so that it holds a sample from before the
+    first planted event (they can all land within one scrape); `start` must be two scrapes
+    after any earlier event. rate() x window is the count, extrapolated to the window's
+    edges by up to one scrape interval on each side."""
+    window = math.ceil(end - start) + 2
+    rate = prom.by_label(substitute(expr, f"{window}s"), end, label)
+    return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
