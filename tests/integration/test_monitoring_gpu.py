@@ -29,8 +29,15 @@ from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
 from pdctl.exporter.gpu import THROTTLE_REASONS
-from pdctl.testing.nvml import GIB, STANDIN_DIR, STATE_ENV, FakeEvent, FakeGpu, FakeNvml
-from pdctl.testing.nvml import write_state as plant
+from pdctl.testing.nvml import (
+    GIB,
+    STANDIN_DIR,
+    STATE_ENV,
+    FakeEvent,
+    FakeGpu,
+    FakeNvml,
+    write_state,
+)
 from pdctl.testing.stack import free_port, stop_pid, wait_until
 from pdctl.topology import dump
 from tests.conftest import ROOT, one_pair_topology
@@ -102,14 +109,14 @@ class GpuStack:
     healthy: FakeNvml
 
     def plant(self, nvml: FakeNvml) -> None:
-        plant(self.state, nvml)
+        write_state(self.state, nvml)
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[GpuStack]:
     healthy = FakeNvml([gpu(i) for i in (*PREFILL_GPUS, *DECODE_GPUS)])
     state = tmp_path / "nvml.json"
-    plant(state, healthy)
+    write_state(state, healthy)
 
     def nobody() -> str:
         return f"http://127.0.0.1:{free_port()}"
