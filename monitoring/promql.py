@@ -59,9 +59,22 @@ def name_regexes(expr: str) -> list[str]:
     return _NAME_MATCHER.findall(expr)
 
 
+def counted_from_zero(counter: str, window: str) -> str:
+    """The increase of `counter` (a selector) over `window`, counting the whole value of a
+    series born inside it: increase() needs two samples, so it misses the events that created
+    a series, and an exporter writes a labelled counter (an XID code) at its first event."""
+    return f"((increase({counter}[{window}]) and {counter} offset {window}) or {counter})"
+
+
+# counted_from_zero's raw uses of the counter are its own: they read as increase().
+_FROM_ZERO = re.compile(
+    r"\(\(increase\((?P<c>[^\[\]()]+)\[(?P<w>[^\]]+)\]\) and (?P=c) offset (?P=w)\) or (?P=c)\)"
+)
+
+
 def counters_outside_rate(expr: str) -> list[str]:
     """Counter-like series used raw (not directly inside rate/irate/increase)."""
-    skeleton = _STRING.sub('""', expr)
+    skeleton = _FROM_ZERO.sub(r"increase(\g<c>[\g<w>])", _STRING.sub('""', expr))
     bad = []
     for m in re.finditer(r"(?<![\w:])([a-zA-Z_:][\w:]*)", skeleton):
         name = m.group(1)

@@ -14,6 +14,7 @@ from monitoring.dashboards.panels import (
     build_dashboard,
     query_variable,
 )
+from monitoring.promql import counted_from_zero
 
 UID = "pdstack-gpus"
 GPU = 'host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'
@@ -122,9 +123,9 @@ def build() -> Dashboard:
                 "short",
                 [
                     Query(
-                        f"sum by (host, gpu, xid) (increase(pdstack_gpu_xid_errors_total{{{GPU}}}"
-                        f"[{RATE}]))",
-                        "GPU {{gpu}} XID {{xid}}",
+                        "sum by (host, gpu, role, numa_node, xid) "
+                        + counted_from_zero(f"pdstack_gpu_xid_errors_total{{{GPU}}}", RATE),
+                        "GPU {{gpu}} {{role}} XID {{xid}}",
                     )
                 ],
                 width=24,

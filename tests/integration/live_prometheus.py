@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +58,11 @@ class Prometheus:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr, at)}
 
 
-def start_process(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start_process(
+    argv: list[str], log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
 def render_prometheus_config(

@@ -4,6 +4,7 @@ topology) — the exporter keeps serving and says what failed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -28,104 +29,13 @@ from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.exporter.journal import DecodeJournal, Histogram, JournalTarget
 from pdctl.exporter.statelog import StateLog
 from pdctl.exporter.targets import TopologyFile
+from pdctl.testing.nvml import STANDIN_DIR, STATE_ENV, FakeEvent, FakeGpu, FakeNvml, write_state
 from pdctl.topology import Topology, dump
 from tests.conftest import ROOT, one_pair_topology
 
 HOST = "gpu-node-1"
 PAIR = f"{HOST}/pd0"
 DECODE = f"{HOST}/pd0-decode"
-
-
-# ----- fake NVML (the pynvml surface the exporter uses) -----------------------------------
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-@dataclass
-class FakeGpu:
-    uuid: str
-    broken: bool = False  # every query fails (GPU fell off the bus)
-    throttle: int = 0
-    pcie_supported: bool = True
-
-
-@dataclass
-class FakeEvent:
-    device: int
-    eventData: int  # pynvml's field name
-
-
-@dataclass
-class FakeNvml:
-    gpus: list[FakeGpu]
-    init_error: int | None = None
-    xids: list[FakeEvent] = field(default_factory=list)
-
-    NVMLError = NVMLError
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-    NVML_CLOCK_MEM = 2
-    NVML_PCIE_UTIL_TX_BYTES = 0
-    NVML_PCIE_UTIL_RX_BYTES = 1
-    nvmlEventTypeXidCriticalError = 8
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise NVMLError(self.init_error)
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if self.gpus[index].broken:
-            raise NVMLError(15)  # GPU_IS_LOST
-        return index
-
-    def nvmlDeviceGetIndex(self, handle: int) -> int:
-        return handle
-
-    def nvmlDeviceGetUUID(self, h: int) -> str:
-        return self.gpus[h].uuid
-
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
-        return type("Mem", (), {"used": 60 << 30, "total": 96 << 30})
-
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        return 342_000
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
-        return 600_000
-
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        return type("Util", (), {"gpu": 97, "memory": 27})
-
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
-        return 71
-
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
-        return 2400 if clock == self.NVML_CLOCK_SM else 14000
-
-    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
-        if not self.gpus[h].pcie_supported:
-            raise NVMLError(3)  # NOT_SUPPORTED
-        return 1000 * (counter + 1)
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
-        return self.gpus[h].throttle
-
-    def nvmlEventSetCreate(self) -> str:
-        return "events"
-
-    def nvmlDeviceRegisterEvents(self, h: int, kinds: int, events: str) -> None:
-        pass
-
-    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> FakeEvent:
-        if self.xids:
-            return self.xids.pop(0)
-        time.sleep(0.01)
-        raise NVMLError(10)  # TIMEOUT
 
 
 # ----- fake engines ------------------------------------------------------------------------
@@ -340,6 +250,35 @@ def test_xid_events_are_counted_per_gpu_and_code(tmp_path: Path) -> None:
         time.sleep(0.02)
     nvml.stop()
     assert nvml.xids() == {(1, 79): 2, (0, 13): 1}
+
+
+def test_standin_pynvml_rereads_the_planted_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in a separate exporter imports as pynvml: changes planted while it runs are
+    read, and each planted XID event is delivered once."""
+    spec = importlib.util.spec_from_file_location("pynvml", STANDIN_DIR / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    state = tmp_path / "nvml.json"
+    monkeypatch.setenv(STATE_ENV, str(state))
+    fake = FakeNvml([FakeGpu("GPU-a", temperature_c=50)], xids=[FakeEvent(0, 79)])
+    write_state(state, fake)
+    nvml = Nvml(standin, StateLog())
+    try:
+        assert nvml.init()
+        assert nvml.read()[0][0].values["temperature_celsius"] == 50
+        fake.gpus[0].temperature_c = 80
+        fake.xids.append(FakeEvent(0, 79))
+        write_state(state, fake)
+        assert nvml.read()[0][0].values["temperature_celsius"] == 80
+        deadline = time.monotonic() + 5
+        while nvml.xids() != {(0, 79): 2} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nvml.xids() == {(0, 79): 2}
+    finally:
+        nvml.stop()
 
 
 @pytest.mark.parametrize(
