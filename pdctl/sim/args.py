@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
-    p.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
+    p.add_argument("--pp-size", dest="pp_size", type=int, default=1)
+    # Accepted and unused; with them `--pp` is ambiguous here as in SGLang.
+    p.add_argument("--pp-max-micro-batch-size", type=int, default=None)
+    p.add_argument("--pp-async-batch-depth", type=int, default=None)
     # Only the log prefix (logs.rank_prefix) follows these three.
     p.add_argument(
         "--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1

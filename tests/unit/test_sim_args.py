@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdctl.sim.args import Knobs, resolve
+from pdctl.lint.flags import known_flags
+from pdctl.sim.args import Knobs, build_parser, resolve
 
 BASE = ["--model-path", "/models/x"]
 
@@ -87,6 +88,8 @@ def test_rejects_what_sglang_rejects() -> None:
     # 0.5.23 split the graph flags per phase; the old spelling is ambiguous.
     with pytest.raises(SystemExit):
         resolve([*BASE, "--cuda-graph-max-bs", "32"], {})
+    with pytest.raises(SystemExit):  # --pp-size, --pp-max-micro-batch-size, ...
+        resolve([*BASE, "--pp", "2"], {})
 
 
 def test_knobs_from_env() -> None:
@@ -174,3 +177,13 @@ def test_prefill_complete_refuses_what_sglang_does_not_support(
     argv = [*BASE, "--disaggregation-decode-allocation-policy", "prefill_complete", *extra]
     with pytest.raises(SystemExit, match=f"prefill_complete does not yet support {unsupported}"):
         resolve(argv, {})
+
+
+def test_every_flag_the_sim_takes_is_one_sglang_takes() -> None:
+    """As the pinned SGLang's parser spells them (pdctl/data, from its own parser), or as an
+    abbreviation it accepts (`--tp`: the prefix of one flag only)."""
+    sglang = known_flags("0.5.23")
+    assert sglang is not None
+    ours = {o for a in build_parser()._actions for o in a.option_strings if o.startswith("--")}
+    unknown = {o for o in ours - sglang - {"--help"} if sum(f.startswith(o) for f in sglang) != 1}
+    assert not unknown
