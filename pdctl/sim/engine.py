@@ -21,6 +21,7 @@ prefill of a request whose rid hashes below the probability is thrown away and t
 queued again. It yields (logged, counted in `num_prefill_retries_total` by every rank, back at
 the head of the queue) while `--optimistic-prefill-attempts` has one left, else falls back to
 the bootstrap queue; either way it is prefilled once more, and never forced again.
+
 Outputs go to each request's queue as `Token`, `Finish` or `Abort` events.
 """
 

@@ -5,8 +5,9 @@ and every rule must parse and return data, unless listed below with the reason i
 data under failure. Then planted events must show their true count in every panel that reads
 them (see PLANTED), and induced failures drive the matching alerts to firing: the decode
 stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
-production incident). Both sims run at TP4 as the reference deployment does: counters every
-rank writes for the same event must read once, not four times, in panels and rules."""
+production incident, until a coordinated restart heals the pair). Both sims run at TP4 as the
+reference deployment does: counters every rank writes for the same event must read once, not
+four times, in panels and rules."""
 
 from __future__ import annotations
 
@@ -413,28 +414,21 @@ def assert_counted_once(prom: Prometheus) -> None:
 
 
 # Panels planted on the healthy pair: (dashboard uid, panel title, metric the expression
-# reads) -> (planted event, role of the engine that has it). KV transfer failures are planted
-# on the degraded pair (assert_planted_transfer_failures), pair canary failures around it
+# reads) -> planted event. KV transfer failures are planted on the degraded pair
+# (assert_planted_transfer_failures), pair canary failures around it
 # (assert_planted_canary_failures), the retraction gauge is checked in assert_planted_values.
 # Every other panel reads a continuous signal (tokens, latencies, queues: checked for data
 # above) or an event this stack cannot plant a known number of (docs/monitoring.md, "Not
 # planted, and why").
 PLANTED = {
-    ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): (
-        "bootstrap",
-        "decode",
-    ),
-    ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): (
-        "bootstrap",
-        "decode",
-    ),
-    ("pdstack-pipeline", "Prefill retries and aborts", "num_prefill_retries"): (
-        "retry",
-        "prefill",
-    ),
-    ("pdstack-overview", "Errors", "num_aborted_requests"): ("bootstrap", "decode"),
-    ("pdstack-decode", "Retractions", "num_retracted_requests"): ("retraction", "decode"),
+    ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): "bootstrap",
+    ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): "bootstrap",
+    ("pdstack-pipeline", "Prefill retries and aborts", "num_prefill_retries"): "retry",
+    ("pdstack-overview", "Errors", "num_aborted_requests"): "bootstrap",
+    ("pdstack-decode", "Retractions", "num_retracted_requests"): "retraction",
 }
+# The engine that has each planted event; the other shows 0 or nothing.
+PLANTED_ON = {"bootstrap": "decode", "retraction": "decode", "retry": "prefill"}
 
 
 def dead_bootstrap_request(decode_url: str, room: int) -> None:
@@ -538,8 +532,8 @@ def assert_planted_values(live: Live) -> None:
     assert truth["retraction"] > 0, "the planted load did not make the decode retract"
     assert truth["retry"] == PLANTED_PREFILL_RETRIES, truth
     shown_by_panel = {}
-    for (uid, title, metric), (event, role) in PLANTED.items():
-        engine = f"{HOST}/pd0-{role}"
+    for (uid, title, metric), event in PLANTED.items():
+        engine = f"{HOST}/pd0-{PLANTED_ON[event]}"
         (expr,) = panel_exprs(uid, title, f"sglang:{metric}")
         shown, rel = panel_counts(live.prom, expr, start, end)
         assert shown.get(engine) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
