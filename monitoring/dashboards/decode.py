@@ -59,8 +59,8 @@ def build() -> Dashboard:
             Panel(
                 "Retractions",
                 "Running requests sent back to the queue because decode ran out of KV, per "
-                "second (counted once, not per TP rank), and the retracted requests of the last "
-                "logged batch. No data means none since the engine started.",
+                "second (counted once, not per TP rank), and how many the last retraction before "
+                "the latest logged batch sent back. No data means none since the engine started.",
                 "reqps",
                 [
                     Query(

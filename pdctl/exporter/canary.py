@@ -52,7 +52,8 @@ class Canary:
                 timeout=self.timeout_s,
                 session=self._session,
             )
-            self.log.report(f"canary {target.pair}", result.error)
+            # One line per failed canary, as pdstack_pair_canary_failures_total counts them.
+            self.log.report(f"canary {target.pair}", result.error, every=True)
             with self._lock:
                 self.results[target.pair] = result
                 self.runs[target.pair] = self.runs.get(target.pair, 0) + 1

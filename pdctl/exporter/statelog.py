@@ -14,11 +14,12 @@ class StateLog:
         self._errors: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
-    def report(self, source: str, error: str | None) -> None:
+    def report(self, source: str, error: str | None, every: bool = False) -> None:
+        """`every`: log each error, not only a new one (for failures that are counted)."""
         with self._lock:
             previous = self._errors.get(source)
             self._errors[source] = error
-        if error is not None and error != previous:
+        if error is not None and (every or error != previous):
             log.warning("%s: %s", source, error)
         elif error is None and previous is not None:
             log.info("%s: recovered", source)

@@ -19,6 +19,8 @@ async def serve(argv: list[str]) -> int:
         a.log_level,
         rank_prefix(a.tp_size, a.dp_size, a.pp_size, a.ep_size, a.attn_cp_size, a.moe_dp_size),
     )
+    for warning in cfg.warnings:
+        log.warning(warning)
     if cfg.unknown:
         log.warning("pdctl.sim ignores arguments it does not model: %s", " ".join(cfg.unknown))
     stop = asyncio.Event()

@@ -23,7 +23,9 @@ no cross-pair accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
-(5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1).
+(5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1), and the test hook
+SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB (0: a prefill server retries the first prefill
+of a request whose rid hashes below it, engine.py).
 """
 
 from __future__ import annotations
@@ -59,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     p.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
-    p.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
+    p.add_argument("--pp-size", dest="pp_size", type=int, default=1)
+    # Accepted and unused; with them `--pp` is ambiguous here as in SGLang.
+    p.add_argument("--pp-max-micro-batch-size", type=int, default=None)
+    p.add_argument("--pp-async-batch-depth", type=int, default=None)
     # Only the log prefix (logs.rank_prefix) follows these three.
     p.add_argument(
         "--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1
@@ -85,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--disaggregation-ib-device", default=None)
     p.add_argument("--disaggregation-decode-host-receive-threshold", type=float, default=1.0)
+    p.add_argument(
+        "--disaggregation-decode-allocation-policy",
+        choices=["early", "prefill_complete"],
+        default="early",
+    )
+    # Prefill passes allowed before the bootstrap completes; the sim prefills after it, so
+    # this only decides whether a forced retry yields or falls back (engine.py).
+    p.add_argument("--optimistic-prefill-attempts", type=int, default=0)
     # KV headroom a decode server keeps per active request (engine.py: admission, retraction).
     p.add_argument("--num-reserved-decode-tokens", type=int, default=512)
     p.add_argument("--mem-fraction-static", type=float, default=None)
@@ -159,7 +172,8 @@ class Knobs:
     shutdown_timeout_s: float = 30.0
     spec_accept_len: float | None = None  # with --speculative-algorithm; see resolve()
     pair_partner: str | None = None
-    # SGLang's own PD variables
+    # SGLang's own variables
+    force_prefill_retry_prob: float = 0.0
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
@@ -210,6 +224,9 @@ class Knobs:
                 else None
             ),
             pair_partner=env.get("PDSIM_PAIR_PARTNER") or None,
+            force_prefill_retry_prob=_env_float(
+                env, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB", d.force_prefill_retry_prob
+            ),
             bootstrap_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
             ),
@@ -260,6 +277,8 @@ class SimConfig:
     # Speculative decoding: draft tokens per verify (None: off) and the mean accept length.
     spec_draft_tokens: int | None = None
     spec_accept_len: float = 1.0
+    optimistic_prefill_attempts: int = 0
+    warnings: list[str] = field(default_factory=list)  # SGLang's warnings while resolving
 
     @property
     def mode(self) -> str:
@@ -323,6 +342,8 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     if max(buckets) > max_running:
         buckets = sorted({b for b in buckets if b <= max_running} | {max_running})
     draft_tokens, accept_len = _speculative(args, knobs)
+    warnings: list[str] = []
+    attempts = _optimistic_prefill_attempts(args, warnings)
     engine_type = {"prefill": "prefill", "decode": "decode"}.get(
         args.disaggregation_mode, "unified"
     )
@@ -340,7 +361,47 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         decode_buckets=buckets,
         spec_draft_tokens=draft_tokens,
         spec_accept_len=accept_len,
+        optimistic_prefill_attempts=attempts,
+        warnings=warnings,
     )
+
+
+def _optimistic_prefill_attempts(args: argparse.Namespace, warnings: list[str]) -> int:
+    """pd_disaggregation_hook.py (prefill_complete: its unsupported setups, at least one
+    attempt on a prefill) and serving_hook.handle_other_validations (none with PP), for the
+    settings the sim has."""
+    attempts = int(args.optimistic_prefill_attempts)
+    mode = args.disaggregation_mode
+    if args.disaggregation_decode_allocation_policy == "prefill_complete":
+        unsupported = [
+            what
+            for what, bad in (
+                ("aggregated serving", mode not in ("prefill", "decode")),
+                (  # mooncake_tcp is mooncake by then
+                    "transfer backends other than Mooncake",
+                    args.disaggregation_transfer_backend not in ("mooncake", "mooncake_tcp"),
+                ),
+                (
+                    "pipeline or attention context parallelism",
+                    args.pp_size != 1 or args.attn_cp_size != 1,
+                ),
+                # The sim has no DP attention, so the attention TP size is the TP size.
+                ("attention tensor parallelism greater than one", args.tp_size != 1),
+                ("decode host KV buffering", args.disaggregation_decode_host_receive_threshold < 1),
+            )
+            if bad
+        ]
+        if unsupported:
+            raise SystemExit(
+                "ValueError: --disaggregation-decode-allocation-policy prefill_complete does "
+                "not yet support " + ", ".join(unsupported)
+            )
+        if mode == "prefill" and attempts == 0:
+            attempts = 1
+    if attempts > 0 and mode == "prefill" and args.pp_size > 1:
+        warnings.append("Optimistic prefill does not support pp_size > 1")
+        attempts = 0
+    return attempts
 
 
 def _speculative(args: argparse.Namespace, knobs: Knobs) -> tuple[int | None, float]:

@@ -14,12 +14,21 @@ more than its pool holds at full length. When the next step does not fit, it ret
 fewest output tokens (then the longest prompts) leave the batch until the rest fits, their KV
 backed up to host (`retracted` queue, `#retracted-req`), and they resume with their output so
 far when space returns; the client only sees a pause.
+
+A prefill server honours SGLang's test hook SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB as
+`disaggregation/prefill.py` does (should_force_retry, optimistic_release_and_requeue): the first
+prefill of a request whose rid hashes below the probability is thrown away and the request
+queued again. It yields (logged, counted in `num_prefill_retries_total` by every rank, back at
+the head of the queue) while `--optimistic-prefill-attempts` has one left, else falls back to
+the bootstrap queue; either way it is prefilled once more, and never forced again.
+
 Outputs go to each request's queue as `Token`, `Finish` or `Abort` events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
@@ -88,6 +97,14 @@ class Req:
     last_token_at: float | None = None
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)
     forwarded: bool = False
+    prefill_attempts: int = 0  # Req.prefill_attempt_count
+
+
+def forces_prefill_retry(rid: str, prob: float) -> bool:
+    """prefill.should_force_retry's draw: the first 8 bytes of sha256(rid) below prob * 2**64,
+    so the same rids retry on every run."""
+    digest = hashlib.sha256(rid.encode()).digest()
+    return prob > 0 and int.from_bytes(digest[:8], "big") < prob * 2**64
 
 
 class Engine:
@@ -107,7 +124,9 @@ class Engine:
         self.running: list[Req] = []
         # Decode server: retracted under KV pressure, KV backed up to host, waiting to resume.
         self.retracted: list[Req] = []
-        self._retracted_since_stats = 0  # metrics_reporter.num_retracted_reqs
+        # metrics_reporter.num_retracted_reqs: set to the count of each retraction (not
+        # added up), published and reset to 0 at the next stats line.
+        self._last_retracted = 0
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         # Prefill server: requests waiting for their decode (bootstrap) and in KV transfer.
         self.bootstrap_queue: set[Req] = set()
@@ -301,8 +320,20 @@ class Engine:
         gap = max(now - self._last_prefill_log, 1e-9)
         self._last_prefill_log = now
         prefill_server = self.cfg.mode == "prefill"
+        back_to_bootstrap: list[Req] = []
+        forced = 0
         for req in batch:
             if req.done:
+                continue
+            req.prefill_attempts += 1
+            if (
+                prefill_server
+                and req.prefill_attempts == 1
+                and forces_prefill_retry(req.rid, self.cfg.knobs.force_prefill_retry_prob)
+            ):
+                forced += 1
+                if not self._requeue_optimistic(req):
+                    back_to_bootstrap.append(req)
                 continue
             if self.metrics and req.log_metrics:
                 self.metrics.rank_observe(
@@ -327,16 +358,49 @@ class Engine:
             pending_token=sum(r.prompt_tokens for r in self.waiting),
             cuda_graph=False,
             input_throughput=new_tokens / gap,
-            bootstrap_req=len(self.bootstrap_queue) if prefill_server else None,
+            bootstrap_req=len(self.bootstrap_queue) + len(back_to_bootstrap)
+            if prefill_server
+            else None,
             inflight_req=len(self.inflight) if prefill_server else None,
-            optimistic_req=0 if prefill_server else None,
+            # requests whose bootstrap is still pending after the pass: the forced ones
+            optimistic_req=forced if prefill_server else None,
         )
         self.log.info(prefill_line(stats))
+        # Their bootstrap is done: the bootstrap queue hands them back at its next poll.
+        self.waiting.extend(back_to_bootstrap)
         if self.metrics:
             m = self.metrics
             m.sched_inc(m.cuda_graph_passes, mode="prefill_none")
             m.sched_inc(m.realtime_tokens, new_tokens, mode="prefill_compute")
             self._update_gauges()
+
+    def _requeue_optimistic(self, req: Req) -> bool:
+        """optimistic_release_and_requeue: release the request's KV; with an attempt left it
+        yields to the head of the queue (True), else it falls back to the bootstrap queue."""
+        self.inflight.discard(req)
+        self.pool.release(req.reserved)
+        req.reserved = 0
+        attempts = self.cfg.optimistic_prefill_attempts
+        if (
+            req.prefill_attempts >= attempts
+            and self.cfg.args.disaggregation_decode_allocation_policy != "prefill_complete"
+        ):
+            self.log.info(
+                "Req %s exhausted optimistic prefill attempts falling back to bootstrap queue",
+                req.rid,
+            )
+            return False
+        req.prefill_attempts += 1
+        self.log.info(
+            "Req %s optimistic prefill yielded (%d/%d attempts used)",
+            req.rid,
+            req.prefill_attempts,
+            attempts,
+        )
+        if self.metrics:
+            self.metrics.rank_inc(self.metrics.num_prefill_retries)
+        self.waiting.appendleft(req)
+        return True
 
     def _resume_retracted(self) -> None:
         """resume_retracted_reqs: in queue order, while the request's KV plus headroom fits;
@@ -401,7 +465,7 @@ class Engine:
             )
             self.running = []
         self.retracted.extend(retracted)
-        self._retracted_since_stats += len(retracted)
+        self._last_retracted = len(retracted)
         if self.metrics and retracted:
             m = self.metrics
             m.rank_inc(m.num_retracted_requests, len(retracted))
@@ -557,9 +621,10 @@ class Engine:
             m.pending_prealloc_token_usage,
             sum(r.reserved for r in self.transfer) / self.pool.size if decode else 0.0,
         )
-        # Requests retracted since the last stats line (metrics_reporter resets it there).
-        m.sched_gauge(m.num_retracted_reqs, self._retracted_since_stats, **m.pid)
-        self._retracted_since_stats = 0
+        # The last retraction's count since the previous stats line, 0 if none; between
+        # stats lines (and at idle, where SGLang republishes its last stats) it holds.
+        m.sched_gauge(m.num_retracted_reqs, self._last_retracted, **m.pid)
+        self._last_retracted = 0
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:

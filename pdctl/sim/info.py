@@ -71,6 +71,7 @@ class InfoRoutes:
             chunked_prefill_size=self.cfg.chunked_prefill_size,
             cuda_graph_bs_decode=self.cfg.decode_buckets,
             cuda_graph_max_bs_decode=max(self.cfg.decode_buckets),
+            optimistic_prefill_attempts=self.cfg.optimistic_prefill_attempts,
         )
         e = self.engine
         a.update(

@@ -268,6 +268,9 @@ class SimMetrics:
             sl,
             registry=r,
         )
+        self.num_prefill_retries = Counter(
+            "sglang:num_prefill_retries", "Total number of prefill retries.", sl, registry=r
+        )
         # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs.
         self.cross_pair_transfers = Counter(
             "pdsim_cross_pair_transfers",

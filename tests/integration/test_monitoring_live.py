@@ -5,8 +5,9 @@ and every rule must parse and return data, unless listed below with the reason i
 data under failure. Then planted events must show their true count in every panel that reads
 them (see PLANTED), and induced failures drive the matching alerts to firing: the decode
 stopped (PDEngineDown) and the decode restarted alone (PDPairDegraded, the seed deployment's
-production incident). Both sims run at TP4 as the reference deployment does: counters every
-rank writes for the same event must read once, not four times, in panels and rules."""
+production incident, until a coordinated restart heals the pair). Both sims run at TP4 as the
+reference deployment does: counters every rank writes for the same event must read once, not
+four times, in panels and rules."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import yaml
 from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
+from pdctl.sim.engine import forces_prefill_retry
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import Topology, dump
 from tests.conftest import one_pair_topology, require_tool
@@ -62,6 +64,13 @@ TRANSFER_FAILED = {
     "prefill": "Prefill transfer failed for request",
 }
 RETRACTED = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
+# SGLang's test hook on the prefill, at a probability that no random rid (the gateway's, the
+# canary's, health checks) is likely to meet in a run: only the planted rids, which it picks
+# (sha256 of the rid), have their first prefill retried, each counted once on every rank.
+FORCE_RETRY_PROB = 2**-20
+RETRIED_RIDS = ("retry-61950", "retry-649782", "retry-890280", "retry-1470138")
+PLANTED_PREFILL_RETRIES = 3  # the first rid creates the series
+RETRY_YIELDED = "optimistic prefill yielded"
 # Hold times short enough to watch alerts fire within the test, and SLOs of 1 ms so that the
 # SLO alerts fire on the live latencies.
 RULE_OVERRIDES: dict[str, object] = {
@@ -88,7 +97,7 @@ RULE_OVERRIDES: dict[str, object] = {
 FAILURE_ONLY = {
     "sglang:num_bootstrap_failed_reqs_total": "written at the first failed bootstrap",
     "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
-    "sglang:num_prefill_retries_total": "written at the first prefill retry",
+    "sglang:num_prefill_retries_total": "written at the first prefill retry (planted later)",
     "sglang:num_aborted_requests_total": "written at the first aborted request",
     "sglang:num_retracted_requests_total": "written at the first retraction (planted later)",
     "engine:sglang_retracted_requests:rate5m": "recorded from the retraction counter",
@@ -114,7 +123,7 @@ NO_DATA = {
     (
         "pdstack-pipeline",
         "Prefill retries and aborts",
-    ): "retries and aborts happen only under failure",
+    ): "retries (planted later) and aborts happen only under failure",
     ("pdstack-gateway", "Failed health checks"): "only when a worker fails a health check",
     ("pdstack-gateway", "Gateway errors by type"): FAILURE_ONLY["smg_router_request_errors_total"],
     ("pdstack-gateway", "Worker errors"): FAILURE_ONLY["smg_worker_errors_total"],
@@ -158,6 +167,7 @@ class Live:
     prefill: SimProc
     decode: SimProc
     exporter: subprocess.Popen[bytes]  # its pair canary sends a request every second
+    exporter_log: Path
 
 
 def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
@@ -207,7 +217,11 @@ def live(
     # The degraded pair after a lone decode restart is the modelled production incident: real
     # NIXL over host memory heals it (docs/sim.md), so the alert test switches the model on.
     env = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
-    prefill = sim_factory("prefill", env=env, extra=("--tp-size", str(TP)))
+    prefill = sim_factory(
+        "prefill",
+        env={**env, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB": str(FORCE_RETRY_PROB)},
+        extra=("--tp-size", str(TP), "--optimistic-prefill-attempts", "2"),
+    )
     decode = sim_factory(
         "decode",
         env={**env, "PDSIM_KV_POOL_TOKENS": str(DECODE_KV_POOL)},
@@ -231,6 +245,7 @@ def live(
     topo = topology(prefill, decode, gateway)
     topo_file.write_text(dump(topo))
     ports = {"exporter": free_port(), "node": free_port()}
+    exporter_log = tmp_path / "exporter.log"
     procs = [
         start_process(
             [
@@ -250,7 +265,7 @@ def live(
                 "--journal-file",
                 f"pd0-decode={decode.log_path}",
             ],
-            tmp_path / "exporter.log",
+            exporter_log,
         ),
         start_process(
             [str(node_exporter), f"--web.listen-address=127.0.0.1:{ports['node']}"],
@@ -260,7 +275,7 @@ def live(
     try:
         config = render_prometheus_config(tmp_path / "prom", topo, HOST, ports, RULE_OVERRIDES)
         with running_prometheus(config, tmp_path, targets_up=5) as prom:
-            yield Live(prom, gateway, prefill, decode, procs[0])
+            yield Live(prom, gateway, prefill, decode, procs[0], exporter_log)
     finally:
         for proc in procs:
             stop_pid(proc)
@@ -322,11 +337,18 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
 
     assert_planted_values(live)
 
-    # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap).
+    # A decode restarted alone keeps serving /health but the pair is broken (stale bootstrap)
+    # until a coordinated restart heals it; the canary's failures in between are counted.
+    start, canary_failed_before = quiet_canary(live)
     live.decode.restart().wait_healthy()
     wait_until(lambda: live.prom.firing("PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
-
     assert_counted_once(live.prom)
+    restart_pair(live)
+    assert_planted_canary_failures(live, start, canary_failed_before)
+
+    # Degraded again, for the planted transfer failures.
+    live.decode.restart().wait_healthy()
+    wait_until(lambda: live.prom.firing("PDPairDegraded", pair=PAIR), 40, "PDPairDegraded")
     assert_planted_transfer_failures(live)
 
     # The decode stopped: its engine is down (and the pair alert yields to it)...
@@ -393,15 +415,20 @@ def assert_counted_once(prom: Prometheus) -> None:
 
 # Panels planted on the healthy pair: (dashboard uid, panel title, metric the expression
 # reads) -> planted event. KV transfer failures are planted on the degraded pair
-# (assert_planted_transfer_failures). Every other panel reads a continuous signal (tokens,
-# latencies, queues: checked for data above) or an event this stack cannot plant a known
-# number of (docs/monitoring.md, "Not planted, and why").
+# (assert_planted_transfer_failures), pair canary failures around it
+# (assert_planted_canary_failures), the retraction gauge is checked in assert_planted_values.
+# Every other panel reads a continuous signal (tokens, latencies, queues: checked for data
+# above) or an event this stack cannot plant a known number of (docs/monitoring.md, "Not
+# planted, and why").
 PLANTED = {
     ("pdstack-pipeline", "Bootstrap failures", "num_bootstrap_failed_reqs"): "bootstrap",
     ("pdstack-pipeline", "Prefill retries and aborts", "num_aborted_requests"): "bootstrap",
+    ("pdstack-pipeline", "Prefill retries and aborts", "num_prefill_retries"): "retry",
     ("pdstack-overview", "Errors", "num_aborted_requests"): "bootstrap",
     ("pdstack-decode", "Retractions", "num_retracted_requests"): "retraction",
 }
+# The engine that has each planted event; the other shows 0 or nothing.
+PLANTED_ON = {"bootstrap": "decode", "retraction": "decode", "retry": "prefill"}
 
 
 def dead_bootstrap_request(decode_url: str, room: int) -> None:
@@ -434,15 +461,29 @@ def long_request(url: str, max_new_tokens: int) -> None:
     assert r.json()["meta_info"]["completion_tokens"] == max_new_tokens
 
 
-def plant(live: Live, bootstrap_failures: int, room: int) -> None:
-    """Bootstrap failures and, at the same time, a load that the decode's pool can only serve
-    by retracting; every request of that load still succeeds."""
+def retried_request(live: Live, rid: str, room: int) -> None:
+    """A PD request whose first prefill SGLang's test hook throws away: one retry."""
+    assert forces_prefill_retry(rid, FORCE_RETRY_PROB), rid
+    assert pd_request(live.prefill, live.decode, room, rid) == 200
+
+
+def plant(live: Live, bootstrap_failures: int, room: int, retried: tuple[str, ...]) -> None:
+    """Bootstrap failures, prefill retries (the `retried` rids) and, at the same time, a load
+    that the decode's pool can only serve by retracting; every request of that load and every
+    retried request still succeeds."""
     n, max_new = RETRACT_LOAD
-    with ThreadPoolExecutor(bootstrap_failures + n) as pool:
-        jobs = [
-            pool.submit(dead_bootstrap_request, live.decode.url, room + i)
-            for i in range(bootstrap_failures)
-        ] + [pool.submit(long_request, live.gateway.url, max_new) for _ in range(n)]
+    with ThreadPoolExecutor(bootstrap_failures + len(retried) + n) as pool:
+        jobs = (
+            [
+                pool.submit(dead_bootstrap_request, live.decode.url, room + i)
+                for i in range(bootstrap_failures)
+            ]
+            + [
+                pool.submit(retried_request, live, rid, room + 50 + i)
+                for i, rid in enumerate(retried)
+            ]
+            + [pool.submit(long_request, live.gateway.url, max_new) for _ in range(n)]
+        )
         for job in jobs:
             job.result()
 
@@ -452,37 +493,64 @@ def retractions(decode: SimProc) -> int:
     return sum(int(m[1]) for m in RETRACTED.finditer(decode.log_text()))
 
 
+def retraction_gauge_at_stats_lines(log: str) -> list[int]:
+    """`num_retracted_reqs` as each of rank 0's `Decode batch` lines publishes it: the count
+    of the last retraction since the line before (SGLang sets it per retraction, not adding
+    up), 0 when none; the line resets it."""
+    values, last = [], 0
+    for line in log.splitlines():
+        if m := RETRACTED.search(line):
+            last = int(m[1])
+        elif "Decode batch" in line:
+            values.append(last)
+            last = 0
+    return values
+
+
 def assert_planted_values(live: Live) -> None:
     """Each planted panel shows the planted count for the engine that had the events, over a
     window that holds exactly those events, not TP times it. SGLang (and the sim) create a
     labelled counter at its first event, which rate() cannot see, so a first round of the same
     events creates the series before the counted round."""
     decode = f"{HOST}/pd0-decode"
-    plant(live, 1, room=900_000)
+    first, *counted = RETRIED_RIDS
+    assert len(counted) == PLANTED_PREFILL_RETRIES
+    plant(live, 1, room=900_000, retried=(first,))
     time.sleep(4)  # the created series is scraped, then two more scrapes
     start, retracted_before = time.time(), retractions(live.decode)
-    plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100)
+    retried_before = live.prefill.log_text().count(RETRY_YIELDED)
+    plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100, retried=tuple(counted))
     # Two more scrapes, and a window long enough for rate()'s edge extrapolation to stay small.
     time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
     end = time.time()
     truth = {
         "bootstrap": PLANTED_BOOTSTRAP_FAILURES,
         "retraction": retractions(live.decode) - retracted_before,
+        # the prefill's `Req RID optimistic prefill yielded (2/2 attempts used)` lines
+        "retry": live.prefill.log_text().count(RETRY_YIELDED) - retried_before,
     }
     assert truth["retraction"] > 0, "the planted load did not make the decode retract"
+    assert truth["retry"] == PLANTED_PREFILL_RETRIES, truth
+    shown_by_panel = {}
     for (uid, title, metric), event in PLANTED.items():
+        engine = f"{HOST}/pd0-{PLANTED_ON[event]}"
         (expr,) = panel_exprs(uid, title, f"sglang:{metric}")
         shown, rel = panel_counts(live.prom, expr, start, end)
-        assert shown.get(decode) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
-        assert all(v == 0 for e, v in shown.items() if e != decode), (title, shown)
-    # The gauge line of the Retractions panel is rank 0's count since its previous stats line,
-    # reset at the next one (decode-log-interval steps later): a scrape rarely catches it, and
-    # it never shows more than happened.
+        assert shown.get(engine) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
+        assert all(v == 0 for e, v in shown.items() if e != engine), (title, shown)
+        shown_by_panel[f"{title}: {metric}"] = round(shown[engine], 2)
+    # The gauge line of the Retractions panel: what rank 0's latest stats line published. The
+    # decode is idle now (the canary's one-token requests take no decode step), logs no more
+    # stats lines, and the gauge holds. Over the window it showed only values some stats line
+    # published (0 at startup).
+    published = retraction_gauge_at_stats_lines(live.decode.log_text())
     (gauge,) = panel_exprs("pdstack-decode", "Retractions", "sglang:num_retracted_reqs")
+    assert live.prom.by_label(substitute(gauge), end) == {decode: published[-1]}
     window = math.ceil(end - start)
-    peak = live.prom.query(f"max_over_time(({substitute(gauge)})[{window}s:1s])", end)
-    assert 0 <= float(peak[0]["value"][1]) <= truth["retraction"], peak
-    print("planted:", truth, "gauge peak:", peak[0]["value"][1])
+    (history,) = live.prom.query(f"({substitute(gauge)})[{window}s:1s]", end)
+    assert {float(v) for _, v in history["values"]} <= {0.0, *map(float, published)}, history
+    print("planted:", truth, "shown:", shown_by_panel)
+    print("retraction gauge:", published[-1], "published values:", sorted(set(published)))
     wait_until(lambda: live.prom.firing("PDBootstrapFailures", engine=decode), 30, "bootstrap")
     wait_until(lambda: live.prom.firing("PDDecodeRetractions", engine=decode), 30, "retract")
     # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.
@@ -490,26 +558,28 @@ def assert_planted_values(live: Live) -> None:
     assert PLANTED_BOOTSTRAP_FAILURES <= float(alert["value"]) < TP * PLANTED_BOOTSTRAP_FAILURES
 
 
-def pd_request(prefill: SimProc, decode: SimProc, room: int) -> None:
-    """Both legs of one PD request, as the gateway sends them."""
-    body = {
-        "text": "a transfer through the degraded pair",
+def pd_request(prefill: SimProc, decode: SimProc, room: int, rid: str | None = None) -> int:
+    """Both legs of one PD request, as the gateway sends them; the decode's status."""
+    body: dict[str, object] = {
+        "text": "a request through the pair",
         "sampling_params": {"max_new_tokens": 4},
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": prefill.bootstrap_port,
         "bootstrap_room": room,
     }
+    if rid is not None:
+        body["rid"] = rid
     with ThreadPoolExecutor(2) as pool:
         legs = [pool.submit(requests.post, f"{s.url}/generate", json=body, timeout=60)
                 for s in (prefill, decode)]  # fmt: skip
-        assert legs[1].result().status_code == 500, legs[1].result().text
         legs[0].result()
+        return legs[1].result().status_code
 
 
 def plant_transfer_failures(live: Live, n: int, room: int) -> None:
     with ThreadPoolExecutor(n) as pool:
-        for job in [pool.submit(pd_request, live.prefill, live.decode, room + i) for i in range(n)]:
-            job.result()
+        jobs = [pool.submit(pd_request, live.prefill, live.decode, room + i) for i in range(n)]
+        assert [job.result() for job in jobs] == [500] * n
 
 
 def assert_planted_transfer_failures(live: Live) -> None:
@@ -542,3 +612,49 @@ def assert_planted_transfer_failures(live: Live) -> None:
     for engine, n in truth.items():
         assert shown.get(engine, 0.0) == pytest.approx(n, rel=rel), (shown, truth)
     print("planted transfer failures:", truth, "shown:", shown)
+
+
+def restart_pair(live: Live) -> None:
+    """The coordinated restart that heals a degraded pair (what `pdctl restart --both` does):
+    both engines stop, then both start."""
+    live.decode.stop()
+    live.prefill.stop()
+    live.prefill.start()
+    live.decode.start()
+    live.prefill.wait_healthy()
+    live.decode.wait_healthy()
+
+
+def canary_failures(log: Path) -> int:
+    """Failed canaries of the pair, from pd-exporter's log (one line each)."""
+    text = log.read_text(errors="replace")
+    return text.count(f"canary {PAIR}: ") - text.count(f"canary {PAIR}: recovered")
+
+
+def quiet_canary(live: Live) -> tuple[float, int]:
+    """Once the pair canary has logged no failure for three scrapes: (now, failures logged),
+    an edge of a window that counts canary failures exactly."""
+    last = {"count": canary_failures(live.exporter_log), "at": time.monotonic()}
+
+    def quiet() -> bool:
+        count = canary_failures(live.exporter_log)
+        if count != last["count"]:
+            last.update(count=count, at=time.monotonic())
+        return time.monotonic() - last["at"] >= 3
+
+    wait_until(quiet, 60, "a pair canary without failures", step=0.5)
+    return time.time(), int(last["count"])
+
+
+def assert_planted_canary_failures(live: Live, start: float, failed_before: int) -> None:
+    """The window opens with the pair passing its canary, holds the degraded pair (the decode
+    restarted alone, failing every canary) and closes after the coordinated restart, once
+    the canary passes again: the Pair canary failures panel shows the failures pd-exporter
+    logged in between."""
+    end, failed_after = quiet_canary(live)
+    truth = failed_after - failed_before
+    assert truth > 0, "the degraded pair failed no canary"
+    (expr,) = panel_exprs("pdstack-pipeline", "Pair canary failures")
+    shown, rel = panel_counts(live.prom, expr, start, end, label="pair")
+    assert shown == {PAIR: pytest.approx(truth, rel=rel)}, (shown, truth)
+    print("planted canary failures:", truth, "shown:", shown)

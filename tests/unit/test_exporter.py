@@ -334,6 +334,12 @@ def test_partial_failure_reports_what_failed_and_serves_the_rest(
     assert (
         sum(m.startswith("canary gpu-node-1/pd0: decode answered HTTP 500") for m in messages) == 1
     )
+    # ...but one per failed canary: the journal holds what the failures counter counts.
+    rig.canary.run_once()
+    assert rig.value("pdstack_pair_canary_failures_total", pair=PAIR) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("canary gpu-node-1/pd0: ") for m in messages) == 2
+    assert sum("GPU 1" in m for m in messages) == 1
 
 
 @pytest.mark.parametrize(

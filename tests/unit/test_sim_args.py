@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdctl.sim.args import Knobs, resolve
+from pdctl.lint.flags import known_flags
+from pdctl.sim.args import Knobs, build_parser, resolve
 
 BASE = ["--model-path", "/models/x"]
 
@@ -87,6 +88,8 @@ def test_rejects_what_sglang_rejects() -> None:
     # 0.5.23 split the graph flags per phase; the old spelling is ambiguous.
     with pytest.raises(SystemExit):
         resolve([*BASE, "--cuda-graph-max-bs", "32"], {})
+    with pytest.raises(SystemExit):  # --pp-size, --pp-max-micro-batch-size, ...
+        resolve([*BASE, "--pp", "2"], {})
 
 
 def test_knobs_from_env() -> None:
@@ -138,3 +141,49 @@ def test_the_modelled_degradation_is_off_unless_asked_for() -> None:
     assert not resolve(nixl, {}).degraded_enabled
     assert not resolve(BASE, {}).degraded_enabled
     assert resolve(nixl, {"PDSIM_DEGRADED": "on"}).degraded_enabled
+
+
+def test_optimistic_prefill_flags_resolve_as_sglang_does() -> None:
+    prefill = [*BASE, "--disaggregation-mode", "prefill"]
+    cfg = resolve(prefill, {})
+    assert (cfg.optimistic_prefill_attempts, cfg.knobs.force_prefill_retry_prob) == (0, 0.0)
+    assert cfg.args.disaggregation_decode_allocation_policy == "early"
+    hook = {"SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB": "0.3"}
+    cfg = resolve([*prefill, "--optimistic-prefill-attempts", "2"], hook)
+    assert (cfg.optimistic_prefill_attempts, cfg.knobs.force_prefill_retry_prob) == (2, 0.3)
+    # prefill_complete needs an optimistic attempt on the prefill (pd_disaggregation_hook.py).
+    complete = ["--disaggregation-decode-allocation-policy", "prefill_complete"]
+    assert resolve([*prefill, *complete], {}).optimistic_prefill_attempts == 1
+    # No optimistic prefill with PP: a warning, and none (serving_hook.py).
+    cfg = resolve([*prefill, "--optimistic-prefill-attempts", "2", "--pp-size", "2"], {})
+    assert cfg.optimistic_prefill_attempts == 0
+    assert cfg.warnings == ["Optimistic prefill does not support pp_size > 1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "unsupported"),
+    [
+        ((), "aggregated serving"),
+        (("--disaggregation-mode", "prefill", "--tp-size", "2"), "attention tensor parallelism"),
+        (
+            ("--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"),
+            "transfer backends other than Mooncake",
+        ),
+    ],
+)
+def test_prefill_complete_refuses_what_sglang_does_not_support(
+    extra: tuple[str, ...], unsupported: str
+) -> None:
+    argv = [*BASE, "--disaggregation-decode-allocation-policy", "prefill_complete", *extra]
+    with pytest.raises(SystemExit, match=f"prefill_complete does not yet support {unsupported}"):
+        resolve(argv, {})
+
+
+def test_every_flag_the_sim_takes_is_one_sglang_takes() -> None:
+    """As the pinned SGLang's parser spells them (pdctl/data, from its own parser), or as an
+    abbreviation it accepts (`--tp`: the prefix of one flag only)."""
+    sglang = known_flags("0.5.23")
+    assert sglang is not None
+    ours = {o for a in build_parser()._actions for o in a.option_strings if o.startswith("--")}
+    unknown = {o for o in ours - sglang - {"--help"} if sum(f.startswith(o) for f in sglang) != 1}
+    assert not unknown

@@ -62,6 +62,7 @@ REQUIRED = {
     "sglang:pending_prealloc_token_usage",
     "sglang:scheduler_idle_seconds_total",
     "sglang:num_bootstrap_failed_reqs_total",
+    "sglang:num_prefill_retries_total",
     "sglang:http_requests_total",
     "sglang:http_responses_total",
 }
@@ -119,8 +120,11 @@ def recording() -> dict[str, Recording]:
 async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
     bootstrap_port = free_port()
     flags = ("--enable-metrics", "--decode-log-interval", "1", *extra)
+    # SGLang's test hook retries every prefill once (an optimistic attempt is left).
+    retry = {**FAST, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB": "1"}
+    retry_flags = (*flags, "--optimistic-prefill-attempts", "2")
     async with (
-        in_process("prefill", FAST, *flags, bootstrap_port=bootstrap_port) as prefill,
+        in_process("prefill", retry, *retry_flags, bootstrap_port=bootstrap_port) as prefill,
         in_process("decode", FAST, *flags) as decode,
         in_process("null", FAST, *flags) as unified,
         aiohttp.ClientSession() as http,

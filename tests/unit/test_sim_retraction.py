@@ -6,6 +6,7 @@ clients get the same answers as without pressure."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any
 
@@ -13,6 +14,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl.sim.args import resolve
+from pdctl.sim.engine import Engine, Req
+from pdctl.sim.metrics import SimMetrics
+from pdctl.sim.sampling import Sampler, SamplingParams
 from pdctl.testing.stack import free_port, in_process
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
@@ -83,3 +88,40 @@ def test_a_full_decode_pool_retracts_and_resumes(capsys: pytest.CaptureFixture[s
     assert set(counters["sglang:num_retracted_reqs"]) == {"0"}
     waiting = [int(m[1]) for ln in out if (m := re.search(r"#retracted-req: (\d+)", ln))]
     assert max(waiting) > 0 and waiting[-1] == 0
+
+
+def test_the_gauge_holds_the_last_retraction_until_the_next_stats_line() -> None:
+    """scheduler.update_running_batch sets metrics_reporter.num_retracted_reqs to each
+    retraction's count (it does not add them up); the next stats line publishes it and resets
+    it, and nothing else writes the gauge (an idle SGLang republishes its last stats)."""
+    cfg = resolve(
+        ["--model-path", "/m", "--disaggregation-mode", "decode", "--enable-metrics"],
+        {"PDSIM_KV_POOL_TOKENS": "95"},
+    )
+    metrics = SimMetrics("sim", "decode")
+    engine = Engine(cfg, metrics, logging.getLogger("test"))
+
+    def gauge() -> float | None:
+        labels = {**metrics.sched, **metrics.pid}
+        return metrics.registry.get_sample_value("sglang:num_retracted_reqs", labels)
+
+    def run(n: int) -> None:
+        """n running requests holding 50 tokens in 20 reserved slots: each needs 30 more."""
+        for i in range(n):
+            req = Req(f"r{i}", 10, 100, "length", False, Sampler(SamplingParams(), 0, ""), 0.0)
+            req.generated, req.reserved = 40, 20
+            engine.pool.try_reserve(20)
+            engine.running.append(req)
+
+    run(3)
+    engine._retract(1)  # 35 slots free for 90 needed: two leave
+    assert len(engine.retracted) == 2
+    engine.pool.release(engine.pool.used)
+    engine.running = []
+    run(2)
+    engine._retract(1)  # 55 free for 60 needed: one leaves
+    assert len(engine.retracted) == 3
+    engine._update_gauges()
+    assert gauge() == 1
+    engine._update_gauges()
+    assert gauge() == 0
