@@ -224,7 +224,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
 
     # The decode restarted alone after those transfers: the pair is degraded, every PD
     # request fails with the decode's 500, which smg records as a worker error on both legs
-    # and as a failure on both breakers; the last one opens them.
+    # and as a failure on both breakers; CB_FAILURES in a row open one (smg logs which).
     decode_url = stack.decode.url
     before = logged(stack.gateway, PROBE_FAILED)[decode_url]
     stack.decode.restart().wait_healthy()
