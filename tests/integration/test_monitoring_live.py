@@ -106,7 +106,6 @@ FAILURE_ONLY = {
     "smg_worker_overload_shed_total": "written at the first request shed for overload",
     "smg_pd_admission_sheds_total": "written at the first PD admission shed",
     "smg_worker_stalled": "written when the gateway first vetoes a worker",
-    "smg_pd_prefill_duration_seconds": "not written on this stack (no PD prefill timing)",
     "pdstack_gpu_xid_errors_total": "needs NVML (GPU host) and an XID event",
 }
 GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
@@ -129,7 +128,6 @@ NO_DATA = {
     ("pdstack-gateway", "Worker errors"): FAILURE_ONLY["smg_worker_errors_total"],
     ("pdstack-gateway", "Load shed"): "only when the gateway sheds load",
     ("pdstack-gateway", "Stalled workers"): FAILURE_ONLY["smg_worker_stalled"],
-    ("pdstack-gateway", "PD prefill duration"): FAILURE_ONLY["smg_pd_prefill_duration_seconds"],
     ("rules", "engine:sglang_retracted_requests:rate5m"): "retraction counter, see FAILURE_ONLY",
     ("pdstack-decode", "Retractions"): "the rate line: retractions are planted later",
     ("rules", "engine:sglang_bootstrap_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",

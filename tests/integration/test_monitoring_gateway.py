@@ -1,0 +1,299 @@
+"""The gateway panels against live data: sim prefill + sim decode behind the real gateway
+(smg, retries off), scraped by a real Prometheus configured from the Prometheus role's own
+templates. Planted gateway events must show their true count in every panel that reads them:
+requests smg refuses (no worker serves the model: 503) or that the prefill rejects (400),
+requests the degraded pair fails (500 from the decode, a worker error on both legs) until
+both circuit breakers open, and failed health checks while the decode is stopped, with the
+alerts they drive; the prefill's planted latency shows in the PD prefill duration panel. The
+truth is the test's own client counts, the sim's configured latency and smg's own log lines,
+never the metric under test."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from monitoring.promql import substitute
+from pdctl.testing.stack import Gateway, SimProc, free_port, wait_until
+from tests.conftest import one_pair_topology
+from tests.integration.conftest import FAST_SIM_ENV
+from tests.integration.live_prometheus import (
+    Prometheus,
+    panel_counts,
+    panel_exprs,
+    render_prometheus_config,
+    running_prometheus,
+)
+
+pytestmark = pytest.mark.gateway
+
+HOST = "testhost"
+PLANT_WINDOW_S = 20
+# Hold times short enough to watch the gateway alerts fire within the test.
+RULE_OVERRIDES: dict[str, object] = {"down_for": "2s", "gateway_errors_for": "2s"}
+# Planted in the counted round (a first round of one each creates the series).
+# Requests for a model no worker serves: 503 no_available_workers (error_type unavailable),
+# the answer an open breaker gives too.
+UNKNOWN_MODEL = 3
+TOO_LONG = 2  # more tokens than the context: the prefill's 400, error_type validation_error
+FAILED_PD = 3  # requests through the degraded pair: the decode's 500
+# Consecutive failures that open a worker's breaker: within the planted round, whether or not
+# smg counts the first round's failure (a breaker opened there would hide the planted ones).
+CB_FAILURES = 2
+SERVED_PD = 3  # requests the healthy pair serves
+# Every prefill batch takes at least this long (wall time).
+PREFILL_WALL_S = 0.55
+# smg's log lines (at info) naming the worker: one per failed probe, one per breaker
+# transition.
+PROBE_FAILED = re.compile(r"Health probe failed .*?worker_url=(?P<worker>http://[\d.:]+)")
+CB_TRANSITION = re.compile(
+    r"Circuit breaker state transition: \w+ -> (?P<to>\w+) .*?worker_url=(?P<worker>http://[\d.:]+)"
+)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Stack:
+    prom: Prometheus
+    gateway: Gateway
+    prefill: SimProc
+    decode: SimProc
+
+
+@pytest.fixture
+def stack(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway], tmp_path: Path
+) -> Iterator[Stack]:
+    # A decode restarted alone fails every transfer with a 500 (docs/sim.md, degraded pair).
+    env = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    prefill_base_ms = PREFILL_WALL_S * 1000 / float(FAST_SIM_ENV["PDSIM_TIME_SCALE"])
+    prefill = sim_factory("prefill", env={**env, "PDSIM_PREFILL_BASE_MS": str(prefill_base_ms)})
+    decode = sim_factory("decode", env=env)
+    prefill.wait_healthy()
+    decode.wait_healthy()
+    # Retries off: every planted request is one upstream attempt. An open breaker stays open
+    # for the rest of the test. Info logs name each breaker transition.
+    gateway = gateway_factory(
+        [prefill], [decode], "--disable-retries", "--cb-failure-threshold", str(CB_FAILURES),
+        "--cb-timeout-duration-secs", "600", "--log-level", "info",
+    ).wait_ready()  # fmt: skip
+    topo = one_pair_topology(
+        HOST,
+        prefill.url,
+        decode.url,
+        bootstrap_port=prefill.bootstrap_port,
+        router_url=gateway.url,
+        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+    )
+    # No pd-exporter or node exporter: their targets stay down (no panel here reads them).
+    ports = {"exporter": free_port(), "node": free_port()}
+    config = render_prometheus_config(tmp_path, topo, HOST, ports, RULE_OVERRIDES)
+    with running_prometheus(config, tmp_path, targets_up=3) as prom:
+        yield Stack(prom, gateway, prefill, decode)
+
+
+def generate(url: str, max_new_tokens: int) -> int:
+    return timed_generate(url, max_new_tokens)[0]
+
+
+def timed_generate(url: str, max_new_tokens: int) -> tuple[int, float]:
+    """A request's status and its duration as the client saw it."""
+    r = requests.post(
+        f"{url}/generate",
+        timeout=60,
+        json={"text": "hello gateway", "sampling_params": {"max_new_tokens": max_new_tokens}},
+    )
+    return r.status_code, r.elapsed.total_seconds()
+
+
+def unknown_model(url: str) -> int:
+    r = requests.post(
+        f"{url}/generate",
+        timeout=60,
+        json={"model": "no-such-model", "text": "hi", "sampling_params": {"max_new_tokens": 1}},
+    )
+    return r.status_code
+
+
+def plant_refusals(url: str, unknown: int, too_long: int) -> Counter[int]:
+    """Requests smg refuses itself and requests the prefill rejects; their statuses."""
+    statuses = [unknown_model(url) for _ in range(unknown)]
+    statuses += [generate(url, 10_000_000) for _ in range(too_long)]
+    return Counter(statuses)
+
+
+def counted_round(
+    plant: Callable[[], object], created: Callable[[], object]
+) -> tuple[float, float]:
+    """smg creates a labelled counter at its first event, which rate() cannot see: a first
+    round of the same events creates the series, then the planted round runs in a window
+    that holds only it. The window's [start, end]."""
+    created()
+    time.sleep(4)  # the created series is scraped, then two more scrapes
+    start = time.time()
+    plant()
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    return start, time.time()
+
+
+def assert_panel(
+    prom: Prometheus,
+    uid: str,
+    title: str,
+    metric: str,
+    window: tuple[float, float],
+    label: str,
+    truth: dict[str, int],
+) -> None:
+    """The panel's expression that reads `metric` shows `truth` per `label`, and nothing else."""
+    (expr,) = panel_exprs(uid, title, metric)
+    shown, rel = panel_counts(prom, expr, *window, label=label)
+    for key, n in truth.items():
+        assert shown.get(key, 0.0) == pytest.approx(n, rel=rel), (title, shown, truth)
+    assert all(v == 0 for k, v in shown.items() if k not in truth), (title, shown, truth)
+    print(f"{title} ({metric}): planted {truth}, shown {shown}")
+
+
+def logged(gateway: Gateway, line: re.Pattern[str]) -> Counter[str]:
+    """smg's log lines matching `line`, per worker URL."""
+    return Counter(m["worker"] for m in line.finditer(smg_log(gateway)))
+
+
+def smg_log(gateway: Gateway) -> str:
+    return ANSI.sub("", gateway.log_path.read_text(errors="replace"))
+
+
+def test_gateway_panels_show_planted_events(stack: Stack) -> None:
+    url, prom = stack.gateway.url, stack.prom
+
+    # Refusals: smg's own 503 (no worker serves the model) and the prefill's 400.
+    got: Counter[int] = Counter()
+    window = counted_round(
+        lambda: got.update(plant_refusals(url, UNKNOWN_MODEL, TOO_LONG)),
+        lambda: plant_refusals(url, 1, 1),
+    )
+    assert got == {503: UNKNOWN_MODEL, 400: TOO_LONG}, got
+    assert_panel(
+        prom,
+        "pdstack-gateway",
+        "Gateway errors by type",
+        "smg_router_request_errors_total",
+        window,
+        "error_type",
+        {"unavailable": UNKNOWN_MODEL, "validation_error": TOO_LONG},
+    )
+    assert_panel(
+        prom,
+        "pdstack-overview",
+        "Errors",
+        "smg_http_responses_total",
+        window,
+        "status_code",
+        {"503": UNKNOWN_MODEL},
+    )
+    wait_until(lambda: prom.firing("PDGatewayErrors"), 30, "PDGatewayErrors")
+
+    # Requests the healthy pair serves: each prefill leg takes PREFILL_WALL_S or more, and
+    # ends before the gateway answers the client. The quantiles interpolate within buckets,
+    # so they lie between the bucket edges around those bounds.
+    served: list[tuple[int, float]] = []
+    window = counted_round(
+        lambda: served.extend(timed_generate(url, 4) for _ in range(SERVED_PD)),
+        lambda: timed_generate(url, 4),
+    )
+    assert [status for status, _ in served] == [200] * SERVED_PD, served
+    edges = sorted(
+        float(r["metric"]["le"])
+        for r in prom.query("count by (le) (smg_pd_prefill_duration_seconds_bucket)")
+    )
+    low = max(e for e in edges if e <= PREFILL_WALL_S)
+    high = min(e for e in edges if e >= max(elapsed for _, elapsed in served))
+    for expr in panel_exprs("pdstack-gateway", "PD prefill duration"):
+        rate_window = f"{math.ceil(window[1] - window[0])}s"
+        shown = prom.by_label(substitute(expr, rate_window), window[1], label="instance")
+        assert shown and all(low <= v <= high for v in shown.values()), (shown, low, high)
+        print(f"PD prefill duration: planted {PREFILL_WALL_S} s, client {served}, shown {shown}")
+
+    # The decode restarted alone after those transfers: the pair is degraded, every PD
+    # request fails with the decode's 500, which smg records as a worker error on both legs
+    # and as a failure on both breakers; CB_FAILURES in a row open one (smg logs which).
+    decode_url = stack.decode.url
+    before = logged(stack.gateway, PROBE_FAILED)[decode_url]
+    stack.decode.restart().wait_healthy()
+    stack.gateway.wait_ready()
+    transitions = logged(stack.gateway, CB_TRANSITION)
+    failed: Counter[int] = Counter()
+    window = counted_round(
+        lambda: failed.update(generate(url, 4) for _ in range(FAILED_PD)),
+        lambda: generate(url, 4),
+    )
+    # The breakers open within the round: the requests after that are refused (503).
+    assert set(failed) <= {500, 503} and failed[500] >= 1, failed
+    assert_panel(
+        prom,
+        "pdstack-gateway",
+        "Worker errors",
+        "smg_worker_errors_total",
+        window,
+        "worker_type",
+        {"prefill": failed[500], "decode": failed[500]},
+    )
+    assert_panel(
+        prom,
+        "pdstack-overview",
+        "Errors",
+        "smg_http_responses_total",
+        window,
+        "status_code",
+        {str(status): n for status, n in failed.items()},
+    )
+    truth = logged(stack.gateway, CB_TRANSITION) - transitions
+    assert truth, "no breaker changed state"
+    assert_panel(
+        prom,
+        "pdstack-gateway",
+        "Breaker transitions",
+        "smg_worker_cb_transitions_total",
+        window,
+        "worker",
+        dict(truth),
+    )
+    # The breakers that smg last logged opening (it keeps them open) drive the alert.
+    state = {m["worker"]: m["to"] for m in CB_TRANSITION.finditer(smg_log(stack.gateway))}
+    for worker in [w for w, to in state.items() if to == "open"]:
+        wait_until(
+            lambda w=worker: prom.firing("PDGatewayCircuitOpen", worker=w), 30, "breaker open"
+        )
+
+    # The decode stopped: each failed probe is one line in smg's log; the gateway marks the
+    # worker unhealthy. The restart above created the failure series (its probes failed).
+    assert logged(stack.gateway, PROBE_FAILED)[decode_url] > before, "no probe failed"
+    time.sleep(3)
+    start, before = time.time(), logged(stack.gateway, PROBE_FAILED)[decode_url]
+    stack.decode.stop()
+    wait_until(
+        lambda: prom.firing("PDGatewayWorkerUnhealthy", worker=decode_url),
+        30,
+        "PDGatewayWorkerUnhealthy",
+    )
+    stack.decode.start().wait_healthy()
+    stack.gateway.wait_ready()
+    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
+    end = time.time()
+    assert_panel(
+        prom,
+        "pdstack-gateway",
+        "Failed health checks",
+        "smg_worker_health_checks_total",
+        (start, end),
+        "worker_type",
+        {"decode": logged(stack.gateway, PROBE_FAILED)[decode_url] - before},
+    )
