@@ -126,7 +126,7 @@ class Engine:
         self.retracted: list[Req] = []
         # metrics_reporter.num_retracted_reqs: set to the count of each retraction (not
         # added up), published and reset to 0 at the next stats line.
-        self._last_retracted = 0
+        self.last_retracted = 0
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         # Prefill server: requests waiting for their decode (bootstrap) and in KV transfer.
         self.bootstrap_queue: set[Req] = set()
@@ -465,7 +465,7 @@ class Engine:
             )
             self.running = []
         self.retracted.extend(retracted)
-        self._last_retracted = len(retracted)
+        self.last_retracted = len(retracted)
         if self.metrics and retracted:
             m = self.metrics
             m.rank_inc(m.num_retracted_requests, len(retracted))
@@ -623,8 +623,8 @@ class Engine:
         )
         # The last retraction's count since the previous stats line, 0 if none; between
         # stats lines (and at idle, where SGLang republishes its last stats) it holds.
-        m.sched_gauge(m.num_retracted_reqs, self._last_retracted, **m.pid)
-        self._last_retracted = 0
+        m.sched_gauge(m.num_retracted_reqs, self.last_retracted, **m.pid)
+        self.last_retracted = 0
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:

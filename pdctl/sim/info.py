@@ -13,13 +13,19 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
+from .args import GIB
 from .protocol import Parsed, json_response
 
 if TYPE_CHECKING:
+    from .engine import Req
     from .server import SimServer
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # disaggregation/utils.py: health checks never reach a peer
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+# load_snapshot.py LoadSnapshot.VALID_SECTIONS: what /v1/loads?include= may name.
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+# The snapshot's sections the sim has (no speculative or LoRA section), by include name.
+SECTION_NAMES = (("memory", "memory"), ("disaggregation", "disagg"), ("queues", "queues"))
 
 
 class InfoRoutes:
@@ -129,26 +135,76 @@ class InfoRoutes:
             }
         )
 
-    async def loads(self, _: web.Request) -> web.Response:
-        """entrypoints/v1_loads.py: one LoadSnapshot per DP rank (the sim has one)."""
-        e, cfg = self.engine, self.cfg
+    async def loads(self, request: web.Request) -> web.Response:
+        """entrypoints/v1_loads.py over scheduler_components/load_inquirer.py get_loads: one
+        LoadSnapshot per DP rank (the sim has one), its sections filtered by `include`."""
+        include = request.query.get("include")
+        sections = {s.strip() for s in include.split(",")} if include else None
+        if sections is not None and not sections <= LOAD_SECTIONS:
+            detail = (
+                f"Invalid include sections: {sections - LOAD_SECTIONS}. "
+                f"Valid options: {sorted(LOAD_SECTIONS)}"
+            )
+            return json_response({"detail": detail}, status=400)
+        load = self.load_snapshot()
+        if sections is not None and "all" not in sections:
+            for field, name in SECTION_NAMES:
+                if name not in sections:
+                    del load[field]
+        return json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": __version__,
+                "accelerator": None,
+                "num_accelerators": self.cfg.args.tp_size,
+                "loads": [load],
+            }
+        )
+
+    def load_snapshot(self) -> dict[str, object]:
+        """LoadInquirer.get_loads: the waiting count takes in the disaggregation queues
+        (a prefill's bootstrap queue; a decode's prealloc, transfer and retracted queues),
+        which is what the gateway's overload protection reads."""
+        e, cfg, k = self.engine, self.cfg, self.cfg.knobs
         used = e.tokens_in_use()
-        load = {
+        decode = cfg.mode == "decode"
+        waiting: list[Req] = list(e.waiting)
+        pending: list[Req] = list(e.waiting)
+        awaiting_kv = 0
+        if cfg.mode == "prefill":
+            waiting += e.bootstrap_queue
+            pending += e.bootstrap_queue
+        elif decode:
+            waiting += [*e.prealloc, *e.transfer, *e.retracted]
+            # Transferring requests already hold their decode-side KV slots (in `used`).
+            pending = [*e.prealloc, *e.retracted]
+            awaiting_kv = sum(r.prompt_tokens for r in (*e.prealloc, *e.transfer))
+        total = used + sum(r.prompt_tokens for r in pending)
+        return {
             "timestamp": time.time(),
             "dp_rank": 0,
             "num_running_reqs": len(e.running),
-            "num_waiting_reqs": len(e.waiting),
+            "num_waiting_reqs": len(waiting),
             "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in e.waiting),
             "num_used_tokens": used,
-            "num_total_tokens": used,
-            "num_active_tokens": used,
+            "num_total_tokens": total,
+            "num_active_tokens": max(0, total - awaiting_kv),
             "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": cfg.kv_pool_tokens,
             "max_running_requests": cfg.max_running_requests,
-            "token_usage": round(used / cfg.kv_pool_tokens, 2),
-            "gen_throughput": e.last_gen_throughput,
+            "token_usage": round(used / cfg.kv_pool_tokens, 4),
+            "gen_throughput": round(e.last_gen_throughput, 2),
             "cache_hit_rate": 0.0,
-            "utilization": min(len(e.running) / cfg.max_running_requests, 1.0),
+            "utilization": round(min(len(e.running) / cfg.max_running_requests, 1.0), 4),
+            "total_prefill_uncached_tokens": 0,
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+            "memory": {
+                "weight_gb": round(k.weights_gib, 3),
+                "kv_cache_gb": round(cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB, 3),
+                "graph_gb": round(self.server.graph_gib, 3),
+                "token_capacity": cfg.kv_pool_tokens,
+            },
             "disaggregation": {
                 "mode": cfg.mode,
                 "prefill_bootstrap_queue_reqs": len(e.bootstrap_queue),
@@ -159,16 +215,14 @@ class InfoRoutes:
                 "kv_transfer_speed_gb_s": 0.0,
                 "kv_transfer_latency_ms": 0.0,
             },
+            "queues": {
+                "waiting": len(e.waiting),
+                "grammar": 0,
+                "paused": 0,
+                "retracted": e.last_retracted,
+                "prealloc_ready": 0,
+            },
         }
-        return json_response(
-            {
-                "timestamp": datetime.now(UTC).isoformat(),
-                "version": __version__,
-                "accelerator": None,
-                "num_accelerators": cfg.args.tp_size,
-                "loads": [load],
-            }
-        )
 
     async def flush_cache(self, _: web.Request) -> web.Response:
         if self.engine.busy:

@@ -64,6 +64,7 @@ class SimServer:
         self.http: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
+        self.graph_gib = 0.0  # decode CUDA graphs captured at startup (none on a prefill)
         self.tm = TokenizerManager(cfg, log, self.engine, self.metrics, self.spawn, self._status)
         if self.boot is not None:
             self.tm.prefill_leg = PrefillLeg(
@@ -143,6 +144,7 @@ class SimServer:
             )
             await clock.sleep(0.4 * k.startup_delay_s)
             graph_gib = min(max(avail - 0.5, 0.0), 0.5 + 0.02 * max(cfg.decode_buckets))
+            self.graph_gib = graph_gib
             avail -= graph_gib
             self.log.info(
                 "Capture target decode CUDA graph end. bs=%s, elapsed=%.2f s, "

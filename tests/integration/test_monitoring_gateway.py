@@ -2,11 +2,12 @@
 (smg, retries off), scraped by a real Prometheus configured from the Prometheus role's own
 templates. Planted gateway events must show their true count in every panel that reads them:
 requests smg refuses (no worker serves the model: 503) or that the prefill rejects (400),
-requests the degraded pair fails (500 from the decode, a worker error on both legs) until
-both circuit breakers open, and failed health checks while the decode is stopped, with the
-alerts they drive; the prefill's planted latency shows in the PD prefill duration panel. The
-truth is the test's own client counts, the sim's configured latency and smg's own log lines,
-never the metric under test."""
+requests smg sheds while both engines report a waiting queue (503
+worker_overload_protection_shed), requests the degraded pair fails (500 from the decode, a
+worker error on both legs) until both circuit breakers open, and failed health checks while
+the decode is stopped, with the alerts they drive; the prefill's planted latency shows in the
+PD prefill duration panel. The truth is the test's own client counts, the sim's configured
+latency and smg's own log lines, never the metric under test."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +40,11 @@ pytestmark = pytest.mark.gateway
 HOST = "testhost"
 PLANT_WINDOW_S = 20
 # Hold times short enough to watch the gateway alerts fire within the test.
-RULE_OVERRIDES: dict[str, object] = {"down_for": "2s", "gateway_errors_for": "2s"}
+RULE_OVERRIDES: dict[str, object] = {
+    "down_for": "2s",
+    "gateway_errors_for": "2s",
+    "shed_for": "2s",
+}
 # Planted in the counted round (a first round of one each creates the series).
 # Requests for a model no worker serves: 503 no_available_workers (error_type unavailable),
 # the answer an open breaker gives too.
@@ -49,6 +55,17 @@ FAILED_PD = 3  # requests through the degraded pair: the decode's 500
 # smg counts the first round's failure (a breaker opened there would hide the planted ones).
 CB_FAILURES = 2
 SERVED_PD = 3  # requests the healthy pair serves
+# Load shedding: the decode runs one request at a time, so a burst of long requests leaves
+# the rest queued on both engines (the decode's prealloc queue, the prefill's bootstrap
+# queue), which each reports as waiting requests on /v1/loads. smg polls that every second
+# and, with shedding on, refuses requests while every worker has OVERLOAD_WAITING waiting.
+# A PD request in flight counts as waiting on the decode until its KV arrives, and a health
+# check on either engine: one of each at a poll stays under the threshold.
+OVERLOAD_WAITING = 3
+BURST = OVERLOAD_WAITING + 2
+BURST_TOKENS = 2000  # about 2.5 s of decode each (wall time)
+SHED = 3
+SHED_CODE = "worker_overload_protection_shed"
 # Every prefill batch takes at least this long (wall time).
 PREFILL_WALL_S = 0.55
 # smg's log lines (at info) naming the worker: one per failed probe, one per breaker
@@ -74,16 +91,21 @@ def stack(
 ) -> Iterator[Stack]:
     # A decode restarted alone fails every transfer with a 500 (docs/sim.md, degraded pair).
     env = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
+    # The burst's queued requests wait for the decode well past the fast default deadline.
+    env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = "600"
     prefill_base_ms = PREFILL_WALL_S * 1000 / float(FAST_SIM_ENV["PDSIM_TIME_SCALE"])
     prefill = sim_factory("prefill", env={**env, "PDSIM_PREFILL_BASE_MS": str(prefill_base_ms)})
-    decode = sim_factory("decode", env=env)
+    decode = sim_factory("decode", env=env, extra=("--max-running-requests", "1"))
     prefill.wait_healthy()
     decode.wait_healthy()
     # Retries off: every planted request is one upstream attempt. An open breaker stays open
-    # for the rest of the test. Info logs name each breaker transition.
+    # for the rest of the test. Info logs name each breaker transition. Loads are polled
+    # every second; OVERLOAD_WAITING waiting requests mark a worker overloaded, which sheds.
     gateway = gateway_factory(
         [prefill], [decode], "--disable-retries", "--cb-failure-threshold", str(CB_FAILURES),
         "--cb-timeout-duration-secs", "600", "--log-level", "info",
+        "--load-monitor-interval", "1", "--worker-overload-waiting-requests", str(OVERLOAD_WAITING),
+        "--worker-overload-shed",
     ).wait_ready()  # fmt: skip
     topo = one_pair_topology(
         HOST,
@@ -131,13 +153,14 @@ def plant_refusals(url: str, unknown: int, too_long: int) -> Counter[int]:
 
 
 def counted_round(
-    plant: Callable[[], object], created: Callable[[], object]
+    plant: Callable[[], object], created: Callable[[], object] | None
 ) -> tuple[float, float]:
     """smg creates a labelled counter at its first event, which rate() cannot see: a first
-    round of the same events creates the series, then the planted round runs in a window
-    that holds only it. The window's [start, end]."""
-    created()
-    time.sleep(4)  # the created series is scraped, then two more scrapes
+    round of the same events creates the series (None: smg exports it from its start), then
+    the planted round runs in a window that holds only it. The window's [start, end]."""
+    if created is not None:
+        created()
+        time.sleep(4)  # the created series is scraped, then two more scrapes
     start = time.time()
     plant()
     time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
@@ -160,6 +183,32 @@ def assert_panel(
         assert shown.get(key, 0.0) == pytest.approx(n, rel=rel), (title, shown, truth)
     assert all(v == 0 for k, v in shown.items() if k not in truth), (title, shown, truth)
     print(f"{title} ({metric}): planted {truth}, shown {shown}")
+
+
+def overloaded(gateway: Gateway) -> bool:
+    """smg counts a model's workers as overloaded (from the loads it polled)."""
+    text = requests.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=10).text
+    return any(
+        line.startswith("smg_workers_overloaded{") and float(line.split()[-1]) > 0
+        for line in text.splitlines()
+    )
+
+
+def plant_shed(gateway: Gateway, burst: int, shed: int) -> tuple[Counter[int], Counter[str]]:
+    """A burst that queues on both engines; once smg has polled the queues, `shed` more
+    requests. The burst's statuses and the later requests' error codes (or "ok")."""
+    with ThreadPoolExecutor(burst) as pool:
+        running = [pool.submit(generate, gateway.url, BURST_TOKENS) for _ in range(burst)]
+        wait_until(lambda: overloaded(gateway), 30, "smg to see the queues")
+        codes: Counter[str] = Counter()
+        for _ in range(shed):
+            r = requests.post(
+                f"{gateway.url}/generate",
+                timeout=60,
+                json={"text": "hello gateway", "sampling_params": {"max_new_tokens": 4}},
+            )
+            codes[r.json()["error"]["code"] if r.status_code != 200 else "ok"] += 1
+        return Counter(f.result() for f in running), codes
 
 
 def logged(gateway: Gateway, line: re.Pattern[str]) -> Counter[str]:
@@ -221,6 +270,24 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
         shown = prom.by_label(substitute(expr, rate_window), window[1], label="instance")
         assert shown and all(low <= v <= high for v in shown.values()), (shown, low, high)
         print(f"PD prefill duration: planted {PREFILL_WALL_S} s, client {served}, shown {shown}")
+
+    # Load shedding: every shed request is refused by smg itself (503, SHED_CODE), counted
+    # at selection; the burst behind it is served. smg exports the counter from its start.
+    planted: list[tuple[Counter[int], Counter[str]]] = []
+    window = counted_round(lambda: planted.append(plant_shed(stack.gateway, BURST, SHED)), None)
+    ((burst, shed),) = planted
+    assert burst == {200: BURST} and shed == {SHED_CODE: SHED}, (burst, shed)
+    assert_panel(
+        prom,
+        "pdstack-gateway",
+        "Load shed",
+        "smg_worker_overload_shed_total",
+        window,
+        "stage",
+        {"selection": SHED},
+    )
+    wait_until(lambda: prom.firing("PDGatewayLoadShedding"), 30, "PDGatewayLoadShedding")
+    wait_until(lambda: not overloaded(stack.gateway), 30, "the queues to drain")
 
     # The decode restarted alone after those transfers: the pair is degraded, every PD
     # request fails with the decode's 500, which smg records as a worker error on both legs

@@ -487,3 +487,54 @@ def test_sampler_holds_back_a_possible_stop_start() -> None:
     tail = Sampler(SamplingParams(stop=("zzzz",)), 1, "k")
     shown = "".join(tail.next().visible for _ in range(6))
     assert shown + tail.flush() == full
+
+
+# LoadSnapshot.to_dict's keys in SGLang 0.5.23 (srt/managers/load_snapshot.py), for the
+# sections the sim has; tests/parser/test_sglang_loads.py checks them against SGLang.
+LOAD_CORE_KEYS = [
+    "timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs",
+    "num_waiting_uncached_tokens", "num_used_tokens", "num_total_tokens", "num_active_tokens",
+    "num_prealloc_ready_tokens", "max_total_num_tokens", "max_running_requests", "token_usage",
+    "gen_throughput", "cache_hit_rate", "utilization", "total_prefill_uncached_tokens",
+    "total_prefill_busy_us", "decode_moments",
+]  # fmt: skip
+LOAD_SECTION_KEYS = {
+    "memory": ["weight_gb", "kv_cache_gb", "graph_gb", "token_capacity"],
+    "disaggregation": [
+        "mode", "prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs",
+        "decode_prealloc_queue_reqs", "decode_transfer_queue_reqs",
+        "decode_retracted_queue_reqs", "kv_transfer_speed_gb_s", "kv_transfer_latency_ms",
+    ],
+    "queues": ["waiting", "grammar", "paused", "retracted", "prealloc_ready"],
+}  # fmt: skip
+
+
+def test_loads_count_the_bootstrap_queue_as_waiting() -> None:
+    """LoadInquirer.get_loads: a prefill's requests waiting for their decode are waiting
+    requests (what smg's overload protection reads), though not in the waiting queue."""
+
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 4}, "bootstrap_port": 1}
+        legs = [
+            asyncio.create_task(post(http, "/generate", {**body, "bootstrap_room": room}))
+            for room in (1, 2)
+        ]
+        while len(server.engine.bootstrap_queue) < 2:
+            await asyncio.sleep(0.01)
+        async with http.get("/v1/loads", params={"include": "core,disagg,queues,memory"}) as r:
+            (load,) = (await r.json())["loads"]
+        assert list(load) == [*LOAD_CORE_KEYS, *LOAD_SECTION_KEYS]
+        for section, keys in LOAD_SECTION_KEYS.items():
+            assert list(load[section]) == keys
+        assert load["num_waiting_reqs"] == 2 and load["queues"]["waiting"] == 0
+        assert load["disaggregation"]["prefill_bootstrap_queue_reqs"] == 2
+        assert load["memory"]["token_capacity"] == load["max_total_num_tokens"]
+        async with http.get("/v1/loads", params={"include": "core"}) as r:
+            assert list((await r.json())["loads"][0]) == LOAD_CORE_KEYS
+        async with http.get("/v1/loads", params={"include": "core,gpu"}) as r:
+            assert r.status == 400
+            assert (await r.json())["detail"].startswith("Invalid include sections: {'gpu'}")
+        for leg in legs:
+            leg.cancel()
+
+    run("prefill", t)
