@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,6 +64,21 @@ def start_process(
 ) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def start_exporter(
+    topo_file: Path,
+    host: str,
+    port: int,
+    journal: Path,
+    log: Path,
+    *options: str,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """pd-exporter as its unit runs it, reading pd0's decode journal from a file."""
+    argv = [sys.executable, "-m", "pdctl.exporter", "--topology", str(topo_file)]
+    argv += ["--host", host, "--port", str(port), "--journal-file", f"pd0-decode={journal}"]
+    return start_process([*argv, *options], log, env)
 
 
 def render_prometheus_config(

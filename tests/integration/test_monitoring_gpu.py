@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -46,7 +45,7 @@ from tests.integration.live_prometheus import (
     panel_exprs,
     render_prometheus_config,
     running_prometheus,
-    start_process,
+    start_exporter,
 )
 
 HOST = "testhost"
@@ -135,23 +134,14 @@ def stack(tmp_path: Path) -> Iterator[GpuStack]:
     topo_file.write_text(dump(topo))
     journal.touch()
     ports = {"exporter": free_port(), "node": free_port()}  # no node exporter: not GPU panels
-    exporter = start_process(
-        [
-            sys.executable,
-            "-m",
-            "pdctl.exporter",
-            "--topology",
-            str(topo_file),
-            "--host",
-            HOST,
-            "--port",
-            str(ports["exporter"]),
-            "--canary-interval",
-            "60",
-            "--journal-file",
-            f"pd0-decode={journal}",
-        ],
+    exporter = start_exporter(
+        topo_file,
+        HOST,
+        ports["exporter"],
+        journal,
         tmp_path / "exporter.log",
+        "--canary-interval",
+        "60",
         env={**os.environ, "PYTHONPATH": f"{STANDIN_DIR}:{ROOT}", STATE_ENV: str(state)},
     )
     try:
