@@ -539,7 +539,8 @@ def plant_last_interval_retraction(live: Live) -> int:
         if published := retraction_gauge_at_stats_lines(live.decode.log_text())[-1]:
             print("retraction gauge plant:", tries, "pair(s)")
             return published
-    pytest.fail(f"no retraction in the last stats interval after {GAUGE_PLANT_TRIES} pairs")
+    published_lately = retraction_gauge_at_stats_lines(live.decode.log_text())[-12:]
+    pytest.fail(f"no pair retracted in the decode's last stats interval: {published_lately}")
 
 
 def assert_planted_values(live: Live) -> None:
@@ -584,6 +585,7 @@ def assert_planted_values(live: Live) -> None:
     settled = time.time()
     published = retraction_gauge_at_stats_lines(live.decode.log_text())
     (gauge,) = panel_exprs("pdstack-decode", "Retractions", "sglang:num_retracted_reqs")
+    # held > 0: a gauge line that was never set (0) fails here.
     assert live.prom.by_label(substitute(gauge), settled) == {decode: held}
     window = math.ceil(settled - start)
     (history,) = live.prom.query(f"({substitute(gauge)})[{window}s:1s]", settled)
