@@ -525,7 +525,9 @@ def plant_last_interval_retraction(live: Live) -> int:
     one. DECODE_LOG_INTERVAL - 1 steps put exactly one stats line after the retraction,
     whatever the phase of the log interval; DECODE_LOG_INTERVAL steps put two when the
     retraction's step logs one too (one phase in DECODE_LOG_INTERVAL), the second publishing
-    0: the pair is planted again. Returns what the last stats line published."""
+    0, and an offset of DECODE_LOG_INTERVAL steps leaves no retraction: the pair is planted
+    again (tests/unit/test_sim_retraction.py pins these step counts). Returns what the last
+    stats line published."""
     text = "x" * 4 * GAUGE_PAIR_PROMPT
     for tries in range(1, GAUGE_PLANT_TRIES + 1):
         with ThreadPoolExecutor(2) as pool:
