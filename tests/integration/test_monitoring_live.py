@@ -54,7 +54,14 @@ RATE_INTERVAL = "30s"
 # at full length, so it retracts only when the test plants retractions.
 DECODE_KV_POOL = 1600
 RESERVED_DECODE_TOKENS = 8
+DECODE_LOG_INTERVAL = 4
 RETRACT_LOAD = (8, 300)  # requests, max_new_tokens each
+# The retraction gauge's plant (plant_last_interval_retraction): two requests whose KV at full
+# length exceeds the pool by DECODE_LOG_INTERVAL slots, so the pool runs out a few steps before
+# their end, with the prompt filling it at once (the sim's tokenizer: 4 characters a token).
+GAUGE_PAIR_MAX_NEW = 24
+GAUGE_PAIR_PROMPT = (DECODE_KV_POOL + DECODE_LOG_INTERVAL) // 2 - GAUGE_PAIR_MAX_NEW + 1
+GAUGE_PLANT_TRIES = 5
 PLANTED_BOOTSTRAP_FAILURES = 3
 PLANT_WINDOW_S = 20
 PLANTED_TRANSFER_FAILURES = 3
@@ -233,7 +240,7 @@ def live(
             "--max-running-requests",
             "32",
             "--decode-log-interval",
-            "4",
+            str(DECODE_LOG_INTERVAL),
         ),
     )
     prefill.wait_healthy()
@@ -446,12 +453,14 @@ def dead_bootstrap_request(decode_url: str, room: int) -> None:
     assert r.status_code == 500, r.text
 
 
-def long_request(url: str, max_new_tokens: int) -> None:
+def long_request(
+    url: str, max_new_tokens: int, text: str = "tell me about disaggregated serving"
+) -> None:
     r = requests.post(
         f"{url}/generate",
         timeout=120,
         json={
-            "text": "tell me about disaggregated serving",
+            "text": text,
             "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
         },
     )
@@ -505,6 +514,37 @@ def retraction_gauge_at_stats_lines(log: str) -> list[int]:
     return values
 
 
+def plant_last_interval_retraction(live: Live) -> int:
+    """A retraction in the decode's last stats interval before it idles, so that the gauge
+    holds a retraction's count (what a gauge never set cannot show), not the 0 of a load that
+    ends with a few steps without one. Two requests sent together need DECODE_LOG_INTERVAL
+    slots more than the pool at full length: it runs out when both have a few tokens left,
+    SGLang retracts one, and that one resumes when the other finishes. From the retraction to
+    the idle the decode runs what both have left less one step: the excess plus the slot
+    left free at the retraction (0 or 1, by the parity of the pair's arrival offset) less
+    one. DECODE_LOG_INTERVAL - 1 steps put exactly one stats line after the retraction,
+    whatever the phase of the log interval; DECODE_LOG_INTERVAL steps put two when the
+    retraction's step logs one too (one phase in DECODE_LOG_INTERVAL), the second publishing
+    0, and an offset of DECODE_LOG_INTERVAL steps leaves no retraction: the pair is planted
+    again (tests/unit/test_sim_retraction.py pins these step counts). Returns what the last
+    stats line published."""
+    text = "x" * 4 * GAUGE_PAIR_PROMPT
+    for tries in range(1, GAUGE_PLANT_TRIES + 1):
+        with ThreadPoolExecutor(2) as pool:
+            jobs = [
+                pool.submit(long_request, live.gateway.url, GAUGE_PAIR_MAX_NEW, text)
+                for _ in range(2)
+            ]
+            for job in jobs:
+                job.result()
+        # The decode logs its last stats line before it answers the last request.
+        if published := retraction_gauge_at_stats_lines(live.decode.log_text())[-1]:
+            print("retraction gauge plant:", tries, "pair(s)")
+            return published
+    published_lately = retraction_gauge_at_stats_lines(live.decode.log_text())[-12:]
+    pytest.fail(f"no pair retracted in the decode's last stats interval: {published_lately}")
+
+
 def assert_planted_values(live: Live) -> None:
     """Each planted panel shows the planted count for the engine that had the events, over a
     window that holds exactly those events, not TP times it. SGLang (and the sim) create a
@@ -537,18 +577,22 @@ def assert_planted_values(live: Live) -> None:
         assert shown.get(engine) == pytest.approx(truth[event], rel=rel), (title, shown, truth)
         assert all(v == 0 for e, v in shown.items() if e != engine), (title, shown)
         shown_by_panel[f"{title}: {metric}"] = round(shown[engine], 2)
-    # The gauge line of the Retractions panel: what rank 0's latest stats line published. The
-    # decode is idle now (the canary's one-token requests take no decode step), logs no more
-    # stats lines, and the gauge holds. Over the window it showed only values some stats line
-    # published (0 at startup).
+    print("planted:", truth, "shown:", shown_by_panel)
+    # The gauge line of the Retractions panel: what rank 0's latest stats line published, a
+    # retraction's count. The decode is idle then (the canary's one-token requests take no
+    # decode step), logs no more stats lines, and the gauge holds. Over the window it showed
+    # only values some stats line published (0 at startup).
+    held = plant_last_interval_retraction(live)
+    time.sleep(3)  # two more scrapes
+    settled = time.time()
     published = retraction_gauge_at_stats_lines(live.decode.log_text())
     (gauge,) = panel_exprs("pdstack-decode", "Retractions", "sglang:num_retracted_reqs")
-    assert live.prom.by_label(substitute(gauge), end) == {decode: published[-1]}
-    window = math.ceil(end - start)
-    (history,) = live.prom.query(f"({substitute(gauge)})[{window}s:1s]", end)
+    # held > 0: a gauge line that was never set (0) fails here.
+    assert live.prom.by_label(substitute(gauge), settled) == {decode: held}
+    window = math.ceil(settled - start)
+    (history,) = live.prom.query(f"({substitute(gauge)})[{window}s:1s]", settled)
     assert {float(v) for _, v in history["values"]} <= {0.0, *map(float, published)}, history
-    print("planted:", truth, "shown:", shown_by_panel)
-    print("retraction gauge:", published[-1], "published values:", sorted(set(published)))
+    print("retraction gauge:", held, "published values:", sorted(set(published)))
     wait_until(lambda: live.prom.firing("PDBootstrapFailures", engine=decode), 30, "bootstrap")
     wait_until(lambda: live.prom.firing("PDDecodeRetractions", engine=decode), 30, "retract")
     # The alert's value is the failures of the last 5 minutes: the planted ones, not TP times.

@@ -125,3 +125,48 @@ def test_the_gauge_holds_the_last_retraction_until_the_next_stats_line() -> None
     assert gauge() == 1
     engine._update_gauges()
     assert gauge() == 0
+
+
+async def steps_after_the_retraction(offset: int, excess: int) -> int | None:
+    """Two requests of 24 output tokens that need `excess` slots more than the pool holds at
+    full length, the second joining the batch `offset` steps after the first: the decode steps
+    from the retraction to the idle (None: no retraction)."""
+    cfg = resolve(
+        ["--model-path", "/m", "--disaggregation-mode", "decode"],
+        {"PDSIM_KV_POOL_TOKENS": "1600", "PDSIM_TIME_SCALE": "0.0001"},
+    )
+    engine = Engine(cfg, None, logging.getLogger("test"))
+    max_new = 24
+    prompt = (1600 + excess) // 2 - max_new + 1
+
+    def join(rid: str) -> None:
+        req = Req(rid, prompt, max_new, "length", False, Sampler(SamplingParams(), 0, ""), 0.0)
+        engine.pool.try_reserve(prompt)
+        req.reserved = prompt
+        engine.start_decoding(req)
+
+    join("first")
+    for _ in range(offset):
+        await engine._decode_step()
+    join("second")
+    retracted_at = None
+    while True:  # Engine.run's decode path, until the decode idles
+        engine.running = [r for r in engine.running if not r.done]
+        engine._resume_retracted()
+        if not engine.running:
+            break
+        before = len(engine.retracted)
+        await engine._decode_step()
+        if len(engine.retracted) > before:
+            retracted_at = engine.forward_ct_decode
+    return None if retracted_at is None else engine.forward_ct_decode - retracted_at
+
+
+@pytest.mark.parametrize("offset", range(6))
+def test_a_pair_over_the_pool_retracts_a_few_steps_before_the_end(offset: int) -> None:
+    """What the live test's retraction gauge plant relies on: after the retraction the decode
+    runs what both requests have left less one step, the excess plus the slot left free (0 or
+    1: the parity of their offset) less one; an offset as large as the excess leaves no
+    retraction (the first request finishes and frees its KV before the pool runs out)."""
+    want = 4 - 1 + offset % 2 if offset < 4 else None
+    assert asyncio.run(steps_after_the_retraction(offset, excess=4)) == want
