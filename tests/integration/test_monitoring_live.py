@@ -16,7 +16,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +40,7 @@ from tests.integration.live_prometheus import (
     panel_exprs,
     render_prometheus_config,
     running_prometheus,
+    start_exporter,
     start_process,
 )
 
@@ -252,25 +252,16 @@ def live(
     ports = {"exporter": free_port(), "node": free_port()}
     exporter_log = tmp_path / "exporter.log"
     procs = [
-        start_process(
-            [
-                sys.executable,
-                "-m",
-                "pdctl.exporter",
-                "--topology",
-                str(topo_file),
-                "--host",
-                HOST,
-                "--port",
-                str(ports["exporter"]),
-                "--canary-interval",
-                "1",
-                "--canary-timeout",
-                "3",
-                "--journal-file",
-                f"pd0-decode={decode.log_path}",
-            ],
+        start_exporter(
+            topo_file,
+            HOST,
+            ports["exporter"],
+            decode.log_path,
             exporter_log,
+            "--canary-interval",
+            "1",
+            "--canary-timeout",
+            "3",
         ),
         start_process(
             [str(node_exporter), f"--web.listen-address=127.0.0.1:{ports['node']}"],
@@ -374,7 +365,14 @@ def assert_counted_once(prom: Prometheus) -> None:
     of one rank (the number of failed requests), not TP times it."""
     failures = "sglang:num_transfer_failed_reqs_total"
     wait_until(lambda: bool(prom.query(f'{failures}{{tp_rank="3"}}')), 30, "transfer failures")
-    time.sleep(3)
+
+    def settled() -> bool:
+        # Enough samples of every rank-0 series that a rate exists at each 1 s step of the
+        # subquery below, two seconds back (a fresh series has one sample, and no rate).
+        counts = prom.query(f'count_over_time({failures}{{tp_rank="0"}}[1m])')
+        return bool(counts) and all(float(c["value"][1]) >= 6 for c in counts)
+
+    wait_until(settled, 30, "rank-0 transfer failure samples")
     at = time.time() - 2  # a settled instant, the same for every query below
     truth = prom.by_label(f'sum by (engine) ({failures}{{tp_rank="0"}})', at)
     assert truth and all(v > 0 for v in truth.values()), truth
