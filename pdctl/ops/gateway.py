@@ -144,9 +144,13 @@ class GatewayAdmin:
 
     def remove(self, urls: Iterable[str]) -> None:
         """DELETE the workers at once: while one side of a pair is still routable alone, smg
-        combines it with another pair's worker (it does not know pairs)."""
+        combines it with another pair's worker (it does not know pairs).
+
+        A worker smg is draining already is left alone: a second DELETE starts a second
+        removal, which takes out by URL whatever is registered there when its drain window
+        ends, i.e. the pair a restart has just registered again."""
         wanted = set(urls)
-        ids = {w.id: w.url for w in self.workers() if w.url in wanted}
+        ids = {w.id: w.url for w in self.workers() if w.url in wanted and w.status != "draining"}
         answers = concurrently({i: partial(self._call, "DELETE", f"/workers/{i}") for i in ids})
         for i, r in answers.items():
             if r.status_code not in (200, 202, 404):

@@ -658,7 +658,15 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
                         "status": "ready",
                         "is_healthy": True,
                         "load": 2,
-                    }
+                    },
+                    {  # a DELETE sent already: a second one would start a second removal
+                        "id": "w2",
+                        "url": "http://b:3",
+                        "worker_type": "prefill",
+                        "status": "draining",
+                        "is_healthy": True,
+                        "load": 0,
+                    },
                 ]
             },
         ),
@@ -672,7 +680,7 @@ def test_gateway_admin_sends_the_key_and_explains_a_401(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(gateway.requests, "request", fake_request)
     gw = gateway.GatewayAdmin("http://gw:8000/", api_key="sekrit")
-    gw.remove(["http://a:1", "http://not-registered:2"])
+    gw.remove(["http://a:1", "http://b:3", "http://not-registered:2"])
     assert [(m, u) for m, u, _ in seen] == [
         ("GET", "http://gw:8000/workers"),
         ("DELETE", "http://gw:8000/workers/w1"),
