@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import requests
 
 from monitoring.dashboards.export import expressions, render_dashboards
@@ -21,9 +20,8 @@ from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import free_port, stop_pid, wait_until
 from pdctl.topology import Topology
+from tests import prometheus_role
 from tests.conftest import ROOT, require_tool
-
-TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 
 
 @dataclass
@@ -84,41 +82,11 @@ def start_exporter(
 def render_prometheus_config(
     root: Path, topo: Topology, host: str, ports: dict[str, int], rule_overrides: dict[str, object]
 ) -> Path:
-    """Config, file_sd targets and rules exactly as roles/pdstack_prometheus writes them,
-    for one host at 127.0.0.1 (ports: exporter, node)."""
-    # Ansible's template module trims blocks the same way.
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        trim_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    (root / "targets").mkdir(parents=True)
-    (root / "rules").mkdir()
-    data = topo.model_dump(mode="json")
-    local = {"target_hosts": [host], "hostvars": {host: {"ansible_host": "127.0.0.1"}}}
-    files = {
-        "sglang": env.get_template("engines.json.j2").render(topology=data),
-        "smg": env.get_template("gateway.json.j2").render(topology=data),
-        "pd-exporter": env.get_template("hosts.json.j2").render(
-            **local, target_port=ports["exporter"]
-        ),
-        "node": env.get_template("hosts.json.j2").render(**local, target_port=ports["node"]),
-    }
-    for job, text in files.items():
-        (root / "targets" / f"{job}.json").write_text(text)
-    (root / "rules" / "pdstack.rules.yml").write_text(render_rules(rule_overrides))
-    config = root / "prometheus.yml"
-    config.write_text(
-        env.get_template("prometheus.yml.j2").render(
-            ansible_managed="test",
-            scrape_interval="1s",
-            scrape_timeout="1s",
-            evaluation_interval="1s",
-            rules_dir=root / "rules",
-            targets_dir=root / "targets",
-        )
-    )
-    return config
+    """The role's config for one host at 127.0.0.1 (ports: exporter, node), scraped and
+    evaluated every second."""
+    hostvars = {host: {"ansible_host": "127.0.0.1"}}
+    rules = render_rules(rule_overrides)
+    return prometheus_role.render_prometheus_config(root, topo, hostvars, ports, rules, "1s", "1s")
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render
 from pdctl.spec import load_deployment
 from pdctl.topology import from_deployment
 from tests.conftest import ROOT, require_tool, two_gateways_inventory
+from tests.prometheus_role import render_prometheus_config, templates
 
-PROMETHEUS_TEMPLATES = ROOT / "roles" / "pdstack_prometheus" / "templates"
 GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
 
 
@@ -54,39 +54,11 @@ def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> Non
 @pytest.fixture
 def reference_config(tmp_path: Path) -> Path:
     dep = load_deployment(ROOT / "inventory.ini")
-    topo = from_deployment(dep).model_dump(mode="json")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(PROMETHEUS_TEMPLATES),
-        trim_blocks=True,
-        undefined=jinja2.StrictUndefined,
+    hostvars = {h.name: {} for h in dep.hosts}
+    ports = {"exporter": 9840, "node": 9100}
+    return render_prometheus_config(
+        tmp_path, from_deployment(dep), hostvars, ports, render_rules(), "15s", "10s"
     )
-    targets, rules = tmp_path / "file_sd", tmp_path / "rules"
-    targets.mkdir()
-    rules.mkdir()
-    hosts = {
-        "target_hosts": [h.name for h in dep.hosts],
-        "hostvars": {h.name: {} for h in dep.hosts},
-    }
-    for job, template, kw in (
-        ("sglang", "engines.json.j2", {"topology": topo}),
-        ("smg", "gateway.json.j2", {"topology": topo}),
-        ("pd-exporter", "hosts.json.j2", {**hosts, "target_port": 9840}),
-        ("node", "hosts.json.j2", {**hosts, "target_port": 9100}),
-    ):
-        (targets / f"{job}.json").write_text(env.get_template(template).render(**kw))
-    (rules / "pdstack.rules.yml").write_text(render_rules())
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        env.get_template("prometheus.yml.j2").render(
-            ansible_managed="test",
-            scrape_interval="15s",
-            scrape_timeout="10s",
-            evaluation_interval="15s",
-            rules_dir=rules,
-            targets_dir=targets,
-        )
-    )
-    return config
 
 
 def test_reference_deployment_config_passes_promtool(reference_config: Path) -> None:
@@ -101,7 +73,7 @@ def test_reference_deployment_config_passes_promtool(reference_config: Path) -> 
 
 
 def test_reference_targets_carry_the_labels_rules_join_on(reference_config: Path) -> None:
-    targets = reference_config.parent / "file_sd"
+    targets = reference_config.parent / "targets"
     engines = json.loads((targets / "sglang.json").read_text())
     assert {g["labels"]["engine"] for g in engines} == {
         "gpu-node-1/pd0-prefill",
@@ -144,12 +116,7 @@ def test_grafana_provisioning_is_read_only_with_a_fixed_uid() -> None:
 
 def test_every_gateway_is_a_scrape_target(tmp_path: Path) -> None:
     topo = from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(PROMETHEUS_TEMPLATES),
-        trim_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    text = env.get_template("gateway.json.j2").render(topology=topo.model_dump(mode="json"))
+    text = templates().get_template("gateway.json.j2").render(topology=topo.model_dump(mode="json"))
     assert json.loads(text) == [
         {"targets": ["10.0.0.11:29000"], "labels": {"role": "gateway", "host": "gpu-node-1"}},
         {"targets": ["10.0.0.12:29000"], "labels": {"role": "gateway", "host": "gpu-node-2"}},
