@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import requests
 
 from pdctl.bench.stream import STREAM_FIELDS, StreamCheck, sse_payload
@@ -287,6 +288,37 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+async def pd_generate(
+    http: aiohttp.ClientSession,
+    prefill_url: str,
+    decode_url: str,
+    bootstrap_port: int,
+    room: int,
+    *,
+    text: str = "a request through the pair",
+    max_new_tokens: int = 2,
+    rid: str | None = None,
+) -> tuple[tuple[int, str], tuple[int, str]]:
+    """Both legs of one PD request at once, as the gateway sends them; the prefill's and the
+    decode's (status, body)."""
+    body: dict[str, object] = {
+        "text": text,
+        "sampling_params": {"max_new_tokens": max_new_tokens},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": room,
+    }
+    if rid is not None:
+        body["rid"] = rid
+
+    async def leg(url: str) -> tuple[int, str]:
+        async with http.post(f"{url}/generate", json=body) as resp:
+            return resp.status, await resp.text()
+
+    prefill, decode = await asyncio.gather(leg(prefill_url), leg(decode_url))
+    return prefill, decode
 
 
 def served_model(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10) -> str:

@@ -18,10 +18,12 @@ import requests
 from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
-from pdctl.testing.stack import free_port, stop_pid, wait_until
+from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import Topology
 from tests import prometheus_role
-from tests.conftest import ROOT, require_tool
+from tests.conftest import ROOT, one_pair_topology, require_tool
+
+HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
 
 
 @dataclass
@@ -77,6 +79,22 @@ def start_exporter(
     argv = [sys.executable, "-m", "pdctl.exporter", "--topology", str(topo_file)]
     argv += ["--host", host, "--port", str(port), "--journal-file", f"pd0-decode={journal}"]
     return start_process([*argv, *options], log, env)
+
+
+def stack_topology(
+    prefill: SimProc, decode: SimProc, gateway: Gateway, **gpus: tuple[int, ...]
+) -> Topology:
+    """The topology of one local sim pair behind a local gateway (gpus: prefill_gpus=,
+    decode_gpus=)."""
+    return one_pair_topology(
+        HOST,
+        prefill.url,
+        decode.url,
+        bootstrap_port=prefill.bootstrap_port,
+        router_url=gateway.url,
+        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+        **gpus,
+    )
 
 
 def render_prometheus_config(

@@ -25,19 +25,19 @@ import requests
 
 from monitoring.promql import substitute
 from pdctl.testing.stack import Gateway, SimProc, free_port, wait_until
-from tests.conftest import one_pair_topology
 from tests.integration.conftest import FAST_SIM_ENV
 from tests.integration.live_prometheus import (
+    HOST,
     Prometheus,
     panel_counts,
     panel_exprs,
     render_prometheus_config,
     running_prometheus,
+    stack_topology,
 )
 
 pytestmark = pytest.mark.gateway
 
-HOST = "testhost"
 PLANT_WINDOW_S = 20
 # Hold times short enough to watch the gateway alerts fire within the test.
 RULE_OVERRIDES: dict[str, object] = {
@@ -107,14 +107,7 @@ def stack(
         "--load-monitor-interval", "1", "--worker-overload-waiting-requests", str(OVERLOAD_WAITING),
         "--worker-overload-shed",
     ).wait_ready()  # fmt: skip
-    topo = one_pair_topology(
-        HOST,
-        prefill.url,
-        decode.url,
-        bootstrap_port=prefill.bootstrap_port,
-        router_url=gateway.url,
-        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-    )
+    topo = stack_topology(prefill, decode, gateway)
     # No pd-exporter or node exporter: their targets stay down (no panel here reads them).
     ports = {"exporter": free_port(), "node": free_port()}
     config = render_prometheus_config(tmp_path, topo, HOST, ports, RULE_OVERRIDES)

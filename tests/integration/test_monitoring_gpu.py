@@ -41,6 +41,7 @@ from pdctl.testing.stack import free_port, stop_pid, wait_until
 from pdctl.topology import dump
 from tests.conftest import ROOT, one_pair_topology
 from tests.integration.live_prometheus import (
+    HOST,
     Prometheus,
     panel_exprs,
     render_prometheus_config,
@@ -48,7 +49,6 @@ from tests.integration.live_prometheus import (
     start_exporter,
 )
 
-HOST = "testhost"
 UID = "pdstack-gpus"
 PREFILL_GPUS, DECODE_GPUS = (0, 1, 2, 3), (4, 5, 6, 7)
 # The XID panel counts the events of its window; a window longer than the test's phase keeps

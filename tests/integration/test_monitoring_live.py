@@ -32,21 +32,22 @@ from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.sim.engine import forces_prefill_retry
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
-from pdctl.topology import Topology, dump
-from tests.conftest import one_pair_topology, require_tool
+from pdctl.topology import dump
+from tests.conftest import require_tool
 from tests.integration.live_prometheus import (
+    HOST,
     Prometheus,
     panel_counts,
     panel_exprs,
     render_prometheus_config,
     running_prometheus,
+    stack_topology,
     start_exporter,
     start_process,
 )
 
 pytestmark = pytest.mark.gateway
 
-HOST = "testhost"
 TP = 4
 PAIR = f"{HOST}/pd0"
 RATE_INTERVAL = "30s"
@@ -175,19 +176,6 @@ class Live:
     exporter_log: Path
 
 
-def topology(prefill: SimProc, decode: SimProc, gateway: Gateway) -> Topology:
-    return one_pair_topology(
-        HOST,
-        prefill.url,
-        decode.url,
-        bootstrap_port=prefill.bootstrap_port,
-        router_url=gateway.url,
-        metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-        prefill_gpus=(0, 1),
-        decode_gpus=(2, 3),
-    )
-
-
 def generate_load(url: str, seconds: float, concurrency: int) -> int:
     stop = time.monotonic() + seconds
     done = [0]
@@ -247,7 +235,7 @@ def live(
     decode.wait_healthy()
     gateway = gateway_factory([prefill], [decode]).wait_ready()
     topo_file = tmp_path / "topology.yaml"
-    topo = topology(prefill, decode, gateway)
+    topo = stack_topology(prefill, decode, gateway, prefill_gpus=(0, 1), decode_gpus=(2, 3))
     topo_file.write_text(dump(topo))
     ports = {"exporter": free_port(), "node": free_port()}
     exporter_log = tmp_path / "exporter.log"

@@ -23,7 +23,7 @@ from pdctl.render import environment
 from pdctl.sim.nixl_conn import TransferError
 from pdctl.sim.server import SimServer
 from pdctl.spec import Deployment
-from pdctl.testing.stack import SimProc, free_port, in_process
+from pdctl.testing.stack import SimProc, free_port, in_process, pd_generate
 
 pytest.importorskip("nixl_cu12", reason="nixl-cu12 is not installed; run scripts/setup.sh")
 
@@ -68,16 +68,8 @@ async def request(
     http: aiohttp.ClientSession, prefill: HasUrl, dec: HasUrl, port: int, room: int
 ) -> tuple[int, str]:
     """One PD request to an engine pair (in-process or SimProc); the decode leg's answer."""
-    body = {
-        "text": PROMPT,
-        "sampling_params": {"max_new_tokens": 2},
-        "bootstrap_host": "127.0.0.1",
-        "bootstrap_port": port,
-        "bootstrap_room": room,
-    }
-    legs = [http.post(f"{s.url}/generate", json=body) for s in (prefill, dec)]
-    _, resp = await asyncio.gather(*legs)
-    return resp.status, await resp.text()
+    _, answer = await pd_generate(http, prefill.url, dec.url, port, room, text=PROMPT)
+    return answer
 
 
 def run(coro: object, timeout: float = 90) -> None:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.render import environment
 from pdctl.spec import Deployment
-from pdctl.testing.stack import free_port, in_process
+from pdctl.testing.stack import free_port, in_process, pd_generate
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
 METRIC = "pdsim_cross_pair_transfers"
@@ -44,16 +44,11 @@ async def serve_through(partner: bool) -> tuple[float | None, float | None]:
 
         before = await metrics()
         for room, (prefill, port) in enumerate(zip((own, other), ports, strict=True), 1):
-            body = {
-                "text": "one request through each prefill",
-                "sampling_params": {"max_new_tokens": 2},
-                "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": port,
-                "bootstrap_room": room,
-            }
-            legs = [http.post(f"{s.url}/generate", json=body) for s in (prefill, decode)]
-            for resp in await asyncio.gather(*legs):
-                assert resp.status == 200, await resp.text()
+            legs = await pd_generate(
+                http, prefill.url, decode.url, port, room, text="one request through each prefill"
+            )
+            for status, text in legs:
+                assert status == 200, text
         return before, await metrics()
 
 

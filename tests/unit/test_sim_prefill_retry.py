@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.sim.engine import forces_prefill_retry
-from pdctl.testing.stack import free_port, in_process
+from pdctl.testing.stack import free_port, in_process, pd_generate
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
 HOOK = "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB"
@@ -48,17 +48,12 @@ async def pd_requests(
     ):
 
         async def one(room: int, rid: str) -> None:
-            body = {
-                "text": "prefill me twice",
-                "rid": rid,
-                "sampling_params": {"max_new_tokens": 3},
-                "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": port,
-                "bootstrap_room": room,
-            }
-            legs = [http.post(f"{s.url}/generate", json=body) for s in (prefill, decode)]
-            for resp in await asyncio.gather(*legs):
-                assert resp.status == 200, await resp.text()
+            legs = await pd_generate(
+                http, prefill.url, decode.url, port, room, text="prefill me twice",
+                max_new_tokens=3, rid=rid,
+            )  # fmt: skip
+            for status, text in legs:
+                assert status == 200, text
 
         await asyncio.gather(*(one(room, rid) for room, rid in enumerate(rids, 1)))
         async with http.get(f"{prefill.url}/metrics") as resp:
