@@ -1,7 +1,11 @@
 # Entry points. Each target runs scripts/setup.sh first: it is idempotent and cached.
-.PHONY: setup demo demo-down demo-fleet demo-fleet-down test lint unit
+.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint unit
 
 PY := .venv/bin/python
+# Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
+# Each module is one unit of work (tests/conftest.py); the e2e units start first.
+TEST_WORKERS ?= 4
+LANES := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 setup:
 	@bash scripts/setup.sh
@@ -25,7 +29,10 @@ lint: setup
 
 # Fast tests only: no gateway, no systemd host.
 unit: setup
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n 2 --dist loadgroup
+
+# The inner loop: lint, type checks and the unit tests, in about two minutes.
+check: lint unit
 
 test: setup lint
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra --durations=25 $(LANES)

@@ -23,6 +23,23 @@ from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRou
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
 
+# Fixtures that hold the session's one systemd test host (tests/e2e/conftest.py): the modules
+# that use them share that host, so they run in one xdist worker, one after another.
+SESSION_HOST_FIXTURES = {"testhost", "site"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Lanes for `pytest -n N --dist loadgroup` (the Makefile's `make test`): a module is one
+    unit of work, so its module fixtures (a converged host, a live stack) are set up once, and
+    the modules sharing the session's test host are one unit. The e2e units go first (with
+    `--no-loadscope-reorder`, in collection order: the fleet first), so the workers that wait
+    on test hosts start at once and the short modules fill the other lanes."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        shared = SESSION_HOST_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("session-host" if shared else module))
+
 
 def filter_plugin() -> ModuleType:
     """filter_plugins/pdstack.py, the roles' view of the deployment (not a package)."""

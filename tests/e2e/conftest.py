@@ -4,9 +4,10 @@ Fixtures:
 - ``testhost`` (session): one booted Debian systemd host. Started with ``testhost up`` and
   torn down with ``testhost down`` at the end of the session. With ``PDSTACK_TESTHOST_REUSE=1``
   an already running host of the same name is used as it is and left running.
-- ``testhost_factory`` (session): ``testhost_factory(name, init="systemd")`` starts further
+- ``testhost_factory`` (module): ``testhost_factory(name, init="systemd")`` starts further
   hosts (e.g. ``init="none"``, a host without systemd, for the preflight tests); each is torn
-  down at the end of the session unless the test did it itself with ``host.down()``.
+  down at the end of its module unless the test did it itself with ``host.down()``, so its
+  engines and gateway do not run on through the other modules.
 - ``fleet`` (module): two hosts on one bridge with one inventory (``testhost fleet-up``),
   taken down with ``fleet-down`` at the end of the module.
 
@@ -203,7 +204,7 @@ def testhost() -> Iterator[TestHost]:
         host.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def testhost_factory() -> Iterator[Callable[..., TestHost]]:
     started: list[TestHost] = []
 

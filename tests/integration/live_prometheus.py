@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +55,26 @@ class Prometheus:
             and all(a["labels"].get(k) == v for k, v in labels.items())
             for a in self.alerts()
         )
+
+    def wait_scrapes(self, count: int = 2, timeout: float = 60) -> None:
+        """Until every target has been scraped `count` times since this call (each scrape's
+        sample is stamped with the scrape's start): what the targets showed before the call is
+        stored, however slowly a loaded machine scrapes, instead of a window of seconds."""
+        for _ in range(count):
+            since = time.time()
+            wait_until(
+                lambda since=since: float(self.query("min(timestamp(up))")[0]["value"][1]) > since,
+                timeout,
+                "a scrape of every target",
+                step=0.2,
+            )
+
+    def wait_window(self, start: float, seconds: float) -> float:
+        """Until `seconds` after `start` and two more scrapes of every target: a window for
+        rate() whose edges hold what happened in it. Returns the window's end."""
+        time.sleep(max(0.0, start + seconds - time.time()))
+        self.wait_scrapes(2)
+        return time.time()
 
     def by_label(self, expr: str, at: float, label: str = "engine") -> dict[str, float]:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr, at)}

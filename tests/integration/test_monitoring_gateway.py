@@ -146,18 +146,17 @@ def plant_refusals(url: str, unknown: int, too_long: int) -> Counter[int]:
 
 
 def counted_round(
-    plant: Callable[[], object], created: Callable[[], object] | None
+    prom: Prometheus, plant: Callable[[], object], created: Callable[[], object] | None
 ) -> tuple[float, float]:
     """smg creates a labelled counter at its first event, which rate() cannot see: a first
     round of the same events creates the series (None: smg exports it from its start), then
     the planted round runs in a window that holds only it. The window's [start, end]."""
     if created is not None:
         created()
-        time.sleep(4)  # the created series is scraped, then two more scrapes
+        prom.wait_scrapes(3)  # the created series is scraped, then two more scrapes
     start = time.time()
     plant()
-    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
-    return start, time.time()
+    return start, prom.wait_window(start, PLANT_WINDOW_S)
 
 
 def assert_panel(
@@ -219,6 +218,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     # Refusals: smg's own 503 (no worker serves the model) and the prefill's 400.
     got: Counter[int] = Counter()
     window = counted_round(
+        prom,
         lambda: got.update(plant_refusals(url, UNKNOWN_MODEL, TOO_LONG)),
         lambda: plant_refusals(url, 1, 1),
     )
@@ -248,6 +248,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     # so they lie between the bucket edges around those bounds.
     served: list[tuple[int, float]] = []
     window = counted_round(
+        prom,
         lambda: served.extend(timed_generate(url, 4) for _ in range(SERVED_PD)),
         lambda: timed_generate(url, 4),
     )
@@ -267,7 +268,9 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     # Load shedding: every shed request is refused by smg itself (503, SHED_CODE), counted
     # at selection; the burst behind it is served. smg exports the counter from its start.
     planted: list[tuple[Counter[int], Counter[str]]] = []
-    window = counted_round(lambda: planted.append(plant_shed(stack.gateway, BURST, SHED)), None)
+    window = counted_round(
+        prom, lambda: planted.append(plant_shed(stack.gateway, BURST, SHED)), None
+    )
     ((burst, shed),) = planted
     assert burst == {200: BURST} and shed == {SHED_CODE: SHED}, (burst, shed)
     assert_panel(
@@ -292,6 +295,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     transitions = logged(stack.gateway, CB_TRANSITION)
     failed: Counter[int] = Counter()
     window = counted_round(
+        prom,
         lambda: failed.update(generate(url, 4) for _ in range(FAILED_PD)),
         lambda: generate(url, 4),
     )
@@ -346,8 +350,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     )
     stack.decode.start().wait_healthy()
     stack.gateway.wait_ready()
-    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
-    end = time.time()
+    end = prom.wait_window(start, PLANT_WINDOW_S)
     assert_panel(
         prom,
         "pdstack-gateway",

@@ -279,7 +279,7 @@ def unseen_names(prom: Prometheus, expr: str) -> set[str]:
 
 def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
     assert generate_load(live.gateway.url, seconds=15, concurrency=16) > 20
-    time.sleep(3)  # two more scrapes after the last request
+    live.prom.wait_scrapes(2)  # the last requests' counters are stored, and a rate moved on
 
     empty: list[tuple[str, str]] = []
     unseen: set[str] = set()
@@ -540,13 +540,12 @@ def assert_planted_values(live: Live) -> None:
     first, *counted = RETRIED_RIDS
     assert len(counted) == PLANTED_PREFILL_RETRIES
     plant(live, 1, room=900_000, retried=(first,))
-    time.sleep(4)  # the created series is scraped, then two more scrapes
+    live.prom.wait_scrapes(3)  # the created series is scraped, then two more scrapes
     start, retracted_before = time.time(), retractions(live.decode)
     retried_before = live.prefill.log_text().count(RETRY_YIELDED)
     plant(live, PLANTED_BOOTSTRAP_FAILURES, room=900_100, retried=tuple(counted))
-    # Two more scrapes, and a window long enough for rate()'s edge extrapolation to stay small.
-    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
-    end = time.time()
+    # A window long enough for rate()'s edge extrapolation to stay small, two scrapes after.
+    end = live.prom.wait_window(start, PLANT_WINDOW_S)
     truth = {
         "bootstrap": PLANTED_BOOTSTRAP_FAILURES,
         "retraction": retractions(live.decode) - retracted_before,
@@ -569,7 +568,7 @@ def assert_planted_values(live: Live) -> None:
     # decode step), logs no more stats lines, and the gauge holds. Over the window it showed
     # only values some stats line published (0 at startup).
     held = plant_last_interval_retraction(live)
-    time.sleep(3)  # two more scrapes
+    live.prom.wait_scrapes(2)
     settled = time.time()
     published = retraction_gauge_at_stats_lines(live.decode.log_text())
     (gauge,) = panel_exprs("pdstack-decode", "Retractions", "sglang:num_retracted_reqs")
@@ -619,7 +618,7 @@ def assert_planted_transfer_failures(live: Live) -> None:
     stop_pid(live.exporter)
     time.sleep(3)  # the canary's last request (3 s timeout) has ended
     plant_transfer_failures(live, 1, room=910_000)
-    time.sleep(4)  # the created series is scraped, then two more scrapes
+    live.prom.wait_scrapes(3)  # the created series is scraped, then two more scrapes
 
     def logged() -> dict[str, int]:
         return {
@@ -629,8 +628,7 @@ def assert_planted_transfer_failures(live: Live) -> None:
 
     start, before = time.time(), logged()
     plant_transfer_failures(live, PLANTED_TRANSFER_FAILURES, room=910_100)
-    time.sleep(max(3.0, start + PLANT_WINDOW_S - time.time()))
-    end = time.time()
+    end = live.prom.wait_window(start, PLANT_WINDOW_S)
     truth = {e: n - before[e] for e, n in logged().items()}
     assert truth[f"{HOST}/pd0-decode"] == PLANTED_TRANSFER_FAILURES, truth
     (expr,) = panel_exprs(
