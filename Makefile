@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
 # Each module is one unit of work (tests/conftest.py); the e2e units start first.
 TEST_WORKERS ?= 4
-LANES := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+LANES := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 setup:
 	@bash scripts/setup.sh
@@ -29,7 +29,7 @@ lint: setup
 
 # Fast tests only: no gateway, no systemd host.
 unit: setup
-	$(PY) -m pytest tests/unit -q -n 2 --dist loadgroup
+	$(PY) -m pytest tests/unit -q -n 2 --dist loadscope
 
 # The inner loop: lint, type checks and the unit tests, in about two minutes.
 check: lint unit

@@ -23,22 +23,49 @@ from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRou
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
 
-# Fixtures that hold the session's one systemd test host (tests/e2e/conftest.py): the modules
-# that use them share that host, so they run in one xdist worker, one after another.
-SESSION_HOST_FIXTURES = {"testhost", "site"}
+# The modules that use the session's one systemd test host (the `testhost` fixture of
+# tests/e2e/conftest.py, or `site` on it): in `make test`'s lanes they are one unit of work,
+# run in one worker one after another. A module that takes one of these fixtures and is not
+# listed stops the run (see pytest_collection_modifyitems).
+SESSION_HOST_MODULES = frozenset(
+    {"tests/e2e/test_site.py", "tests/e2e/test_site_security.py", "tests/e2e/test_testhost.py"}
+)
+SESSION_HOST_FIXTURES = frozenset({"testhost", "site"})
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Lanes for `pytest -n N --dist loadgroup` (the Makefile's `make test`): a module is one
-    unit of work, so its module fixtures (a converged host, a live stack) are set up once, and
-    the modules sharing the session's test host are one unit. The e2e units go first (with
-    `--no-loadscope-reorder`, in collection order: the fleet first), so the workers that wait
-    on test hosts start at once and the short modules fill the other lanes."""
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test for `pytest -n N --dist loadscope`: its module, so that its
+    module fixtures (a converged host, a live stack) are set up once, or the session host."""
+    module = nodeid.split("::", 1)[0]
+    return "session-host" if module in SESSION_HOST_MODULES else module
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The e2e tests go first (with `--no-loadscope-reorder`, the units run in this order:
+    the fleet first), so the workers that wait on test hosts start at once and the short
+    modules fill the other lanes."""
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        shared = SESSION_HOST_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("session-host" if shared else module))
+    strays = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if SESSION_HOST_FIXTURES & set(getattr(item, "fixturenames", ()))
+    } - SESSION_HOST_MODULES
+    if strays:
+        raise pytest.UsageError(f"add {sorted(strays)} to SESSION_HOST_MODULES in {__file__}")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` by work_unit instead of by module or class. (xdist's loadgroup
+    marks nodeids, which pytest 9.2's node ids no longer let it do.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
 
 
 def filter_plugin() -> ModuleType:
