@@ -171,7 +171,8 @@ def render(report: JournalReport, console: Console) -> None:
         if spec:
             cells.insert(4, fmt_num(r.mean_accept_len, 2))
         table.add_row(*cells)
-    console.print(table)
+    if t.rows:  # a prefill journal has none
+        console.print(table)
     c = report.counts
     console.print(
         f"{c.lines:,} lines, {t.decode_lines:,} decode, {t.prefill.lines:,} prefill, "
