@@ -34,11 +34,12 @@ class Laws:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = path.read_bytes()[: MAX_BYTES + 1]
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # analyze's JSON is kilobytes: a bigger file is not it
     except OSError as e:
         raise PdctlError(f"{path}: {e.strerror}") from None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw) if len(raw) <= MAX_BYTES else None
     except ValueError:
         data = None
     if not isinstance(data, dict) or any(k not in data for k in ANALYZE_KEYS):
