@@ -40,10 +40,16 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
     type=click.Path(path_type=Path, dir_okay=False),
     help="A bench result file: its last run's length distribution instead of fixed lengths.",
 )
-@click.option("--ttft-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True)
-@click.option("--itl-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True)
-@click.option("--ttft-p99-ms", type=click.FloatRange(min=0, min_open=True))
-@click.option("--itl-p99-ms", type=click.FloatRange(min=0, min_open=True))
+@click.option(
+    "--ttft-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True,
+    help="Target time to first token, 90th percentile.",
+)  # fmt: skip
+@click.option(
+    "--itl-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True,
+    help="Target inter-token latency, 90th percentile (caps a decode's running requests).",
+)  # fmt: skip
+@click.option("--ttft-p99-ms", type=click.FloatRange(min=0, min_open=True), help="Optional.")
+@click.option("--itl-p99-ms", type=click.FloatRange(min=0, min_open=True), help="Optional.")
 @click.option("--gpu-budget", type=click.IntRange(min=1), help="At most this many GPUs.")
 @click.option("--gpus-per-prefill", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--gpus-per-decode", type=click.IntRange(min=1), default=4, show_default=True)
@@ -84,7 +90,7 @@ def capacity(
     LAWS are `pdctl analyze journal --format json` outputs of a decode journal and a prefill
     journal (or one file holding both). A decode's step at its padded batch is its ITL, so
     the ITL target caps its running requests, lower with coarse buckets than with fine ones;
-    prefill TTFT is an M/G/1 queue over the prefill law (docs/bench.md, "Capacity").
+    prefill TTFT is an M/G/1 queue over the prefill law (docs/bench.md, "pdctl capacity").
 
     \b
     Example:
