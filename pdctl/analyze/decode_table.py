@@ -8,13 +8,29 @@ without speculative decoding), so steps/s = gen_throughput / (running x accept l
 
 which is what the step-time fit (fit.py) works on. The sawtooth detector (buckets.py) reads
 tok/s, which the accept length scales but does not bend.
+
+A `Prefill batch` line's input throughput is the previous line's new tokens over the time
+between the two lines (logparse.py). When the previous line left requests queued, the next
+batch started as soon as it finished, so that time is the previous batch's forward time:
+
+    batch ms = 1000 * previous #new-token / input throughput
+
+Those busy pairs are summed per new-token count for the prefill law; an idle gap (nothing
+queued) measures waiting, not work, and is left out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdctl.analyze.logparse import DecodeBatch, DecodeTally, PrefillBatch, graph_flag
+from pdctl.analyze.logparse import (
+    DecodeBatch,
+    DecodeTally,
+    EngineFlags,
+    FlagValue,
+    PrefillBatch,
+    graph_flag,
+)
 
 
 @dataclass
@@ -87,10 +103,32 @@ class PrefillSummary:
     max_queue: int = 0
     tps_sum: float = 0.0
     tps_lines: int = 0
+    # new-token count -> [busy pairs, sum of batch ms]
+    busy: dict[int, list[float]] = field(default_factory=dict)
+    last: PrefillBatch | None = None
 
     @property
     def mean_input_tps(self) -> float | None:
         return self.tps_sum / self.tps_lines if self.tps_lines else None
+
+    @property
+    def busy_lines(self) -> int:
+        return sum(int(c[0]) for c in self.busy.values())
+
+    def add(self, batch: PrefillBatch) -> None:
+        self.lines += 1
+        self.new_tokens += batch.new_token
+        self.cached_tokens += batch.cached_token
+        self.max_queue = max(self.max_queue, batch.queue)
+        tput = batch.input_throughput
+        if tput is not None:
+            self.tps_sum += tput
+            self.tps_lines += 1
+        prev, self.last = self.last, batch
+        if prev is not None and prev.queue > 0 and prev.new_token > 0 and tput:
+            cell = self.busy.setdefault(prev.new_token, [0, 0.0])
+            cell[0] += 1
+            cell[1] += 1000.0 * prev.new_token / tput
 
 
 @dataclass
@@ -98,10 +136,14 @@ class DecodeTable:
     rows: dict[int, BatchSizeRow] = field(default_factory=dict)
     idle_lines: int = 0  # no running request or no throughput: no step time to speak of
     prefill: PrefillSummary = field(default_factory=PrefillSummary)
+    flags: dict[str, FlagValue] = field(default_factory=dict)  # the latest start-up's
 
-    def add(self, batch: DecodeBatch | PrefillBatch) -> None:
+    def add(self, batch: DecodeBatch | PrefillBatch | EngineFlags) -> None:
+        if isinstance(batch, EngineFlags):
+            self.flags.update(batch.flags)
+            return
         if isinstance(batch, PrefillBatch):
-            self._add_prefill(batch)
+            self.prefill.add(batch)
             return
         t = batch.gen_throughput
         if t <= 0:
@@ -133,16 +175,6 @@ class DecodeTable:
         if row is None:
             row = self.rows[running] = BatchSizeRow(running)
         return row
-
-    def _add_prefill(self, batch: PrefillBatch) -> None:
-        p = self.prefill
-        p.lines += 1
-        p.new_tokens += batch.new_token
-        p.cached_tokens += batch.cached_token
-        p.max_queue = max(p.max_queue, batch.queue)
-        if batch.input_throughput is not None:
-            p.tps_sum += batch.input_throughput
-            p.tps_lines += 1
 
     def sorted_rows(self) -> list[BatchSizeRow]:
         return [self.rows[k] for k in sorted(self.rows)]

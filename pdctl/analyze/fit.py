@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdctl.analyze.decode_table import DecodeTable
+from pdctl.analyze.decode_table import DecodeTable, PrefillSummary
 
 
 @dataclass(frozen=True)
@@ -101,3 +101,11 @@ def step_time_law(table: DecodeTable, buckets: Sequence[int] = ()) -> StepLaw | 
     if (fit := linear_fit(points)) is not None:
         return StepLaw(fit, "all batch sizes", table.accept_len)
     return None
+
+
+def prefill_law(prefill: PrefillSummary) -> LinearFit | None:
+    """ms per prefill batch = a + b * new tokens, from the busy pairs (decode_table.py): a is
+    the per-batch cost, b the per-token one; cached tokens cost (almost) nothing and are out."""
+    return linear_fit(
+        [(float(tokens), ms / n, n) for tokens, (n, ms) in sorted(prefill.busy.items())]
+    )

@@ -20,6 +20,15 @@ Verified against sglang 0.5.23 `srt/managers/scheduler_components/metrics_report
   --disaggregation-decode-host-receive-threshold < 1; MFU metrics append `est. …` fields.
 Older releases wrote `Decode batch. #running-req: …` (a period) and may lack the graph flag.
 
+`Prefill batch` lines are written when a batch is scheduled; their `input throughput` is the
+previous batch's new tokens over the time since the previous line (`log_prefill_stats`), so
+it pairs with the line before (fit.py reads the prefill law from those pairs).
+
+Start-up lines name the flags a law was measured under: `server_args=ServerArgs(...)`, the
+scheduler's `max_total_num_tokens=…, max_running_requests=…, context_len=…` and the decode
+graph capture's `CUDA graph end. bs=[…]`. Each marker is found with `bytes.find`, so chunks
+without one cost no regex pass.
+
 `accept len` is generated tokens per running request per decode step (accepted drafts plus
 the bonus token), so with speculation one step yields `running x accept len` tokens.
 
@@ -85,6 +94,39 @@ TIMESTAMP_RE = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 
 CHUNK_BYTES = 4 << 20
 
+STARTUP_MARKERS = (b"server_args=ServerArgs(", b"max_total_num_tokens=", b"CUDA graph end. bs=")
+# key=value in a repr: a quoted string, a list, or a bare token up to the next separator.
+_ASSIGN_RE = re.compile(rb"(\w+)=('[^']*'|\[[^\]]*\]|[^,()\[\]\s]+)")
+# The flags a law depends on (what capacity warns about when the profile differs).
+KEPT_FLAGS = frozenset(
+    {
+        "model_path",
+        "tp_size",
+        "dp_size",
+        "ep_size",
+        "pp_size",
+        "mem_fraction_static",
+        "context_length",
+        "max_running_requests",
+        "max_total_num_tokens",
+        "chunked_prefill_size",
+        "max_prefill_tokens",
+        "page_size",
+        "kv_cache_dtype",
+        "disaggregation_mode",
+        "speculative_algorithm",
+        "disable_cuda_graph",
+        "cuda_graph_max_bs",
+        "cuda_graph_bs",
+        "cuda_graph_max_bs_decode",
+        "cuda_graph_bs_decode",
+    }
+)
+# The scheduler line and the capture line spell two of them differently.
+_FLAG_ALIASES = {"context_len": "context_length", "bs": "cuda_graph_bs_decode"}
+
+FlagValue = str | int | float | bool | list[int] | None
+
 
 class DecodeBatch(NamedTuple):  # a tuple: built per line on the windowed path
     running: int
@@ -107,6 +149,53 @@ class PrefillBatch(NamedTuple):
     queue: int
     input_throughput: float | None
     timestamp: str | None = None
+
+
+class EngineFlags(NamedTuple):
+    """The flags one start-up line states."""
+
+    flags: dict[str, FlagValue]
+
+
+def _flag_value(raw: bytes) -> FlagValue:
+    text = raw.decode(errors="replace")
+    if text.startswith("'"):
+        return text.strip("'")
+    if text.startswith("["):
+        items = [i.strip() for i in text.strip("[]").split(",") if i.strip()]
+        return [int(i) for i in items] if all(i.isdigit() for i in items) else text
+    known: dict[str, FlagValue] = {"None": None, "True": True, "False": False}
+    if text in known:
+        return known[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_flags(line: bytes) -> EngineFlags:
+    found: dict[str, FlagValue] = {}
+    for key, raw in _ASSIGN_RE.findall(line):
+        name = key.decode()
+        name = _FLAG_ALIASES.get(name, name)
+        if name in KEPT_FLAGS:
+            found[name] = _flag_value(raw)
+    return EngineFlags(found)
+
+
+def startup_flags(buf: bytes | bytearray, end: int) -> Iterator[EngineFlags]:
+    """The start-up lines of buf[:end] holding flags, in the order of the markers."""
+    for marker in STARTUP_MARKERS:
+        pos = buf.find(marker, 0, end)
+        while pos >= 0:
+            start = buf.rfind(b"\n", 0, pos) + 1
+            stop = buf.find(b"\n", pos, end)
+            stop = end if stop < 0 else stop
+            if flags := parse_flags(bytes(buf[start:stop])).flags:
+                yield EngineFlags(flags)
+            pos = buf.find(marker, stop, end)
 
 
 @dataclass
@@ -211,11 +300,14 @@ def scan(
     counts: ScanCounts,
     window: TimeWindow = ANY_TIME,
     chunk_bytes: int = CHUNK_BYTES,
-) -> Iterator[DecodeBatch | PrefillBatch]:
-    """Yield the batches of each chunk (decode, then prefill); `counts` follows the stream."""
+) -> Iterator[DecodeBatch | PrefillBatch | EngineFlags]:
+    """Yield the batches of each chunk (start-up flags, decode, then prefill); `counts`
+    follows the stream. Start-up lines are not held to the time window: a law inside the
+    window was measured under the flags the engine started with, before it."""
     for buf, end in _chunks(stream, chunk_bytes):
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
+        yield from startup_flags(buf, end)
         kinds: tuple[tuple[re.Pattern[bytes], _Build], ...] = (
             (_decode_re(buf, end), _decode),
             (PREFILL_RE, _prefill),
@@ -280,11 +372,13 @@ def _tally(found: list[tuple[bytes, ...]], tally: DecodeTally) -> None:
 
 def scan_tallies(
     stream: BinaryIO, counts: ScanCounts, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[DecodeTally | PrefillBatch]:
-    """The whole stream without a time window: per chunk one DecodeTally, then its prefills."""
+) -> Iterator[DecodeTally | PrefillBatch | EngineFlags]:
+    """The whole stream without a time window: per chunk its start-up flags, one DecodeTally,
+    then its prefills."""
     for buf, end in _chunks(stream, chunk_bytes):
         counts.lines += buf.count(b"\n", 0, end)
         counts.bytes += end
+        yield from startup_flags(buf, end)
         if found := _decode_re(buf, end).findall(buf, 0, end):
             tally = DecodeTally()
             _tally(found, tally)

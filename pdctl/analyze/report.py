@@ -16,7 +16,7 @@ from pdctl.analyze.buckets import (
     recommend_buckets,
 )
 from pdctl.analyze.decode_table import DecodeTable
-from pdctl.analyze.fit import StepLaw, step_time_law
+from pdctl.analyze.fit import LinearFit, StepLaw, prefill_law, step_time_law
 from pdctl.analyze.logparse import (
     ANY_TIME,
     DecodeTally,
@@ -37,6 +37,7 @@ class JournalReport:
     law: StepLaw | None = None
     overflow: EagerOverflow | None = None
     recommended: list[int] = field(default_factory=list)
+    prefill_law: LinearFit | None = None
 
     def as_dict(self) -> dict[str, Any]:
         t = self.table
@@ -71,6 +72,9 @@ class JournalReport:
                 "cached_tokens": t.prefill.cached_tokens,
                 "max_queue": t.prefill.max_queue,
                 "mean_input_tok_s": t.prefill.mean_input_tps,
+                "busy_lines": t.prefill.busy_lines,
+                # ms per batch = a_ms + b_ms x new tokens
+                "fit": None if self.prefill_law is None else self.prefill_law.as_dict(),
             },
             "step_time_fit": None if self.law is None else self.law.as_dict(),
             "sawtooth": [
@@ -82,6 +86,7 @@ class JournalReport:
                 }
                 for d in self.sawtooth
             ],
+            "graph_buckets": self.buckets,
             "max_graph_bs": self.max_graph,
             "eager_overflow": (
                 None
@@ -93,6 +98,7 @@ class JournalReport:
                 }
             ),
             "recommended_cuda_graph_bs_decode": self.recommended,
+            "engine_flags": t.flags,
         }
 
 
@@ -130,6 +136,7 @@ def analyze_table(
         law=step_time_law(table, buckets),
         overflow=eager_overflow(table, max_graph),
         recommended=recommend_buckets(table, max_graph),
+        prefill_law=prefill_law(table.prefill),
     )
 
 
@@ -164,7 +171,8 @@ def render(report: JournalReport, console: Console) -> None:
         if spec:
             cells.insert(4, fmt_num(r.mean_accept_len, 2))
         table.add_row(*cells)
-    console.print(table)
+    if t.rows:  # a prefill journal has none
+        console.print(table)
     c = report.counts
     console.print(
         f"{c.lines:,} lines, {t.decode_lines:,} decode, {t.prefill.lines:,} prefill, "
@@ -182,6 +190,15 @@ def render(report: JournalReport, console: Console) -> None:
             f"Prefill: {p.new_tokens:,} new tokens, {p.cached_tokens:,} cached ({hit} hit), "
             f"mean input {fmt_num(p.mean_input_tps)} tok/s, longest queue {p.max_queue}"
         )
+    if (pf := report.prefill_law) is not None:
+        console.print(
+            f"Prefill batch time: [bold]{pf.a:.2f} ms + {pf.b:.4f} ms x new tokens[/bold] "
+            f"(R² {pf.r2:.3f}, {t.prefill.busy_lines:,} back-to-back batches, "
+            f"{pf.points} sizes); ceiling {fmt_num(pf.asymptote_tps)} "
+            "tok/s"
+        )
+    if t.flags:
+        console.print("Engine flags: " + ", ".join(f"{k}={v}" for k, v in sorted(t.flags.items())))
     if not t.decode_lines and not t.prefill.lines:
         console.print(
             "[yellow]No `Decode batch` or `Prefill batch` lines: is this an SGLang engine's "

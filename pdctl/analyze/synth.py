@@ -1,4 +1,5 @@
-"""Synthetic decode journals with a known step-time law, graph buckets and eager overflow.
+"""Synthetic journals: decode with a known step-time law, graph buckets and eager overflow;
+prefill with a known batch-time law, written with the simulator's own line emitter.
 
 The tests check that `pdctl analyze journal` recovers what was planted here; the throughput
 benchmark uses it to make a large journal quickly. Deterministic for a given seed.
@@ -13,6 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from pdctl.analyze.buckets import padded
+from pdctl.sim.logs import PrefillStats, prefill_line
 
 DECODE_LOG_INTERVAL = 40
 EIGHTS_TO_96 = (1, 2, 4, *range(8, 97, 8))
@@ -101,3 +103,47 @@ def write_journal(path: Path, cfg: SynthJournal, size_bytes: int, block_lines: i
             f.write(block)
             written += len(block)
     return written
+
+
+@dataclass(frozen=True)
+class SynthPrefill:
+    """A PD prefill server: each batch takes a_ms + b_ms x new tokens; `busy` of the lines
+    leave requests queued (the next batch follows at once), the others wait `idle_ms` first."""
+
+    a_ms: float = 30.0
+    b_ms: float = 0.05
+    new_tokens: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    busy: float = 0.5
+    idle_ms: float = 400.0
+    noise: float = 0.02
+    seed: int = 0
+
+
+def prefill_journal_lines(cfg: SynthPrefill, n: int) -> Iterator[str]:
+    """n `Prefill batch` lines as sglang 0.5.23 logs them: each at its batch's scheduling,
+    carrying the previous batch's new tokens over the time since the previous line."""
+    rng = random.Random(cfg.seed)
+    now = datetime(2026, 11, 29, 10, 0, 0)
+    last_tokens = 0
+    last_ms = 0.0  # the previous batch's forward time plus any idle wait after it
+    for _ in range(n):
+        tokens = rng.choice(cfg.new_tokens)
+        queued = rng.random() < cfg.busy
+        stats = PrefillStats(
+            new_seq=max(1, tokens // 1024),
+            new_token=tokens,
+            cached_token=0,
+            token_usage=0.01,
+            running_req=0,
+            queue_req=rng.randint(1, 8) if queued else 0,
+            pending_token=0,
+            cuda_graph=False,
+            input_throughput=1000.0 * last_tokens / last_ms if last_ms else 0.0,
+            bootstrap_req=0,
+            inflight_req=0,
+            optimistic_req=0,
+        )
+        yield f"[{now:%Y-%m-%d %H:%M:%S}] {prefill_line(stats)}\n"
+        forward = (cfg.a_ms + cfg.b_ms * tokens) * (1.0 + rng.gauss(0.0, cfg.noise))
+        last_tokens, last_ms = tokens, forward + (0.0 if queued else cfg.idle_ms)
+        now += timedelta(milliseconds=last_ms)

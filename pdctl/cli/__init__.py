@@ -26,6 +26,7 @@ COMMANDS = {
     "lock": "pdctl.cli.lock_commands:lock",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",
+    "capacity": "pdctl.cli.capacity_commands:capacity",
     "exporter": "pdctl.exporter.command:exporter",
 }
 

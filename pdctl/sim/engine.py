@@ -136,7 +136,10 @@ class Engine:
         self.forward_ct_decode = 0
         self._tokens_since_log = 0
         self._last_decode_log = self.clock.now()
-        self._last_prefill_log = self.clock.now()
+        # SGLang's log_prefill_stats: a line carries the previous batch's new tokens over
+        # the time between the two batches' scheduling (what a journal's prefill law reads).
+        self._last_prefill_start = self.clock.now()
+        self._last_prefill_tokens = 0
         self.last_gen_throughput = 0.0
         self.last_cuda_graph = True
         # Speculative decoding: request-steps and the tokens they gained since the last line.
@@ -315,10 +318,12 @@ class Engine:
     async def _prefill(self, batch: list[Req]) -> None:
         k = self.cfg.knobs
         new_tokens = sum(r.prompt_tokens for r in batch)
+        start = self.clock.now()
+        gap = max(start - self._last_prefill_start, 1e-9)
+        input_throughput = self._last_prefill_tokens / gap
+        self._last_prefill_start, self._last_prefill_tokens = start, new_tokens
         await self.clock.sleep((k.prefill_base_ms + k.prefill_ms_per_token * new_tokens) / 1000)
         now = self.clock.now()
-        gap = max(now - self._last_prefill_log, 1e-9)
-        self._last_prefill_log = now
         prefill_server = self.cfg.mode == "prefill"
         back_to_bootstrap: list[Req] = []
         forced = 0
@@ -357,7 +362,7 @@ class Engine:
             queue_req=len(self.waiting),
             pending_token=sum(r.prompt_tokens for r in self.waiting),
             cuda_graph=False,
-            input_throughput=new_tokens / gap,
+            input_throughput=input_throughput,
             bootstrap_req=len(self.bootstrap_queue) + len(back_to_bootstrap)
             if prefill_server
             else None,

@@ -25,6 +25,7 @@ RUNTIME = [
     "pdctl.cli.ops_commands",
     "pdctl.cli.bench_commands",
     "pdctl.cli.analyze_commands",
+    "pdctl.cli.capacity_commands",
     "pdctl.cli.lock_commands",
     "pdctl.exporter.command",
 ]

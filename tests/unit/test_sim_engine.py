@@ -60,6 +60,16 @@ def test_full_kv_pool_queues_requests(capsys: pytest.CaptureFixture[str]) -> Non
     assert max(int(re.search(r"#new-seq: (\d+)", ln)[1]) for ln in prefill_lines) <= 2  # type: ignore[index]
 
 
+def test_prefill_line_carries_the_previous_batchs_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As SGLang's log_prefill_stats: the first line has no previous batch, so no throughput."""
+    asyncio.run(generate_all({"PDSIM_KV_POOL_TOKENS": "80"}, 4, 20))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "Prefill batch" in ln]
+    rates = [float(re.search(r"input throughput \(token/s\): ([\d.]+)", ln)[1]) for ln in lines]  # type: ignore[index]
+    assert len(rates) >= 2 and rates[0] == 0.0 and min(rates[1:]) > 0.0
+
+
 def test_request_larger_than_the_pool_is_refused() -> None:
     (status, body), _ = asyncio.run(generate_all({"PDSIM_KV_POOL_TOKENS": "20"}, 1, 20))
     assert status == 400

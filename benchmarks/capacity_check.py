@@ -1,0 +1,207 @@
+"""`pdctl capacity`'s predictions against the simulated stack, for three workloads.
+
+For each workload (prefill-heavy, decode-heavy, mixed): plant a decode law and a prefill law
+in the sim (PDSIM_STEP_A_MS/B_MS, PDSIM_PREFILL_BASE_MS/MS_PER_TOKEN), write the laws as
+`pdctl analyze journal` reads them from journals generated with the same law
+(pdctl.analyze.synth), plan the layout, bring it up as local processes (sim engines with the
+recommended --max-running-requests and --cuda-graph-bs-decode behind the real smg gateway),
+drive it open loop (Poisson arrivals at the rate, bench_serving's request timing from
+pdctl.bench.client) and print predicted against measured TTFT p90, ITL p90 and output tok/s.
+Output tok/s is measured over the arrival window (tokens whose time falls between the first
+and the last arrival), the steady state the prediction describes. `--time-scale S` runs the
+sim S times slower than its law (PDSIM_TIME_SCALE), sends at rate / S and divides measured
+times by S: on a loaded machine it keeps the engines' event loops from falling behind their
+law, and shrinks the gateway's and client's own overhead by S too. Engines and the gateway
+are stopped by PID.
+
+    .venv/bin/python benchmarks/capacity_check.py [--only prefill-heavy|decode-heavy|mixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import random
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+import aiohttp
+
+from pdctl.analyze.report import analyze_stream
+from pdctl.analyze.synth import SynthJournal, SynthPrefill, journal_lines, prefill_journal_lines
+from pdctl.bench.client import RequestOutput, stream_request
+from pdctl.bench.metrics import calculate
+from pdctl.bench.prompts import random_prompts
+from pdctl.capacity.laws import load_laws
+from pdctl.capacity.search import Option, Shape, Targets, plan
+from pdctl.capacity.workload import Workload
+from pdctl.testing.stack import Gateway, SimProc, served_model, smg_binary, start_gateway
+
+LAW = {"PDSIM_STEP_A_MS": 18.0, "PDSIM_STEP_B_MS": 1.05,
+       "PDSIM_PREFILL_BASE_MS": 5.0, "PDSIM_PREFILL_MS_PER_TOKEN": 0.05}  # fmt: skip
+ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rate: float
+    input_len: int
+    output_len: int
+    requests: int
+    ttft_p90_ms: float
+    itl_p90_ms: float
+
+
+CASES = (
+    Case("prefill-heavy", 6.0, 4096, 32, 240, 1500.0, 50.0),
+    Case("decode-heavy", 1.5, 128, 512, 150, 1000.0, 50.0),
+    Case("mixed", 3.0, 1024, 256, 180, 1000.0, 50.0),
+)
+
+
+def write_laws(root: Path) -> list[Path]:
+    """The planted laws as analyze output, from journals generated with them."""
+    decode = "".join(
+        journal_lines(
+            SynthJournal(a_ms=LAW["PDSIM_STEP_A_MS"], b_ms=LAW["PDSIM_STEP_B_MS"]), 20_000
+        )
+    )
+    prefill = "".join(
+        prefill_journal_lines(
+            SynthPrefill(a_ms=LAW["PDSIM_PREFILL_BASE_MS"], b_ms=LAW["PDSIM_PREFILL_MS_PER_TOKEN"]),
+            2_000,
+        )
+    )
+    paths = []
+    for name, text in (("decode", decode), ("prefill", prefill)):
+        path = root / f"{name}.json"
+        path.write_text(json.dumps(analyze_stream(io.BytesIO(text.encode())).as_dict()))
+        paths.append(path)
+    return paths
+
+
+async def open_loop(
+    url: str, model: str, case: Case, seed: int, scale: float
+) -> tuple[list[RequestOutput], float]:
+    """Requests at Poisson arrival times (wall clock: rate / scale); the outputs and the last
+    arrival's time."""
+    prompts = random_prompts(case.requests, case.input_len, case.output_len, 1.0, seed)
+    rng = random.Random(seed)
+    arrivals = list(accumulate(rng.expovariate(case.rate / scale) for _ in prompts))
+    timeout = aiohttp.ClientTimeout(total=600 * scale)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        warm = await stream_request(session, url, "chat", model, prompts[0])
+        if not warm.success:
+            raise RuntimeError(f"warm-up failed: {warm.error}")
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> RequestOutput:
+            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+            return await stream_request(session, url, "chat", model, prompts[i])
+
+        outputs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    return list(outputs), t0 + arrivals[-1]
+
+
+def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> float:
+    """Output tokens generated between start and end (perf_counter seconds), per second."""
+    tokens = 0
+    for o in outputs:
+        if not o.success:
+            continue
+        times = accumulate([o.start_time + o.ttft, *o.itl])
+        tokens += sum(1 for t in times if start <= t <= end)
+    return tokens / (end - start)
+
+
+def run_case(
+    case: Case, laws: list[Path], logs: Path, binary: str, scale: float
+) -> dict[str, float]:
+    load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
+    targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
+    best: Option = plan(load_laws(laws), load, targets, Shape(4, 4)).recommended
+    env = {"PDSIM_STARTUP_DELAY_S": "1", "PDSIM_TIME_SCALE": str(scale)} | {
+        k: str(v) for k, v in LAW.items()
+    }
+    decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
+                   "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
+    prefills = [
+        SimProc.create("prefill", logs, env, extra=ENGINE_ARGS)
+        for _ in range(best.prefill_instances)
+    ]
+    decodes = [
+        SimProc.create("decode", logs, env, extra=decode_args) for _ in range(best.decode_instances)
+    ]
+    gateway: Gateway | None = None
+    try:
+        for sim in (*prefills, *decodes):
+            sim.start()
+        for sim in (*prefills, *decodes):
+            sim.wait_healthy(60)
+        gateway = start_gateway(binary, prefills, decodes, logs, "--disable-retries")
+        gateway.wait_ready()
+        model = served_model(gateway.url)
+        outputs, last_arrival = asyncio.run(open_loop(gateway.url, model, case, 7, scale))
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        for sim in (*prefills, *decodes):
+            sim.stop()
+    ok = [o for o in outputs if o.success]
+    first = min(o.start_time for o in ok)
+    result = calculate(outputs, max(o.start_time + o.latency for o in ok) - first)
+    return {
+        "prefills": best.prefill_instances,
+        "decodes": best.decode_instances,
+        "cap": best.buckets.cap,
+        "failed": len(outputs) - len(ok),
+        "ttft_pred": best.prefill.ttft_ms[0.9],
+        "ttft_meas": result["p90_ttft_ms"] / scale,
+        "itl_pred": best.decode.itl_ms[0.9],
+        "itl_meas": result["p90_itl_ms"] / scale,
+        "tok_pred": best.output_tok_s,
+        "tok_meas": window_tok_s(outputs, first, last_arrival) * scale,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=[c.name for c in CASES], action="append")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="PDSIM_TIME_SCALE")
+    args = ap.parse_args()
+    # a SIGTERM unwinds through the finally blocks that stop the engines and the gateway
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    binary = smg_binary()
+    if binary is None:
+        print("smg is not installed (scripts/setup.sh installs it into .venv)", file=sys.stderr)
+        return 2
+    print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
+          f"{'ITL p90 pred/meas':>19}  {'out tok/s pred/meas':>21}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="pdctl-capacity-") as tmp:
+        root = Path(tmp)
+        laws = write_laws(root)
+        for case in CASES:
+            if args.only and case.name not in args.only:
+                continue
+            r = run_case(case, laws, root, binary, args.time_scale)
+
+            def pair(pred: float, meas: float) -> str:
+                return f"{pred:7.1f}/{meas:7.1f} {100 * (meas - pred) / pred:+4.0f}%"
+
+            print(f"{case.name:14} {r['prefills']:.0f}+{r['decodes']:.0f}".ljust(20)
+                  + f" {r['cap']:>4.0f} {r['failed']:>4.0f}  {pair(r['ttft_pred'], r['ttft_meas'])}"
+                  f"  {pair(r['itl_pred'], r['itl_meas'])}  {pair(r['tok_pred'], r['tok_meas'])}",
+                  flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

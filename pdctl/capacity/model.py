@@ -1,0 +1,168 @@
+"""What one prefill and one decode engine do under a share of the workload.
+
+Decode. A step for `n` running requests runs in the graph of the smallest bucket >= n and
+takes `a + b x bucket` ms (the law from the decode journal); that step time is every running
+request's inter-token latency. So an ITL target T caps the running requests at the largest
+bucket whose step fits in T (`decode_cap`): coarse buckets cap lower than fine ones, because
+the batch just above a bucket pays for the next one's padding. That cap becomes the decode's
+`max_running_requests`.
+
+With requests arriving at random (Poisson) and each staying for its output length, the
+running count of a decode is close to Poisson with mean R (an infinite-server queue), and R
+follows Little's law: R = rate x output steps x mean step time, solved as a fixed point
+because the step time grows with R. A generated token sees the batch it was generated in, and
+a batch of n yields n tokens, so tokens see the size-biased count 1 + Poisson(R): the ITL
+percentiles are the step times at its percentiles. The decode is feasible when its running
+count stays within the cap but for SLOT_OVERFLOW of the time (above the cap requests wait).
+
+Prefill. Each request is one job of `a + b x input tokens` ms (the prefill law), served one
+after another: an M/G/1 queue. The mean wait is Pollaczek-Khinchine's λE[S²]/2(1-rho); a
+request waits with probability rho, and then roughly exponentially (the usual heavy-traffic
+tail), so the wait's q-quantile is (W/rho)·ln(rho/(1-q)). TTFT_q is taken as wait_q + S_q, an
+upper bound of the sum's quantile. Both simplifications are conservative: a real prefill
+batches queued requests (one `a` per batch, not per request) and the router spreads requests
+more evenly than at random. KV transfer and the gateway hop are not modelled.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SLOT_OVERFLOW = 0.01  # share of the time a decode may hold more requests than its cap
+MAX_UTILISATION = 0.95  # a prefill busier than this is one burst away from an endless queue
+_FIXED_POINT_ROUNDS = 200
+
+
+@dataclass(frozen=True)
+class DecodeLaw:
+    a_ms: float
+    b_ms: float
+    accept_len: float = 1.0  # tokens per request per step (speculative decoding)
+
+    def step_ms(self, batch: int) -> float:
+        return self.a_ms + self.b_ms * batch
+
+
+@dataclass(frozen=True)
+class PrefillLaw:
+    a_ms: float
+    b_ms: float  # per new token
+
+    def batch_ms(self, tokens: float) -> float:
+        return self.a_ms + self.b_ms * tokens
+
+
+def decode_cap(law: DecodeLaw, buckets: Sequence[int], itl_ms: float) -> int:
+    """The most running requests whose padded step fits in itl_ms; 0 when none does."""
+    return max((b for b in buckets if law.step_ms(b) <= itl_ms), default=0)
+
+
+def fine_buckets(top: int) -> list[int]:
+    """A graph for every batch size up to top: no padding at all."""
+    return list(range(1, top + 1))
+
+
+def poisson_pmf(mean: float) -> list[float]:
+    """P(N = n) for n = 0 .. far into the tail (mean + 12 sd)."""
+    if mean <= 0:
+        return [1.0]
+    top = int(mean + 12 * math.sqrt(mean) + 20)
+    log_mean = math.log(mean)
+    return [math.exp(n * log_mean - mean - math.lgamma(n + 1)) for n in range(top + 1)]
+
+
+def quantile(pmf: Sequence[float], q: float) -> int:
+    total = 0.0
+    for n, p in enumerate(pmf):
+        total += p
+        if total >= q:
+            return n
+    return len(pmf) - 1
+
+
+@dataclass(frozen=True)
+class DecodePrediction:
+    mean_running: float  # R: the time-average running requests of one decode
+    overflow: float  # share of the time above the cap
+    itl_ms: dict[float, float]  # quantile -> ms
+    mean_step_ms: float
+
+    @property
+    def within_cap(self) -> bool:
+        return self.overflow <= SLOT_OVERFLOW
+
+
+def predict_decode(
+    law: DecodeLaw,
+    buckets: Sequence[int],
+    cap: int,
+    rate: float,
+    mean_output: float,
+    quantiles: Sequence[float],
+) -> DecodePrediction | None:
+    """One decode under `rate` requests/s; None when its running count cannot settle inside
+    the cap (the load outgrows what the ITL target allows)."""
+    steps = mean_output / law.accept_len
+    sizes = sorted(buckets)
+
+    def seen_step(n: int) -> float:
+        """The step a token generated beside n other requests takes (padded like padded())."""
+        i = bisect.bisect_left(sizes, n + 1)
+        return law.step_ms(sizes[i] if i < len(sizes) else n + 1)
+
+    running = 0.0
+    step = seen_step(0)
+    for _ in range(_FIXED_POINT_ROUNDS):
+        step = sum(p * seen_step(n) for n, p in enumerate(poisson_pmf(running)))
+        nxt = rate * steps * step / 1000.0
+        if nxt > cap:
+            return None
+        if abs(nxt - running) < 1e-9 * max(1.0, nxt):
+            running = nxt
+            break
+        running = nxt
+    else:
+        return None
+    pmf = poisson_pmf(running)
+    overflow = max(0.0, 1.0 - sum(pmf[: cap + 1]))
+    itl = {q: seen_step(quantile(pmf, q)) for q in quantiles}
+    return DecodePrediction(running, overflow, itl, step)
+
+
+@dataclass(frozen=True)
+class PrefillPrediction:
+    utilisation: float
+    mean_wait_ms: float
+    ttft_ms: dict[float, float]  # quantile -> ms
+
+
+def service_times(law: PrefillLaw, inputs: Sequence[int]) -> list[float]:
+    return sorted(law.batch_ms(n) for n in inputs)
+
+
+def sample_quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile of equally likely values (linear interpolation, as numpy's default)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def predict_prefill(
+    service_ms: Sequence[float], rate: float, quantiles: Sequence[float]
+) -> PrefillPrediction | None:
+    """One prefill under `rate` requests/s (service_ms sorted); None above MAX_UTILISATION."""
+    mean_s = sum(service_ms) / len(service_ms)
+    mean_s2 = sum(s * s for s in service_ms) / len(service_ms)
+    rho = rate * mean_s / 1000.0
+    if rho > MAX_UTILISATION:
+        return None
+    wait = (rate / 1000.0) * mean_s2 / (2.0 * (1.0 - rho))
+    ttft = {}
+    for q in quantiles:
+        wait_q = (wait / rho) * math.log(rho / (1.0 - q)) if rho > 1.0 - q else 0.0
+        ttft[q] = wait_q + sample_quantile(service_ms, q)
+    return PrefillPrediction(rho, wait, ttft)

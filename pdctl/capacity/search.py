@@ -1,0 +1,302 @@
+"""The search over layouts: for each decode bucket list, the fewest prefills and decodes that
+meet the targets, a few larger layouts for headroom, the recommendation among them, and what
+finer buckets would change.
+
+Prefill and decode counts do not interact (a request's TTFT is the prefill's, its ITL the
+decode's), so each is the smallest count meeting its own targets; the GPU budget then
+filters the combinations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdctl.analyze.buckets import COARSE_STEP, SMALL_GRAPHS, padded
+from pdctl.capacity.laws import Laws
+from pdctl.capacity.model import (
+    DecodeLaw,
+    DecodePrediction,
+    PrefillPrediction,
+    decode_cap,
+    fine_buckets,
+    predict_decode,
+    predict_prefill,
+    sample_quantile,
+    service_times,
+)
+from pdctl.capacity.workload import Workload
+from pdctl.errors import PdctlError
+
+# sglang 0.5.23's default --cuda-graph-bs-decode: 1, 2, 4, 8, 12, then every 8 up to 256.
+SGLANG_DEFAULT_BS = sorted({*SMALL_GRAPHS, *range(COARSE_STEP, 257, COARSE_STEP)})
+MAX_INSTANCES = 10_000
+MAX_HEADROOM = 64.0  # rate multiples searched for headroom
+EXTRA = (0, 1)  # instances added to the fewest, per role, for the options with headroom
+
+
+class NoOption(PdctlError):
+    """No layout meets the targets (under the budget): the message says which and by how
+    much."""
+
+
+@dataclass(frozen=True)
+class Targets:
+    ttft_ms: dict[float, float]  # quantile -> ms
+    itl_ms: dict[float, float]
+
+    @staticmethod
+    def label(q: float) -> str:
+        return f"p{q * 100:g}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    gpus_per_prefill: int = 4
+    gpus_per_decode: int = 4
+    gpu_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class Buckets:
+    sizes: list[int]
+    basis: str  # given | chosen | default (sglang's) | per size (one graph each)
+    cap: int  # max_running_requests: the most running requests within the ITL target
+
+
+@dataclass(frozen=True)
+class Option:
+    prefill_instances: int
+    decode_instances: int
+    buckets: Buckets
+    prefill: PrefillPrediction
+    decode: DecodePrediction
+    gpus: int
+    output_tok_s: float
+    headroom: float  # the rate may grow by this share before a target is missed
+
+    @property
+    def tok_s_per_gpu(self) -> float:
+        return self.output_tok_s / self.gpus
+
+    def predicted(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            f"ttft_{Targets.label(q)}_ms": v for q, v in sorted(self.prefill.ttft_ms.items())
+        }
+        out |= {f"itl_{Targets.label(q)}_ms": v for q, v in sorted(self.decode.itl_ms.items())}
+        return out | {"output_tok_s": self.output_tok_s, "gpus": self.gpus}
+
+    def core(self) -> dict[str, Any]:
+        """The recommendation's JSON, in the shape the issue names (scripts read it)."""
+        return {
+            "prefill_instances": self.prefill_instances,
+            "decode_instances": self.decode_instances,
+            "decode_max_running_requests": self.buckets.cap,
+            "cuda_graph_bs_decode": self.buckets.sizes,
+            "predicted": self.predicted(),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.core() | {
+            "buckets_basis": self.buckets.basis,
+            "tok_s_per_gpu": self.tok_s_per_gpu,
+            "headroom_pct": 100.0 * self.headroom,
+            "prefill_utilisation": self.prefill.utilisation,
+            "decode_mean_running": self.decode.mean_running,
+        }
+
+
+@dataclass(frozen=True)
+class BucketComparison:
+    """What another bucket list would change: the cap per decode and the decodes needed."""
+
+    label: str
+    buckets: Buckets
+    decode_instances: int
+
+
+@dataclass
+class Plan:
+    options: list[Option]
+    recommended: Option
+    finer: BucketComparison | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _prefill_ok(
+    service: Sequence[float], rate: float, targets: Targets
+) -> PrefillPrediction | None:
+    pred = predict_prefill(service, rate, list(targets.ttft_ms))
+    if pred is None or any(pred.ttft_ms[q] > t for q, t in targets.ttft_ms.items()):
+        return None
+    return pred
+
+
+def _decode_ok(
+    law: DecodeLaw, buckets: Buckets, rate: float, mean_output: float, targets: Targets
+) -> DecodePrediction | None:
+    pred = predict_decode(law, buckets.sizes, buckets.cap, rate, mean_output, list(targets.itl_ms))
+    if pred is None or not pred.within_cap:
+        return None
+    if any(pred.itl_ms[q] > t for q, t in targets.itl_ms.items()):
+        return None
+    return pred
+
+
+def fewest_prefills(service: Sequence[float], load: Workload, targets: Targets) -> int:
+    for q, target in targets.ttft_ms.items():
+        alone = sample_quantile(service, q)
+        if alone > target:
+            raise NoOption(
+                f"no option meets TTFT {Targets.label(q)} {target:g} ms: a prefill alone takes "
+                f"{alone:.1f} ms for the {Targets.label(q)} input, {alone - target:.1f} ms over"
+            )
+    work = load.rate * sum(service) / len(service) / 1000.0  # busy prefills
+    for n in range(max(1, math.ceil(work)), MAX_INSTANCES + 1):
+        if _prefill_ok(service, load.rate / n, targets) is not None:
+            return n
+    raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} prefills")
+
+
+def fewest_decodes(law: DecodeLaw, buckets: Buckets, load: Workload, targets: Targets) -> int:
+    if buckets.cap == 0:
+        tightest = min(targets.itl_ms.values())
+        q = min(q for q, t in targets.itl_ms.items() if t == tightest)
+        one = law.step_ms(padded(1, buckets.sizes))
+        raise NoOption(
+            f"no option meets ITL {Targets.label(q)} {tightest:g} ms: one request alone steps in "
+            f"{one:.1f} ms (batch 1 in the {padded(1, buckets.sizes)}-wide graph), "
+            f"{one - tightest:.1f} ms over"
+        )
+    steps = load.mean_output / law.accept_len
+    floor = load.rate * steps * law.step_ms(padded(1, buckets.sizes)) / 1000.0 / buckets.cap
+    for n in range(max(1, math.ceil(floor)), MAX_INSTANCES + 1):
+        if _decode_ok(law, buckets, load.rate / n, load.mean_output, targets) is not None:
+            return n
+    raise NoOption(f"ITL targets need more than {MAX_INSTANCES} decodes")
+
+
+def bucket_choices(law: DecodeLaw, given: Sequence[int] | None, itl_ms: float) -> list[Buckets]:
+    """The given list; else one the planner chooses (SGLang's default shape below the largest
+    batch the target allows, and that batch itself) and SGLang's default for comparison."""
+    if given:
+        sizes = sorted(set(given))
+        return [Buckets(sizes, "given", decode_cap(law, sizes, itl_ms))]
+    top = max(SGLANG_DEFAULT_BS)
+    fine_cap = decode_cap(law, fine_buckets(top), itl_ms)
+    chosen = sorted({b for b in SGLANG_DEFAULT_BS if b < fine_cap} | {fine_cap} - {0})
+    default_cap = decode_cap(law, SGLANG_DEFAULT_BS, itl_ms)
+    default = [b for b in SGLANG_DEFAULT_BS if b <= default_cap]  # none above the cap is used
+    return [Buckets(chosen, "chosen", fine_cap), Buckets(default, "default", default_cap)]
+
+
+def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float) -> Buckets:
+    """The same largest graph with one graph per batch size."""
+    sizes = fine_buckets(max(buckets.sizes))
+    return Buckets(sizes, "per size", decode_cap(law, sizes, itl_ms))
+
+
+def _headroom(
+    laws: Laws, service: Sequence[float], buckets: Buckets, np_: int, nd: int, load: Workload,
+    targets: Targets,
+) -> float:  # fmt: skip
+    def meets(f: float) -> bool:
+        rate = f * load.rate
+        return (
+            _prefill_ok(service, rate / np_, targets) is not None
+            and _decode_ok(laws.decode, buckets, rate / nd, load.mean_output, targets) is not None
+        )
+
+    lo, hi = 1.0, 2.0
+    while meets(hi) and hi < MAX_HEADROOM:
+        lo, hi = hi, 2 * hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+        if hi - lo < 1e-3:
+            break
+    return lo - 1.0
+
+
+def plan(
+    laws: Laws,
+    load: Workload,
+    targets: Targets,
+    shape: Shape,
+    given_buckets: Sequence[int] | None = None,
+) -> Plan:
+    itl_ms = min(targets.itl_ms.values())
+    service = service_times(laws.prefill, load.inputs)
+    n_prefill = fewest_prefills(service, load, targets)
+    options: list[Option] = []
+    fewest: list[tuple[int, int, int]] = []  # (gpus, prefills, decodes) before the budget
+    choices = bucket_choices(laws.decode, given_buckets, itl_ms)
+    for buckets in choices:
+        n_decode = fewest_decodes(laws.decode, buckets, load, targets)
+        for extra_p in EXTRA:
+            for extra_d in EXTRA:
+                np_, nd = n_prefill + extra_p, n_decode + extra_d
+                gpus = np_ * shape.gpus_per_prefill + nd * shape.gpus_per_decode
+                fewest.append((gpus, np_, nd))
+                if shape.gpu_budget is not None and gpus > shape.gpu_budget:
+                    continue
+                pre = _prefill_ok(service, load.rate / np_, targets)
+                dec = _decode_ok(laws.decode, buckets, load.rate / nd, load.mean_output, targets)
+                assert pre is not None and dec is not None  # more instances only help
+                room = _headroom(laws, service, buckets, np_, nd, load, targets)
+                out = load.rate * load.mean_output
+                options.append(Option(np_, nd, buckets, pre, dec, gpus, out, room))
+    if not options:
+        gpus, np_, nd = min(fewest)
+        raise NoOption(
+            f"no option meets the targets within --gpu-budget {shape.gpu_budget}: the smallest "
+            f"needs {gpus} GPUs ({np_} prefill x {shape.gpus_per_prefill} + {nd} decode x "
+            f"{shape.gpus_per_decode}), {gpus - (shape.gpu_budget or 0)} over"
+        )
+    options.sort(key=lambda o: (o.gpus, -o.headroom))
+    best = options[0]
+    comparison = _comparison(laws, best, load, targets, itl_ms, choices)
+    return Plan(options, best, comparison, flag_warnings(laws, shape, best))
+
+
+def flag_warnings(laws: Laws, shape: Shape, best: Option) -> list[str]:
+    """Where the recommendation applies a law outside what it was measured under."""
+    out = []
+    sides = (
+        ("decode", laws.decode_flags, laws.decode_source, shape.gpus_per_decode),
+        ("prefill", laws.prefill_flags, laws.prefill_source, shape.gpus_per_prefill),
+    )
+    for role, flags, source, gpus in sides:
+        tp = flags.get("tp_size")
+        if isinstance(tp, int) and tp != gpus:
+            out.append(
+                f"the {role} law ({source}) was measured at tp_size={tp}, the layout gives a "
+                f"{role} {gpus} GPUs: step times do not carry over between TP sizes"
+            )
+    measured = laws.decode_flags.get("cuda_graph_bs_decode")
+    if isinstance(measured, list) and measured and max(measured) < best.buckets.cap:
+        out.append(
+            f"the decode law ({laws.decode_source}) was measured with graphs up to "
+            f"{max(measured)}; batches up to {best.buckets.cap} extrapolate its line"
+        )
+    return out
+
+
+def _comparison(
+    laws: Laws, best: Option, load: Workload, targets: Targets, itl_ms: float,
+    choices: list[Buckets],
+) -> BucketComparison | None:  # fmt: skip
+    """Given buckets against one graph per size; chosen ones against SGLang's default."""
+    if best.buckets.basis == "given":
+        other = finer_than(laws.decode, best.buckets, itl_ms)
+    else:
+        other = next(b for b in choices if b is not best.buckets and b.basis != "given")
+    if other.cap == best.buckets.cap:
+        return None
+    try:
+        n = fewest_decodes(laws.decode, other, load, targets)
+    except NoOption:
+        n = 0  # the other list cannot meet the ITL target at all
+    return BucketComparison(other.basis, other, n)

@@ -1,0 +1,116 @@
+"""`pdctl capacity`: how many prefills and decodes, with which limits and graph buckets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from pdctl.bench.level import parse_int_list
+from pdctl.capacity.laws import Laws, load_laws
+from pdctl.capacity.report import as_dict, layout_snippet, render
+from pdctl.capacity.search import Shape, Targets, plan
+from pdctl.capacity.workload import workload
+from pdctl.cli.options import format_option
+
+
+def _context(laws: Laws, given: int | None) -> tuple[int | None, str]:
+    if given is not None:
+        return given, "--context-length"
+    for flags, source in ((laws.decode_flags, laws.decode_source),
+                          (laws.prefill_flags, laws.prefill_source)):  # fmt: skip
+        if isinstance(value := flags.get("context_length"), int):
+            return value, f"{source}'s engine flags"
+    return None, ""
+
+
+def _targets(values: dict[float, float | None]) -> dict[float, float]:
+    return {q: t for q, t in values.items() if t is not None}
+
+
+@click.command()
+@click.argument("laws", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--rate", type=float, required=True, help="Requests per second (Poisson arrivals).")
+@click.option("--input-len", type=click.IntRange(min=1), help="Input tokens per request.")
+@click.option("--output-len", type=click.IntRange(min=1), help="Output tokens per request.")
+@click.option(
+    "--lengths-from",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A bench result file: its last run's length distribution instead of fixed lengths.",
+)
+@click.option(
+    "--ttft-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True,
+    help="Target time to first token, 90th percentile.",
+)  # fmt: skip
+@click.option(
+    "--itl-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True,
+    help="Target inter-token latency, 90th percentile (caps a decode's running requests).",
+)  # fmt: skip
+@click.option("--ttft-p99-ms", type=click.FloatRange(min=0, min_open=True), help="Optional.")
+@click.option("--itl-p99-ms", type=click.FloatRange(min=0, min_open=True), help="Optional.")
+@click.option("--gpu-budget", type=click.IntRange(min=1), help="At most this many GPUs.")
+@click.option("--gpus-per-prefill", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--gpus-per-decode", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--gpus-per-host", type=click.IntRange(min=1), default=8, show_default=True,
+    help="For the layout snippet: GPUs per host, split over 2 NUMA nodes.",
+)  # fmt: skip
+@click.option(
+    "--cuda-graph-bs",
+    help="Fixed decode graph buckets, comma-separated (default: the planner chooses).",
+)
+@click.option(
+    "--context-length",
+    type=click.IntRange(min=1),
+    help="Longest request allowed (default: the laws' engine flags, when they name it).",
+)
+@format_option
+def capacity(
+    laws: tuple[Path, ...],
+    rate: float,
+    input_len: int | None,
+    output_len: int | None,
+    lengths_from: Path | None,
+    ttft_p90_ms: float,
+    itl_p90_ms: float,
+    ttft_p99_ms: float | None,
+    itl_p99_ms: float | None,
+    gpu_budget: int | None,
+    gpus_per_prefill: int,
+    gpus_per_decode: int,
+    gpus_per_host: int,
+    cuda_graph_bs: str | None,
+    context_length: int | None,
+    fmt: str,
+) -> None:
+    """Engine counts, decode limits and graph buckets for a workload and its latency targets.
+
+    LAWS are `pdctl analyze journal --format json` outputs of a decode journal and a prefill
+    journal (or one file holding both). A decode's step at its padded batch is its ITL, so
+    the ITL target caps its running requests, lower with coarse buckets than with fine ones;
+    prefill TTFT is an M/G/1 queue over the prefill law (docs/bench.md, "pdctl capacity").
+
+    \b
+    Example:
+      pdctl analyze journal -u pdstack-pd0-decode.service --format json > decode.json
+      pdctl analyze journal -u pdstack-pd0-prefill.service --format json > prefill.json
+      pdctl capacity decode.json prefill.json --rate 4 --input-len 2048 --output-len 256 \\
+          --ttft-p90-ms 1000 --itl-p90-ms 50
+    """
+    found = load_laws(laws)
+    context, context_source = _context(found, context_length)
+    load = workload(rate, input_len, output_len, lengths_from, context, context_source)
+    targets = Targets(
+        _targets({0.9: ttft_p90_ms, 0.99: ttft_p99_ms}),
+        _targets({0.9: itl_p90_ms, 0.99: itl_p99_ms}),
+    )
+    shape = Shape(gpus_per_prefill, gpus_per_decode, gpu_budget)
+    given = parse_int_list(cuda_graph_bs, "--cuda-graph-bs") if cuda_graph_bs else None
+    result = plan(found, load, targets, shape, given)
+    layout = layout_snippet(result.recommended, shape, gpus_per_host)
+    if fmt == "json":
+        click.echo(json.dumps(as_dict(result, layout, load, targets), indent=2))
+    else:
+        render(result, layout, targets, Console())

@@ -1,0 +1,284 @@
+"""pdctl capacity: the decode cap from the law and the buckets, the queueing arithmetic, the
+instance counts, the layout snippet, and every bad input as one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pdctl.analyze.report import analyze_stream
+from pdctl.analyze.synth import (
+    EIGHTS_TO_96,
+    SynthJournal,
+    SynthPrefill,
+    journal_lines,
+    prefill_journal_lines,
+)
+from pdctl.capacity.laws import Laws
+from pdctl.capacity.model import (
+    DecodeLaw,
+    PrefillLaw,
+    decode_cap,
+    fine_buckets,
+    poisson_pmf,
+    predict_decode,
+    predict_prefill,
+    quantile,
+)
+from pdctl.capacity.report import layout_snippet
+from pdctl.capacity.search import Buckets, NoOption, Option, Shape, Targets, plan
+from pdctl.capacity.workload import Workload
+from pdctl.cli import cli
+from pdctl.errors import PdctlError
+
+SEED_LAW = DecodeLaw(18.0, 1.05)  # the reference deployment's production decode law
+PREFILL = PrefillLaw(30.0, 0.05)
+EIGHTS = list(EIGHTS_TO_96)
+P90 = Targets({0.9: 1000.0}, {0.9: 50.0})
+
+
+def _laws() -> Laws:
+    return Laws(SEED_LAW, PREFILL, Path("decode.json"), Path("prefill.json"))
+
+
+def test_decode_cap_is_the_largest_bucket_whose_step_fits() -> None:
+    # 18 + 1.05 x 24 = 43.2 ms fits 50, the 32-wide graph (51.6 ms) does not
+    assert decode_cap(SEED_LAW, EIGHTS, 50.0) == 24
+    # one graph per size: floor((50 - 18) / 1.05) = 30
+    assert decode_cap(SEED_LAW, fine_buckets(96), 50.0) == 30
+    assert decode_cap(SEED_LAW, EIGHTS, 200.0) == 96  # never above the largest graph
+    assert decode_cap(SEED_LAW, EIGHTS, 18.5) == 0  # not even batch 1 (19.05 ms)
+
+
+def test_decode_fixed_point_obeys_littles_law() -> None:
+    pred = predict_decode(SEED_LAW, EIGHTS, 24, rate=1.0, mean_output=256, quantiles=[0.9])
+    assert pred is not None
+    # running = rate x output steps x mean step, the step taken at the running count's padding
+    assert pred.mean_running == pytest.approx(1.0 * 256 * pred.mean_step_ms / 1000.0)
+    q90 = quantile(poisson_pmf(pred.mean_running), 0.9) + 1  # what a generated token sees
+    padded = next(b for b in EIGHTS if b >= q90)
+    assert pred.itl_ms[0.9] == pytest.approx(SEED_LAW.step_ms(padded))
+
+
+def test_decode_over_its_cap_is_infeasible() -> None:
+    # 10 req/s x 256 tokens x >= 19 ms per step is > 48 running: above a cap of 24
+    assert predict_decode(SEED_LAW, EIGHTS, 24, 10.0, 256, [0.9]) is None
+
+
+def test_prefill_wait_is_pollaczek_khinchine() -> None:
+    # M/D/1 with S = 100 ms at 5 req/s: rho 0.5, mean wait 5/1000 x 100² / (2 x 0.5) = 50 ms
+    pred = predict_prefill([100.0], 5.0, [0.9])
+    assert pred is not None
+    assert pred.utilisation == pytest.approx(0.5) and pred.mean_wait_ms == pytest.approx(50.0)
+    # waits with probability rho, exponentially with mean W/rho: p90 = 100 ln(0.5/0.1)
+    assert pred.ttft_ms[0.9] == pytest.approx(100.0 * math.log(5.0) + 100.0)
+    assert predict_prefill([100.0], 9.6, [0.9]) is None  # rho 0.96: past MAX_UTILISATION
+
+
+def test_instance_counts_are_the_fewest_that_meet_the_targets() -> None:
+    load = Workload(20.0, [2048], [256], "fixed")
+    result = plan(_laws(), load, P90, Shape(4, 4), EIGHTS)
+    best = result.recommended
+    service = PREFILL.batch_ms(2048)  # 132.4 ms: 20 req/s keep 2.65 prefills busy
+    fewer_p = predict_prefill([service], 20.0 / (best.prefill_instances - 1), [0.9])
+    assert fewer_p is None or fewer_p.ttft_ms[0.9] > 1000.0
+    assert best.prefill.ttft_ms[0.9] <= 1000.0
+    fewer_d = predict_decode(SEED_LAW, EIGHTS, 24, 20.0 / (best.decode_instances - 1), 256, [0.9])
+    assert fewer_d is None or not fewer_d.within_cap
+    assert best.decode.within_cap and best.buckets.cap == 24
+    assert best.gpus == 4 * (best.prefill_instances + best.decode_instances)
+    assert best.output_tok_s == pytest.approx(20.0 * 256)
+    assert all(o.gpus >= best.gpus for o in result.options)
+    # finer buckets: 30 running per decode instead of 24, so fewer decodes for this rate
+    assert result.finer is not None and result.finer.buckets.cap == 30
+    assert result.finer.decode_instances < best.decode_instances
+
+
+def test_headroom_is_the_rate_growth_a_layout_absorbs() -> None:
+    load = Workload(4.0, [2048], [256], "fixed")
+    best = plan(_laws(), load, P90, Shape(4, 4), EIGHTS).recommended
+    grown = Workload(4.0 * (1 + best.headroom) * 1.01, [2048], [256], "fixed")
+    with pytest.raises(NoOption):
+        plan(_laws(), grown, P90, Shape(4, 4, gpu_budget=best.gpus), EIGHTS)
+    assert best.headroom > 0
+
+
+def test_planner_chooses_buckets_up_to_the_cap() -> None:
+    result = plan(_laws(), Workload(4.0, [2048], [256], "fixed"), P90, Shape(4, 4))
+    chosen = result.recommended.buckets
+    assert chosen.basis == "chosen" and chosen.cap == 30 and chosen.sizes[-1] == 30
+    assert result.finer is not None and result.finer.label == "default"
+    assert result.finer.buckets.cap == 24
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (Targets({0.9: 100.0}, {0.9: 50.0}), "TTFT p90 100 ms: a prefill alone takes 132.4 ms"),
+        (Targets({0.9: 1000.0}, {0.9: 18.5}), "ITL p90 18.5 ms: one request alone steps in 19.1"),
+    ],
+)
+def test_unreachable_targets_say_which_and_by_how_much(targets: Targets, message: str) -> None:
+    with pytest.raises(NoOption, match=message):
+        plan(_laws(), Workload(1.0, [2048], [256], "fixed"), targets, Shape(4, 4), EIGHTS)
+
+
+def test_budget_too_small_says_what_the_smallest_layout_needs() -> None:
+    with pytest.raises(NoOption, match="within --gpu-budget 8: the smallest needs 16 GPUs"):
+        plan(_laws(), Workload(4.0, [2048], [256], "fixed"), P90, Shape(4, 4, 8), EIGHTS)
+
+
+def _option(np_: int, nd: int) -> Option:
+    pre, dec = (
+        predict_prefill([100.0], 1.0, [0.9]),
+        predict_decode(SEED_LAW, EIGHTS, 24, 0.1, 64, [0.9]),
+    )
+    assert pre is not None and dec is not None
+    return Option(np_, nd, Buckets(EIGHTS, "given", 24), pre, dec, 0, 0.0, 0.0)
+
+
+def test_layout_is_pairs_for_equal_counts_and_a_group_otherwise() -> None:
+    pairs = layout_snippet(_option(2, 2), Shape(4, 4), 8)
+    assert pairs.splitlines()[:3] == [
+        "layout:  # on 2 [pd_hosts] hosts",
+        "  pairs:",
+        "    - name: pd0",
+    ]
+    assert "prefill: {numa_node: 0, gpus: [0, 1, 2, 3], port: 30000, bootstrap_port: 8998}" in pairs
+    assert "decode: {numa_node: 1, gpus: [4, 5, 6, 7], port: 30001}" in pairs
+    group = layout_snippet(_option(2, 1), Shape(2, 4), 8)
+    assert group.splitlines() == [
+        "layout:",
+        "  groups:",
+        "    - name: g0  # on every [pd_hosts] host",
+        "      prefill:",
+        "        - {numa_node: 0, gpus: [0, 1], port: 30000, bootstrap_port: 8998}",
+        "        - {numa_node: 0, gpus: [2, 3], port: 30001, bootstrap_port: 8999}",
+        "      decode:",
+        "        - {numa_node: 1, gpus: [4, 5, 6, 7], port: 30002}",
+    ]
+    spread = layout_snippet(_option(1, 3), Shape(4, 4), 8)
+    assert "- {host: host2, numa_node: 1, gpus: [4, 5, 6, 7], port: 30001}" in spread
+
+
+# ----- the command, from journals to JSON, and every bad input as one line ----------------
+
+
+@pytest.fixture(scope="module")
+def law_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("laws")
+    flags = "[2026-11-29 09:00:00] server_args=ServerArgs(tp_size=4, context_length=8192)\n"
+    decode = flags + "".join(journal_lines(SynthJournal(seed=5, noise=0.0), 20_000))
+    prefill = flags + "".join(prefill_journal_lines(SynthPrefill(seed=5, noise=0.0), 600))
+    paths = root / "decode.json", root / "prefill.json"
+    for path, text in zip(paths, (decode, prefill), strict=True):
+        path.write_text(json.dumps(analyze_stream(io.BytesIO(text.encode())).as_dict()))
+    return paths
+
+
+def _run(*args: str) -> tuple[int, str, BaseException | None]:
+    result = CliRunner().invoke(cli, ["capacity", *args])
+    return result.exit_code, result.output, result.exception
+
+
+TARGETS = ("--ttft-p90-ms", "1000", "--itl-p90-ms", "50")
+FIXED = ("--input-len", "2048", "--output-len", "256")
+
+
+def test_cli_json_has_the_recommendation_in_the_issues_shape(law_files: tuple[Path, Path]) -> None:
+    code, out, exc = _run(*map(str, law_files), "--rate", "4", *FIXED, *TARGETS, "--format=json")
+    assert code == 0, (out, exc)
+    data = json.loads(out)
+    rec = data["recommended"]
+    assert set(rec) == {
+        "prefill_instances",
+        "decode_instances",
+        "decode_max_running_requests",
+        "cuda_graph_bs_decode",
+        "predicted",
+    }
+    assert set(rec["predicted"]) == {"ttft_p90_ms", "itl_p90_ms", "output_tok_s", "gpus"}
+    assert rec["decode_max_running_requests"] == 30 and rec["cuda_graph_bs_decode"][-1] == 30
+    assert data["options"][0]["headroom_pct"] > 0 and data["layout"].startswith("layout:")
+    assert data["finer_buckets"]["decode_max_running_requests"] == 24
+
+
+def test_cli_table_lists_options_buckets_and_layout(law_files: tuple[Path, Path]) -> None:
+    eights = ",".join(map(str, EIGHTS))
+    args = ("--rate", "4", *FIXED, *TARGETS, "--cuda-graph-bs", eights, "--gpus-per-decode", "2")
+    code, out, _ = _run(*map(str, law_files), *args)
+    assert code == 0, out
+    out = " ".join(out.split())  # the console wraps at 80 columns
+    assert "Recommended (★)" in out and "--max-running-requests 24" in out
+    assert "per size buckets would allow 30" in out
+    assert "measured at tp_size=4, the layout gives a decode 2 GPUs" in out
+    assert "layout:" in out
+
+
+def test_cli_lengths_from_a_bench_result(law_files: tuple[Path, Path], tmp_path: Path) -> None:
+    bench = tmp_path / "bench.jsonl"
+    row = {"max_concurrency": 16, "completed": 10, "random_input_len": 2048,
+           "random_output_len": 256, "random_range_ratio": 0.5}  # fmt: skip
+    bench.write_text(json.dumps(row) + "\n")
+    code, out, exc = _run(*map(str, law_files), "--rate", "4", "--lengths-from", str(bench),
+                          *TARGETS, "--format=json")  # fmt: skip
+    assert code == 0, (out, exc)
+    workload = json.loads(out)["workload"]
+    assert workload["mean_input"] == pytest.approx(1536, rel=0.01)
+    assert workload["mean_output"] == pytest.approx(192, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--rate", "0", *FIXED), "--rate must be above 0 requests/s, got 0"),
+        (("--rate", "-2", *FIXED), "--rate must be above 0 requests/s, got -2"),
+        (
+            ("--rate", "1", "--input-len", "8000", "--output-len", "512"),
+            "input 8000 + output 512 tokens = 8512 is above the context length 8192 (",
+        ),
+        (("--rate", "1", "--input-len", "10"), "give --input-len and --output-len"),
+        (("--rate", "1", *FIXED, "--gpu-budget", "4"), "no option meets the targets within"),
+    ],
+)
+def test_cli_bad_workloads(
+    law_files: tuple[Path, Path], args: tuple[str, ...], message: str
+) -> None:
+    code, _, exc = _run(*map(str, law_files), *args, *TARGETS)
+    assert code != 0 and isinstance(exc, PdctlError)
+    assert message in str(exc) and "\n" not in str(exc)
+
+
+def test_cli_bad_law_files(law_files: tuple[Path, Path], tmp_path: Path) -> None:
+    decode, prefill = map(str, law_files)
+    not_json = tmp_path / "bench.jsonl"
+    not_json.write_text('{"max_concurrency": 1}\n')
+    few = tmp_path / "few.json"
+    three = "".join(journal_lines(SynthJournal(max_running=2, seed=1), 200))
+    few.write_text(json.dumps(analyze_stream(io.BytesIO(three.encode())).as_dict()))
+    cases = [
+        ((str(not_json), prefill), "bench.jsonl: not `pdctl analyze journal --format json` output"),
+        ((decode,), "no prefill law in the files given: "),
+        ((prefill,), "no decode law in the files given: "),
+        ((decode, decode, prefill), "both hold a decode law"),
+        (
+            (str(few), prefill),
+            "few.json: the decode law was fitted at 2 batch sizes; capacity needs at least 3",
+        ),
+        ((str(tmp_path / "missing.json"), prefill), "missing.json: No such file"),
+    ]
+    for files, message in cases:
+        code, _, exc = _run(*files, "--rate", "1", *FIXED, *TARGETS)
+        assert code != 0 and isinstance(exc, PdctlError), files
+        assert message in str(exc) and "\n" not in str(exc), (message, str(exc))
+
+
+def test_buckets_type_is_what_the_cli_reports() -> None:
+    """A given list is kept whole (its graphs are the operator's), its cap from the law."""
+    result = plan(_laws(), Workload(1.0, [256], [64], "fixed"), P90, Shape(4, 4), EIGHTS)
+    assert result.recommended.buckets == Buckets(EIGHTS, "given", 24)
