@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from monitoring.dashboards.panels import (
     ENGINE,
     RATE,
+    UP_THRESHOLDS,
     Panel,
     Query,
     Section,
@@ -15,6 +16,7 @@ from monitoring.dashboards.panels import (
     quantiles,
     rate_sum,
 )
+from monitoring.rules_source import default_thresholds
 
 UID = "pdstack-overview"
 
@@ -32,6 +34,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
             Panel(
                 "Gateway up",
@@ -41,6 +44,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
             Panel(
                 "Pair canary",
@@ -51,6 +55,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
         ],
     )
@@ -168,6 +173,7 @@ def build() -> Dashboard:
                 "percentunit",
                 [Query(f"max by (engine) (sglang:token_usage{{{ENGINE}}})", "{{engine}}")],
                 width=8,
+                thresholds=((None, "green"), (default_thresholds()["kv_usage_ratio"], "red")),
             ),
         ],
     )
