@@ -33,6 +33,20 @@ from tests.conftest import ROOT, one_pair_topology, require_tool
 from tests.integration.conftest import FAST_SIM_ENV
 
 HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
+GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
+# The panels of pdstack-gpus that read NVML.
+GPU_PANELS = (
+    "SM utilisation",
+    "Memory-controller utilisation",
+    "Power vs limit",
+    "Power",
+    "GPU memory used",
+    "Temperature",
+    "SM clock",
+    "PCIe throughput",
+    "Throttle reasons",
+    "XID errors",
+)
 
 
 @dataclass

@@ -16,31 +16,16 @@ import pytest
 
 from monitoring.preview import DashboardPreview, Prometheus, boards, render, report
 from pdctl.testing.stack import constant_load
-from tests.integration.live_prometheus import monitored_pair
+from tests.integration.live_prometheus import GPU_ONLY, GPU_PANELS, monitored_pair
 
 pytestmark = pytest.mark.gateway
 
 SCRAPE_S = 1.0  # render_prometheus_config scrapes every second
-GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
 # Panels the plant leaves empty: (dashboard uid, panel title) -> why.
 EXPECTED_EMPTY = {
     ("pdstack-gateway", "Stalled workers"): "smg writes smg_worker_stalled only when it vetoes "
     "a worker (a stall, not a failure: the plant has none)",
-    **{
-        ("pdstack-gpus", title): GPU_ONLY
-        for title in (
-            "SM utilisation",
-            "Memory-controller utilisation",
-            "Power vs limit",
-            "Power",
-            "GPU memory used",
-            "Temperature",
-            "SM clock",
-            "PCIe throughput",
-            "Throttle reasons",
-            "XID errors",
-        )
-    },
+    **{("pdstack-gpus", title): GPU_ONLY for title in GPU_PANELS},
 }
 # Panels that count things or read 0/1 states: their axis has no unit to show.
 UNITLESS = {"none", "short"}
