@@ -224,8 +224,17 @@ UNITS: dict[str, Callable[[float], str]] = {
 }
 
 
+SUFFIX = "suffix:"  # Grafana's custom unit: the value, then the text after the colon
+
+
+def known_unit(unit: str) -> bool:
+    return unit in UNITS or unit.startswith(SUFFIX)
+
+
 def format_value(value: float, unit: str) -> str:
     """`value` as Grafana shows it in `unit` (KeyError for a unit the preview lacks)."""
+    if unit.startswith(SUFFIX):
+        return _number(value) + unit[len(SUFFIX) :]
     return UNITS[unit](value)
 
 
@@ -288,6 +297,7 @@ class PanelPreview:
     not_drawn: str = ""
     rate_interval: str = ""
     step: float = 1.0  # the query step ($__interval), seconds
+    y_ticks: list[str] = field(default_factory=list)  # the value axis' labels, as drawn
 
     @property
     def empty(self) -> bool:
@@ -360,7 +370,7 @@ def why_not_drawn(panel: Mapping[str, Any], unit: str) -> str:
     """What in the panel the preview cannot draw as Grafana would ('' when nothing)."""
     if panel["type"] not in KINDS:
         return f"panel type {panel['type']!r} is not drawn by the preview"
-    if unit not in UNITS:
+    if not known_unit(unit):
         return f"unit {unit!r} is not known to the preview"
     if panel.get("transformations"):
         return "transformations are not applied by the preview"
@@ -598,7 +608,7 @@ def draw_timeseries(
     ax.xaxis.set_major_formatter(
         mdates.DateFormatter("%H:%M" if end - start > 1800 else "%H:%M:%S", tz=UTC)
     )
-    ax.xaxis.set_major_locator(MaxNLocator(6))
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=7, tz=UTC))
     ax.yaxis.set_major_locator(MaxNLocator(4))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, p.unit)))
     # Grafana's axis starts at 0 for data that never goes below, and spans 0-1 for zeros.
@@ -606,6 +616,8 @@ def draw_timeseries(
     high = ax.get_ylim()[1]
     if min(finite) >= 0:
         ax.set_ylim(0, high if max(finite) > 0 else 1)
+    low, high = ax.get_ylim()
+    p.y_ticks = [format_value(v, p.unit) for v in ax.get_yticks() if low <= v <= high]
     ax.tick_params(labelsize=7, colors=COLORS["text"])
     ax.grid(True, color="#eeeeee", lw=0.6)
     for spine in ("top", "right"):

@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from monitoring.dashboards.panels import (
     ENGINE,
     RATE,
+    TOKENS_PER_S,
     UP_THRESHOLDS,
     Panel,
     Query,
@@ -93,7 +94,7 @@ def build() -> Dashboard:
             Panel(
                 "Input tokens",
                 "Prompt tokens per second processed by the prefill engines.",
-                "short",
+                TOKENS_PER_S,
                 [
                     Query(
                         rate_sum("sglang:prompt_tokens_total", f'{ENGINE}, role="prefill"', "pair"),
@@ -104,7 +105,7 @@ def build() -> Dashboard:
             Panel(
                 "Output tokens",
                 "Generated tokens per second by the decode engines.",
-                "short",
+                TOKENS_PER_S,
                 [
                     Query(
                         rate_sum(

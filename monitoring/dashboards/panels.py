@@ -27,6 +27,8 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use.
 ENGINE = 'job="sglang", pair=~"$pair", role=~"$role", engine=~"$engine"'
 RATE = "$__rate_interval"
+# Grafana's custom unit: the value, then the suffix (token rates read as such, not as "2.4 K").
+TOKENS_PER_S = "suffix: tok/s"
 
 
 def rate_sum(metric: str, selector: str, by: str) -> str:
