@@ -13,6 +13,7 @@ status is then 1. A panel whose queries return nothing reads "No data", as in Gr
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
@@ -28,12 +29,14 @@ import matplotlib.dates as mdates
 import requests
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+from PIL import Image
 
 from monitoring.dashboards.export import JSON_DIR
 
 COLUMNS = 24
 # Grafana's grid: 30 px rows with 8 px margins; the preview is a 1280 px wide dashboard.
 WIDTH_PX, CELL_H_PX, DPI = 1280, 38, 80
+PNG_COLORS = 96
 HEADER_PX = 44
 PALETTE = (
     "#7eb26d",
@@ -690,7 +693,11 @@ def render(
         color=COLORS["text"],
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.fig.savefig(out, dpi=DPI, facecolor=canvas.fig.get_facecolor())
+    png = io.BytesIO()
+    canvas.fig.savefig(png, format="png", dpi=DPI, facecolor=canvas.fig.get_facecolor())
+    # A palette of PNG_COLORS keeps a dashboard's picture small enough for the docs.
+    with Image.open(png) as image:
+        image.convert("RGB").quantize(PNG_COLORS).save(out, optimize=True)
     return DashboardPreview(board["uid"], board["title"], previews, grid_problems(board))
 
 

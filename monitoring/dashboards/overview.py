@@ -65,8 +65,9 @@ def build() -> Dashboard:
         [
             Panel(
                 "Requests finished",
-                "Requests completed per second by each role (the gateway "
-                "sends every request to a prefill and a decode).",
+                "Requests that ended per second by each role, aborted ones included (the "
+                "Errors panel splits those out); the gateway sends every request to a "
+                "prefill and a decode.",
                 "reqps",
                 [
                     Query(
