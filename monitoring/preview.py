@@ -36,7 +36,7 @@ from monitoring.dashboards.export import JSON_DIR
 COLUMNS = 24
 # Grafana's grid: 30 px rows with 8 px margins; the preview is a 1280 px wide dashboard.
 WIDTH_PX, CELL_H_PX, DPI = 1280, 38, 80
-PNG_COLORS = 96
+PNG_COLORS = 128
 HEADER_PX = 44
 PALETTE = (
     "#7eb26d",
@@ -697,7 +697,9 @@ def render(
     canvas.fig.savefig(png, format="png", dpi=DPI, facecolor=canvas.fig.get_facecolor())
     # A palette of PNG_COLORS keeps a dashboard's picture small enough for the docs.
     with Image.open(png) as image:
-        image.convert("RGB").quantize(PNG_COLORS).save(out, optimize=True)
+        image.convert("RGB").quantize(PNG_COLORS, Image.Quantize.FASTOCTREE).save(
+            out, optimize=True
+        )
     return DashboardPreview(board["uid"], board["title"], previews, grid_problems(board))
 
 
