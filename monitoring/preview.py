@@ -298,7 +298,6 @@ class PanelPreview:
     cell: Cell
     series: list[Series] = field(default_factory=list)
     not_drawn: str = ""
-    rate_interval: str = ""
     step: float = 1.0  # the query step ($__interval), seconds
     y_ticks: list[str] = field(default_factory=list)  # the value axis' labels, as drawn
 
@@ -342,7 +341,7 @@ def evaluate(
         preview.not_drawn = reason
         return preview
     iv = intervals(end - start, panel.get("maxDataPoints") or panel_width_px(c), scrape_s)
-    preview.rate_interval, preview.step = promql_duration(iv.rate_interval), iv.interval
+    preview.step = iv.interval
     # Grafana aligns the range to the step so that refreshes reuse the same points.
     first, last = math.floor(start / iv.interval) * iv.interval, end
     for target in panel.get("targets", []):
@@ -382,6 +381,12 @@ def why_not_drawn(panel: Mapping[str, Any], unit: str) -> str:
         return f"draw style {custom['drawStyle']!r} is not drawn by the preview"
     if panel.get("fieldConfig", {}).get("overrides"):
         return "field overrides are not applied by the preview"
+    thresholds = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {})
+    if thresholds.get("mode", "absolute") != "absolute":
+        return f"{thresholds['mode']} thresholds are not drawn by the preview"
+    calcs = panel.get("options", {}).get("reduceOptions", {}).get("calcs", ["lastNotNull"])
+    if panel["type"] == "stat" and calcs not in ([], ["lastNotNull"]):
+        return f"stat reductions {calcs} are not drawn by the preview (only lastNotNull)"
     if any(
         t.get("instant") or t.get("format", "time_series") != "time_series"
         for t in panel.get("targets", [])

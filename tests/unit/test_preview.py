@@ -119,6 +119,10 @@ def test_what_the_preview_refuses_to_draw() -> None:
         panel(fieldConfig={"defaults": {"custom": {"drawStyle": "points"}}}), "s"
     )
     assert "range queries" in why_not_drawn(panel(targets=[{"instant": True}]), "s")
+    percentage = {"defaults": {"thresholds": {"mode": "percentage", "steps": []}}}
+    assert "percentage thresholds" in why_not_drawn(panel(fieldConfig=percentage), "s")
+    mean = {"reduceOptions": {"calcs": ["mean"]}}
+    assert "stat reductions ['mean']" in why_not_drawn(panel("stat", options=mean), "none")
 
 
 def test_threshold_colors_pick_the_highest_step_reached() -> None:
