@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from monitoring.dashboards.panels import (
     ENGINE,
     RATE,
+    TOKENS_PER_S,
     Panel,
     Query,
     Section,
@@ -100,7 +101,7 @@ def build() -> Dashboard:
                 "Tokens per second per running request",
                 "Generated tokens per second divided "
                 "by running requests: falls as batches grow on a latency-bound decode.",
-                "short",
+                TOKENS_PER_S,
                 [
                     Query(
                         f"sum by (engine) (rate(sglang:generation_tokens_total{{{ENGINE}, "
@@ -112,8 +113,10 @@ def build() -> Dashboard:
             ),
             Panel(
                 "Generation throughput",
-                "Tokens per second the decode scheduler reports.",
-                "short",
+                "Tokens per second the decode scheduler reports with each logged batch: it "
+                "holds its last value while the decode logs none (a stalled decode shows "
+                "in Decode passes by mode).",
+                TOKENS_PER_S,
                 [
                     Query(
                         f'sum by (engine) (sglang:gen_throughput{{{ENGINE}, role="decode"}})',

@@ -52,7 +52,9 @@ def build() -> Dashboard:
             ),
             Panel(
                 "Error ratio",
-                "Share of responses that are 5xx.",
+                "Share of responses that are 5xx. A streamed request that fails after its "
+                "200 (a degraded pair fails every KV transfer) counts as a success here: read "
+                "the pair canary and KV transfer failures (PD pipeline) for those.",
                 "percentunit",
                 [
                     Query(

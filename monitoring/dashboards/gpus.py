@@ -8,6 +8,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable
 
 from monitoring.dashboards.panels import (
     RATE,
+    UP_THRESHOLDS,
     Panel,
     Query,
     Section,
@@ -55,6 +56,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=24,
                 height=4,
+                thresholds=UP_THRESHOLDS,
             ),
             _gpu(
                 "SM utilisation",

@@ -7,6 +7,8 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from monitoring.dashboards.panels import (
     ENGINE,
     RATE,
+    TOKENS_PER_S,
+    UP_THRESHOLDS,
     Panel,
     Query,
     Section,
@@ -15,6 +17,7 @@ from monitoring.dashboards.panels import (
     quantiles,
     rate_sum,
 )
+from monitoring.rules_source import default_thresholds
 
 UID = "pdstack-overview"
 
@@ -32,6 +35,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
             Panel(
                 "Gateway up",
@@ -41,6 +45,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
             Panel(
                 "Pair canary",
@@ -51,6 +56,7 @@ def build() -> Dashboard:
                 kind="stat",
                 width=8,
                 height=5,
+                thresholds=UP_THRESHOLDS,
             ),
         ],
     )
@@ -59,8 +65,9 @@ def build() -> Dashboard:
         [
             Panel(
                 "Requests finished",
-                "Requests completed per second by each role (the gateway "
-                "sends every request to a prefill and a decode).",
+                "Requests that ended per second by each role, aborted ones included (the "
+                "Errors panel splits those out); the gateway sends every request to a "
+                "prefill and a decode.",
                 "reqps",
                 [
                     Query(
@@ -88,7 +95,7 @@ def build() -> Dashboard:
             Panel(
                 "Input tokens",
                 "Prompt tokens per second processed by the prefill engines.",
-                "short",
+                TOKENS_PER_S,
                 [
                     Query(
                         rate_sum("sglang:prompt_tokens_total", f'{ENGINE}, role="prefill"', "pair"),
@@ -99,7 +106,7 @@ def build() -> Dashboard:
             Panel(
                 "Output tokens",
                 "Generated tokens per second by the decode engines.",
-                "short",
+                TOKENS_PER_S,
                 [
                     Query(
                         rate_sum(
@@ -168,6 +175,7 @@ def build() -> Dashboard:
                 "percentunit",
                 [Query(f"max by (engine) (sglang:token_usage{{{ENGINE}}})", "{{engine}}")],
                 width=8,
+                thresholds=((None, "green"), (default_thresholds()["kv_usage_ratio"], "red")),
             ),
         ],
     )

@@ -9,6 +9,7 @@ from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat,
 from grafana_foundation_sdk.builders.dashboard import Row
 from grafana_foundation_sdk.models.common import (
     GraphDrawStyle,
+    GraphThresholdsStyleMode,
     LegendDisplayMode,
     LegendPlacement,
     StackingMode,
@@ -16,6 +17,8 @@ from grafana_foundation_sdk.models.common import (
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     GridPos,
+    Threshold,
+    ThresholdsMode,
     VariableRefresh,
     VariableSort,
 )
@@ -24,6 +27,8 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use.
 ENGINE = 'job="sglang", pair=~"$pair", role=~"$role", engine=~"$engine"'
 RATE = "$__rate_interval"
+# Grafana's custom unit: the value, then the suffix (token rates read as such, not as "2.4 K").
+TOKENS_PER_S = "suffix: tok/s"
 
 
 def rate_sum(metric: str, selector: str, by: str) -> str:
@@ -65,6 +70,13 @@ class Panel:
     width: int = 12
     height: int = 8
     stack: bool = False
+    # (from value, color) steps, the first from -inf (None): a stat's color, a dashed line on
+    # a time series.
+    thresholds: tuple[tuple[float | None, str], ...] = ()
+
+
+# A 0/1 health reading: red at 0, green at 1 (Grafana's default steps show 0 green).
+UP_THRESHOLDS: tuple[tuple[float | None, str], ...] = ((None, "red"), (1, "green"))
 
 
 @dataclass
@@ -100,6 +112,15 @@ def _build(panel: Panel, panel_id: int, pos: GridPos) -> timeseries.Panel | stat
             built = built.draw_style(GraphDrawStyle.BARS)
         if panel.stack:
             built = built.stacking(common.StackingConfig().mode(StackingMode.NORMAL))
+        if panel.thresholds:
+            built = built.thresholds_style(
+                common.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED)
+            )
+    if panel.thresholds:
+        steps = [Threshold(value, color) for value, color in panel.thresholds]
+        built = built.thresholds(
+            dashboard.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)
+        )
     built = built.id(panel_id).title(panel.title).description(panel.description).unit(panel.unit)
     built = built.datasource(DATASOURCE).grid_pos(pos)
     for target in _targets(panel):

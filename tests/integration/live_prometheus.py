@@ -8,8 +8,8 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,35 @@ import requests
 from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
-from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
-from pdctl.topology import Topology
+from pdctl.testing.stack import (
+    Gateway,
+    SimProc,
+    free_port,
+    smg_binary,
+    start_gateway,
+    stop_pid,
+    wait_until,
+)
+from pdctl.topology import Topology, dump
 from tests import prometheus_role
 from tests.conftest import ROOT, one_pair_topology, require_tool
+from tests.integration.conftest import FAST_SIM_ENV
 
 HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
+GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
+# The panels of pdstack-gpus that read NVML.
+GPU_PANELS = (
+    "SM utilisation",
+    "Memory-controller utilisation",
+    "Power vs limit",
+    "Power",
+    "GPU memory used",
+    "Temperature",
+    "SM clock",
+    "PCIe throughput",
+    "Throttle reasons",
+    "XID errors",
+)
 
 
 @dataclass
@@ -177,3 +200,81 @@ def panel_counts(
     window = math.ceil(end - start) + 2
     rate = prom.by_label(substitute(expr, f"{window}s"), end, label)
     return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
+
+
+# A decode restarted alone fails every KV transfer (docs/sim.md, degraded pair) until the pair
+# is restarted together.
+DEGRADED_ENV = {"PDSIM_DEGRADED": "on", "PDSIM_DEGRADED_FAIL_RATIO": "1"}
+
+
+@dataclass
+class MonitoredPair:
+    """One sim pair behind the real gateway, pd-exporter (pair canary every second) and node
+    exporter, scraped every second by a real Prometheus."""
+
+    prom: Prometheus
+    gateway: Gateway
+    prefill: SimProc
+    decode: SimProc
+
+    def canary(self) -> float | None:
+        """The pair canary's last result as Prometheus has it (None before the first)."""
+        found = self.prom.query(f'pdstack_pair_canary_success{{pair="{HOST}/pd0"}}')
+        return float(found[0]["value"][1]) if found else None
+
+    def restart_decode_alone(self, timeout: float = 40) -> None:
+        """The production incident: the decode restarted without its prefill; returns once
+        Prometheus has the pair canary failing."""
+        self.decode.restart().wait_healthy()
+        wait_until(lambda: self.canary() == 0, timeout, "the pair canary failing")
+
+    def restart_both(self, timeout: float = 40) -> None:
+        """What `pdctl restart --both` does to the engines (both stop, then both start);
+        returns once Prometheus has the pair canary passing again."""
+        self.decode.stop()
+        self.prefill.stop()
+        self.prefill.start()
+        self.decode.start()
+        self.prefill.wait_healthy()
+        self.decode.wait_healthy()
+        wait_until(lambda: self.canary() == 1, timeout, "the pair canary passing")
+
+
+@contextmanager
+def monitored_pair(
+    root: Path,
+    rule_overrides: dict[str, object],
+    prefill_extra: Sequence[str] = (),
+    decode_extra: Sequence[str] = (),
+) -> Iterator[MonitoredPair]:
+    """The stack of the live monitoring modules, outside pytest's fixtures (the dashboard
+    previews drive it from a script too); every process stopped by PID on the way out."""
+    binary, node_exporter = smg_binary(), require_tool("prometheus-node-exporter")
+    if binary is None:
+        raise RuntimeError("smg (the SGLang model gateway) is not installed; run scripts/setup.sh")
+    env = {**FAST_SIM_ENV, **DEGRADED_ENV}
+    with ExitStack() as stack:
+        engines = []
+        for mode, extra in (("prefill", prefill_extra), ("decode", decode_extra)):
+            sim = SimProc.create(mode, root, env, extra=extra)
+            stack.callback(sim.stop)
+            engines.append(sim.start())
+        prefill, decode = (sim.wait_healthy() for sim in engines)
+        gateway = start_gateway(binary, [prefill], [decode], root)
+        stack.callback(gateway.stop)
+        gateway.wait_ready()
+        topo = stack_topology(prefill, decode, gateway, prefill_gpus=(0, 1), decode_gpus=(2, 3))
+        topo_file = root / "topology.yaml"
+        topo_file.write_text(dump(topo))
+        ports = {"exporter": free_port(), "node": free_port()}
+        canary = ("--canary-interval", "1", "--canary-timeout", "3")
+        for proc in (
+            start_exporter(topo_file, HOST, ports["exporter"], decode.log_path,
+                           root / "exporter.log", *canary),
+            start_process([str(node_exporter), f"--web.listen-address=127.0.0.1:{ports['node']}"],
+                          root / "node.log"),
+        ):  # fmt: skip
+            stack.callback(stop_pid, proc)
+        config = render_prometheus_config(root / "prom", topo, HOST, ports, rule_overrides)
+        prom = stack.enter_context(running_prometheus(config, root, targets_up=5))
+        yield MonitoredPair(prom, gateway, prefill, decode)

@@ -35,6 +35,8 @@ from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_unti
 from pdctl.topology import dump
 from tests.conftest import require_tool
 from tests.integration.live_prometheus import (
+    GPU_ONLY,
+    GPU_PANELS,
     HOST,
     Prometheus,
     panel_counts,
@@ -116,7 +118,6 @@ FAILURE_ONLY = {
     "smg_worker_stalled": "written when the gateway first vetoes a worker",
     "pdstack_gpu_xid_errors_total": "needs NVML (GPU host) and an XID event",
 }
-GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
 # Expressions allowed to return nothing here: (dashboard uid or "rules", panel or rule) ->
 # why. Every alert is silent on a healthy stack except the two that this host really has.
 NO_DATA = {
@@ -142,20 +143,7 @@ NO_DATA = {
     ("rules", "engine:sglang_transfer_failed_reqs:rate5m"): "failure counter, see FAILURE_ONLY",
     **{
         ("pdstack-gpus", title): GPU_ONLY
-        for title in (
-            "variable gpu_role",
-            "variable numa_node",
-            "SM utilisation",
-            "Memory-controller utilisation",
-            "Power vs limit",
-            "Power",
-            "GPU memory used",
-            "Temperature",
-            "SM clock",
-            "PCIe throughput",
-            "Throttle reasons",
-            "XID errors",
-        )
+        for title in ("variable gpu_role", "variable numa_node", *GPU_PANELS)
     },
 }
 ALERTS_WITH_DATA_HERE = {
