@@ -42,7 +42,7 @@ def previews(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[DashboardPr
         pair.restart_decode_alone()
         time.sleep(5)
         pair.restart_both()
-        time.sleep(5)
+        pair.prom.wait_scrapes(3)  # the healed pair is in the window's last samples
         end = time.time()
         prom = Prometheus(pair.prom.url)
         return [
