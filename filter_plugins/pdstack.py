@@ -7,6 +7,7 @@ The roles never derive a flag, a port or a unit name themselves; they template w
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[str, Any]:
+    _count_parse()
     try:
         dep = load_deployment(Path(inventory_file), Path(profile))
     except PdctlError as e:
@@ -164,6 +166,14 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "documentation": names.documentation(),
         },
     }
+
+
+def _count_parse() -> None:
+    """One line per parse of the deployment in PDSTACK_PARSE_LOG, when set (benchmarks)."""
+    log = os.environ.get("PDSTACK_PARSE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
 
 
 def _mtime(path: str) -> float:
