@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -45,9 +46,13 @@ KINDS = ("modules", "commands", "transfers")
 @dataclass
 class Run:
     wall: float
+    cpu: float  # user + system seconds of ansible-playbook and its workers (the controller's)
     changed: int
     timing: dict[str, Any]
     parses: list[str]  # one pid per parse of the deployment
+
+    def summary(self) -> str:
+        return f"{self.wall:7.1f} s  controller cpu {self.cpu:6.1f} s  changed={self.changed}"
 
     def roles(self) -> dict[str, float]:
         out: defaultdict[str, float] = defaultdict(float)
@@ -71,16 +76,17 @@ def site(inventory: Path, extra: list[str], scratch: Path, n: int) -> Run:
         PDSTACK_PARSE_LOG=str(parses),
     )
     cmd = [str(PLAYBOOK), "site.yml", "-i", str(inventory), "-e", "pdstack_grafana_install=false"]
-    start = time.perf_counter()
+    start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     run = subprocess.run(
         [*cmd, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
-    wall = time.perf_counter() - start
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if run.returncode != 0:
         sys.exit(f"site.yml failed (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr}")
     changed = sum(int(m[3]) for m in RECAP.finditer(run.stdout))
     pids = parses.read_text().split() if parses.exists() else []
-    return Run(wall, changed, json.loads(timing.read_text()), pids)
+    return Run(wall, cpu, changed, json.loads(timing.read_text()), pids)
 
 
 def report(runs: dict[str, Run], top: int) -> None:
@@ -111,8 +117,7 @@ def report(runs: dict[str, Run], top: int) -> None:
         print(f"\nslowest tasks, {name}: seconds, modules/commands/files")
         for task in sorted(run.timing["tasks"], key=lambda t: -t["seconds"])[:top]:
             calls = "/".join(str(task["calls"][k]) for k in KINDS)
-            label = f"{task['role']} : {task['name']}" if task["role"] else task["name"]
-            print(f"  {task['seconds']:6.2f}  {calls:>9}  {label}")
+            print(f"  {task['seconds']:6.2f}  {calls:>9}  {task['name']}")
         counts = Counter(t["role"] or "(play)" for t in run.timing["tasks"])
         print(f"  tasks run: {sum(counts.values())}")
 
@@ -154,10 +159,10 @@ def main() -> None:
         try:
             first = site(inventory, extra, scratch, 0) if booted else None
             if first:
-                print(f"first run   {first.wall:7.1f} s  changed={first.changed}")
+                print(f"first run   {first.summary()}")
             noop = [site(inventory, extra, scratch, n) for n in range(1, opts.runs + 1)]
             for n, run in enumerate(noop, 1):
-                print(f"no-op run {n} {run.wall:7.1f} s  changed={run.changed}")
+                print(f"no-op run {n} {run.summary()}")
         finally:
             if booted and not opts.keep:
                 if opts.fleet:
