@@ -4,7 +4,8 @@
 # those after --no-deps without their dependencies (the sim's nixl-cu12, whose own are torch and
 # CUDA): deploy/wheelhouse.sh smg==1.13.0 --no-deps nixl-cu12==1.5.1.
 # Prints the wheelhouse directory on stdout (progress goes to stderr): the wheels, wheels.tar
-# holding them all (what site.yml copies), and a .complete marker.
+# holding them all (what site.yml copies), and a .complete marker holding wheels.tar's sha256
+# (a host unpacks a wheelhouse it has not unpacked yet, known by that sum, without reading it).
 #
 # Cached by a hash of the requirements, pyproject.toml, the pdctl sources and the Python
 # version and machine: wheels are built for the controller's Python, so it must match the
@@ -71,7 +72,7 @@ if [[ ! -e $dir/.complete ]]; then
   # equal wheels give an equal archive.
   (cd "$tmp/wheels" && find . -name '*.whl' -printf '%P\n' | LC_ALL=C sort \
     | tar --mtime=@315532800 --owner=0 --group=0 --numeric-owner -cf wheels.tar -T -)
-  touch "$tmp/wheels/.complete"
+  (cd "$tmp/wheels" && sha256sum wheels.tar | cut -d' ' -f1 > .complete)
   rm -rf "$dir"
   mv "$tmp/wheels" "$dir"
   log "built: $(find "$dir" -name '*.whl' | wc -l) wheels, $(du -sh "$dir" | cut -f1)"

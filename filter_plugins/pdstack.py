@@ -2,22 +2,27 @@
 
 The roles never derive a flag, a port or a unit name themselves; they template what
 `pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree.
+
+Ansible imports every filter plugin in each forked worker that templates a filter, so the spec
+and the renderer (pydantic, jinja2: a third of a second) are imported only by the worker that
+parses the deployment: once per host and run (roles/pdstack/tasks/deployment.yml).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ansible.errors import AnsibleFilterError
 
-from pdctl import names, render, topology
-from pdctl.errors import PdctlError
+from pdctl import escape, names
 from pdctl.escape import systemd_command
-from pdctl.spec import Deployment, EngineKind, Instance, load_deployment
-from pdctl.spec.load import resolve_profile
+
+if TYPE_CHECKING:
+    from pdctl.spec import Deployment, Instance
 
 
 def _instance(inst: Instance) -> dict[str, Any]:
@@ -38,6 +43,8 @@ def _instance(inst: Instance) -> dict[str, Any]:
 
 
 def _unit_vars(inst: Instance, dep: Deployment) -> dict[str, Any]:
+    from pdctl import render
+
     ctx = render.unit_context(inst, dep)
     return {**ctx, "inst": _instance(inst)}
 
@@ -57,6 +64,8 @@ def _packages(dep: Deployment) -> dict[str, dict[str, list[str]]]:
 
     `pdctl` comes from the wheelhouse (built from this checkout).
     """
+    from pdctl.spec import EngineKind
+
     v = dep.profile.versions
     engine = ["pdctl"]
     no_deps: list[str] = []
@@ -102,6 +111,11 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[str, Any]:
+    from pdctl import render, topology
+    from pdctl.errors import PdctlError
+    from pdctl.spec import load_deployment
+
+    _count_parse()
     try:
         dep = load_deployment(Path(inventory_file), Path(profile))
     except PdctlError as e:
@@ -166,6 +180,14 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
     }
 
 
+def _count_parse() -> None:
+    """One line per parse of the deployment in PDSTACK_PARSE_LOG, when set (benchmarks)."""
+    log = os.environ.get("PDSTACK_PARSE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
 def _mtime(path: str) -> float:
     p = Path(path)
     return p.stat().st_mtime if p.exists() else 0.0
@@ -182,6 +204,8 @@ def pdstack_deployment(inventory_file: str, profile: str) -> dict[str, Any]:
 
 def pdstack_profile_path(inventory_file: str, profile: str) -> str:
     """Relative profiles resolve against the inventory's directory, as pdctl resolves them."""
+    from pdctl.spec.load import resolve_profile
+
     return str(resolve_profile(Path(inventory_file), profile))
 
 
@@ -206,6 +230,6 @@ class FilterModule:
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
-            **render.FILTERS,
+            **escape.FILTERS,
             "pdstack_stale_pairs": pdstack_stale_pairs,
         }

@@ -67,3 +67,8 @@ def env_file_value(value: str) -> str:
     if _BARE_ENV_VALUE.fullmatch(value):
         return value
     return '"' + _ENV_FILE_ESCAPED.sub(r"\\\1", value) + '"'
+
+
+# The quoting filters the templates use: pdctl.render's Jinja environment and, through
+# filter_plugins/pdstack.py, Ansible's.
+FILTERS = {"pdstack_env_value": env_file_value}

@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 
 from pdctl import names
-from pdctl.escape import env_file_value, systemd_command, systemd_word
+from pdctl.escape import FILTERS, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
 
 STOP_TIMEOUT_S = 120
@@ -174,10 +174,6 @@ class RenderedInstance:
     env_file: str
     env_text: str  # the env file's content
     unit: str
-
-
-# The quoting filters the templates use; filter_plugins/pdstack.py gives Ansible the same.
-FILTERS = {"pdstack_env_value": env_file_value}
 
 
 def jinja_env(directory: Path | None = None) -> jinja2.Environment:
