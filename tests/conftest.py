@@ -33,10 +33,14 @@ SESSION_HOST_MODULES = frozenset(
 SESSION_HOST_FIXTURES = frozenset({"testhost", "site"})
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def work_unit(nodeid: str) -> str:
     """The unit of work of a test for `pytest -n N --dist loadscope`: its module, so that its
     module fixtures (a converged host, a live stack) are set up once, or the session host."""
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     return "session-host" if module in SESSION_HOST_MODULES else module
 
 
@@ -46,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     modules fill the other lanes."""
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
     strays = {
-        item.nodeid.split("::", 1)[0]
+        module_of(item.nodeid)
         for item in items
         if SESSION_HOST_FIXTURES & set(getattr(item, "fixturenames", ()))
     } - SESSION_HOST_MODULES
