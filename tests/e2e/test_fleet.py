@@ -434,8 +434,17 @@ def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
         finally:
             subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=30)
     print(f"host lost mid-roll: {time.monotonic() - start:.0f}s")
-    # Back on the bridge, the drained pair restarts into the gateway (host 2's old pdctl, its
-    # lease taken over, exits first: wait for its host lock).
+    # Back on the bridge, host 2 reaches host 1's lock server again once its neighbour
+    # entries, failed while it was cut off, resolve anew (a fresh-clone CI run's restart came
+    # a moment too early: "does not answer (ConnectionError)", exit 5).
+    lock = dep["gateway"]["lock"]["url"]
+    wait_for(
+        lambda: second.ssh(f"curl -s -o /dev/null -m 2 {lock}/lease").returncode == 0,
+        60,
+        f"host 2 to reach the lock server at {lock}",
+    )
+    # The drained pair restarts into the gateway (host 2's old pdctl, its lease taken over,
+    # exits first: wait for its host lock).
     back = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     wait_for(lambda: serving(fleet, lost), 120, f"{lost} serving again")
