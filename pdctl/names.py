@@ -35,6 +35,17 @@ RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this ho
 LOCK_UNIT = f"{PREFIX}-lock.service"
 LOCK_STATE_NAME = f"{PREFIX}-lock"  # its StateDirectory=: the gateway user's, not the engines'
 LOCK_STATE_FILE = f"/var/lib/{LOCK_STATE_NAME}/lease.json"
+# The coordination store (etcd, docs/operations.md "The coordination store"): one member per
+# [etcd] host, run by its own unit from Debian's etcd-server; TLS files the controller makes.
+ETCD_UNIT = f"{PREFIX}-etcd.service"
+ETCD_DATA_DIR = f"/var/lib/{PREFIX}-etcd"
+ETCD_TLS_DIR = f"{CONFIG_DIR}/etcd"
+ETCD_CA = f"{ETCD_TLS_DIR}/ca.crt"
+ETCD_CLIENT_CERT = f"{ETCD_TLS_DIR}/client.crt"  # this host's client identity (root, 0600 key)
+ETCD_CLIENT_KEY = f"{ETCD_TLS_DIR}/client.key"
+ETCD_PREFIX = f"/{PREFIX}/"  # every key pdstack writes lives under it
+# The gateway's liveness key in etcd, kept under a lease while the gateway unit runs.
+GATEWAY_LEASE_UNIT = f"{PREFIX}-gateway-lease.service"
 # The gateway's API key on every pd host (root, 0600): `pdctl restart` and `pdctl recover`
 # authenticate with it to the gateways (drain, register) and the fleet lock.
 OPS_ENV_FILE = f"{CONFIG_DIR}/ops.env"

@@ -65,6 +65,19 @@ class TopologyLock(_Frozen):
     ttl_s: float
 
 
+class TopologyCoord(_Frozen):
+    """The coordination store: every [etcd] member's client URL and the client's TLS files
+    (on a host the files site.yml installs; from -i/-p on a controller, its PKI dir's)."""
+
+    endpoints: list[str]  # https://ADDRESS:PORT per [etcd] member, in inventory order
+    ca_file: str
+    cert_file: str
+    key_file: str
+    prefix: str = names.ETCD_PREFIX
+    lock_ttl_s: float = 15.0  # a restart lock holder that stops renewing loses it after this
+    gateway_ttl_s: float = 15.0  # a gateway whose host stops renewing its key is gone after this
+
+
 class Topology(_Frozen):
     version: int = VERSION
     model: str  # served model name
@@ -74,6 +87,7 @@ class Topology(_Frozen):
     router: TopologyRouter
     gateways: list[TopologyRouter] = []  # router first; left out: [router]
     lock: TopologyLock | None = None  # left out by pdstack before the fleet lock
+    coord: TopologyCoord | None = None  # the etcd store; replaces `lock`
 
     @model_validator(mode="before")
     @classmethod
