@@ -75,7 +75,7 @@ class Status:
     gateway: GatewayStatus  # the first; the instance and pair views are its
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
-    lock_url: str | None = None  # the fleet restart lock's server; None: this host's lock
+    lock_store: str | None = None  # where the fleet restart lock lives; None: this host's lock
     others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
 
     @property
@@ -140,7 +140,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
         lock=got["lock"][0],
         lock_error=got["lock"][1],
-        lock_url=ops.fleet_lock.url if ops.fleet_lock else None,
+        lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
     )
 
 
@@ -225,10 +225,9 @@ def to_json(s: Status) -> dict[str, Any]:
             "since": s.lock.since if s.lock else None,
             "held_s": round(now - s.lock.since) if s.lock else None,
             "error": s.lock_error,
-            # The fleet restart lock (url: its server; null: only this host's lock).
-            "url": s.lock_url,
+            # The fleet restart lock (store: etcd's members; null: only this host's lock).
+            "store": s.lock_store,
             "host": s.lock.host if s.lock else None,
-            "stale": s.lock.stale if s.lock else None,
             "heartbeat_age_s": s.lock.heartbeat_age_s if s.lock else None,
             "ttl_s": s.lock.ttl_s if s.lock else None,
         },
@@ -347,9 +346,6 @@ def _lock_fields(s: Status) -> tuple[str, str]:
     if s.lock.host:
         who = f"{escape(s.lock.host)} {who}"
     held = _duration(time.time() - s.lock.since)
-    if s.lock.stale:
-        late = _duration(s.lock.heartbeat_age_s or 0)
-        held += f" [red](stale: not renewed for {late}; the next restart takes it over)[/]"
     return f"[yellow]held by {who} for {held}[/]", escape(s.lock.what)
 
 

@@ -1,0 +1,2 @@
+"""The fleet's coordination store, etcd: the restart lock as a lease, the restart history,
+the gateways' liveness keys (docs/operations.md, "The coordination store")."""
