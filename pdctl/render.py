@@ -155,15 +155,9 @@ def register_command(gateway_host: str) -> list[str]:
     ]  # fmt: skip
 
 
-def lock_command(dep: Deployment) -> list[str]:
-    """The fleet restart lock's ExecStart: on the first [router] host, at the address the
-    topology gives clients. It reads the gateway's key from the unit's environment."""
-    return [
-        f"{names.VENV}/bin/pdctl", "lock", "serve",
-        "--host", dep.router_address,
-        "--port", str(dep.profile.router.lock_port),
-        "--state", names.LOCK_STATE_FILE,
-    ]  # fmt: skip
+def lease_command(gateway_host: str) -> list[str]:
+    """The gateway lease unit's ExecStart: this host's gateway liveness key in etcd."""
+    return [f"{names.VENV}/bin/pdctl", "gateway", "heartbeat", "--gateway", gateway_host]
 
 
 @dataclass(frozen=True)

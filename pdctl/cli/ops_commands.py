@@ -1,4 +1,5 @@
-"""`pdctl status | restart | doctor | recover`: operate the running deployment."""
+"""`pdctl status | restart | doctor | recover | gateway register | gateway heartbeat`:
+operate the running deployment."""
 
 from __future__ import annotations
 
@@ -482,3 +483,32 @@ def register(
                 elif state not in ("added", "bound"):
                     click.secho(f"  Warning: {url} {state}", fg="yellow")
     sys.exit(1 if any(d.error for d in done) else 0)
+
+
+@gateway.command("heartbeat")
+@source_options
+@click.option(
+    "--gateway", "host", required=True, metavar="HOST", help="The gateway's inventory host."
+)
+def heartbeat(topology_path: Path, inventory: Path, profile: Path | None, host: str) -> None:
+    """Keep this gateway's liveness key in etcd while it runs (pdstack-gateway-lease.service).
+
+    The key lives under a lease renewed every ttl/3 (etcd.gateway_ttl_s); it ends with this
+    process (SIGTERM revokes it), or ttl seconds after the host stops renewing it (lost,
+    powered off). A restart that cannot reach a gateway without a key goes on without it;
+    one that holds its key and does not answer blocks the restart. Runs until stopped.
+    """
+    import signal
+    import threading
+
+    from pdctl.coord.gateways import heartbeat as keep_alive
+
+    ops = _ops(topology_path, inventory, profile)
+    coord = ops.source.topology.coord
+    if ops.store is None or coord is None:
+        raise PdctlError("the topology names no etcd store (it predates it): run site.yml")
+    url = ops.source.topology.gateway(host).url
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    keep_alive(ops.store, host, url, coord.gateway_ttl_s, stop, lambda line: click.echo(line))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pdctl import pdclient
+from pdctl.coord import gateways as liveness
 from pdctl.coord.history import Outcome
 from pdctl.errors import PdctlError
 from pdctl.ops import gateway, pending
@@ -185,26 +186,51 @@ def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
     ]
 
 
+def _gone(ops: Ops, silent: list[str]) -> list[str]:
+    """Those of the `silent` gateways (URLs: no answer at all) whose host holds no liveness
+    key in etcd. None without a store, or when etcd cannot tell: they then block as before."""
+    if not silent or ops.store is None:
+        return []
+    try:
+        keys = liveness.alive(ops.store)
+    except PdctlError:
+        return []
+    host_of = {g.url: g.host for g in ops.source.topology.gateways}
+    return [u for u in silent if host_of.get(u) not in keys]
+
+
 def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.GatewayAdmin]:
     """The gateways that answer. Required: every one must, or StepFailed names those that
     do not (before anything changes); else the others are skipped with a line saying so (a
     gateway that comes back registers every pair itself, ExecStartPost=)."""
 
+    silent: list[str] = []
+
     def answers(gw: gateway.GatewayAdmin) -> str | None:
         try:
             gw.workers()
             return None
+        except gateway.GatewayUnreachable as e:
+            silent.append(gw.url)
+            return str(e)
         except gateway.GatewayError as e:
             return str(e)
 
     errors = concurrently({gw.url: partial(answers, gw) for gw in ops.gateways})
-    down = [e for e in errors.values() if e is not None]
+    gone = _gone(ops, silent)
+    for url in gone:
+        ops.say(
+            f"  {pair.id}: WARNING: gateway {url} is gone (no key of its host in etcd: lost, "
+            "or its gateway stopped); going on without it (it registers every pair when it "
+            "comes back)"
+        )
+    down = [e for u, e in errors.items() if e is not None and u not in gone]
     if down and required:
         stopped = "; nothing was stopped" if phase == "drain" else ""
         raise StepFailed(phase, "; ".join(down) + stopped)
     for e in down:
         ops.say(f"  {pair.id}: cannot {phase} ({e}); going on")
-    return [gw for gw in ops.gateways if errors[gw.url] is None]
+    return [gw for gw in ops.gateways if errors[gw.url] is None and gw.url not in gone]
 
 
 def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:

@@ -271,11 +271,12 @@ def test_status_json(
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
         "gen_throughput", "metrics_error", "url", "gateway",
     ]  # fmt: skip
-    # ... and one per pair (restart_pending: null unless site.yml left a restart pending)
+    # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
+    # recovery: null unless its recovery waits)
     assert list(out["pairs"][0]) == [
-        "id", "target", "canary", "gateway", "drained", "restart_pending"
+        "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery"
     ]  # fmt: skip
-    assert out["pairs"][0]["restart_pending"] is None
+    assert out["pairs"][0]["restart_pending"] is None and out["pairs"][0]["recovery"] is None
     assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
