@@ -230,8 +230,8 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TopologyCo
     """A real one-member etcd for this worker's tests (pdctl.testing.etcd)."""
     from pdctl.testing.etcd import local_etcd
 
-    with local_etcd(tmp_path_factory.mktemp("etcd")) as c:
-        yield c
+    with local_etcd(tmp_path_factory.mktemp("etcd")) as etcd:
+        yield etcd.coord
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""A real one-member etcd (Debian's etcd-server) on free local ports, for tests and
-benchmarks that need the coordination store: started as a process of its own, stopped by PID.
+"""A real etcd (Debian's etcd-server) of one or more members on free local ports, for tests
+and benchmarks that need the coordination store: each member a process of its own, stopped
+and started again by PID (its data directory kept), to lose and regain quorum on purpose.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -19,54 +21,104 @@ from pdctl.topology import TopologyCoord
 ETCD = "etcd"
 # Short leases, so a dead holder's lock frees in seconds (the deployed default is 15 s).
 LOCK_TTL_S = 3.0
+START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Member:
+    name: str
+    client_url: str
+    peer_url: str
+    data_dir: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class LocalEtcd:
+    members: list[Member]
+    cluster: str  # --initial-cluster
+    coord: TopologyCoord
+    token: str = field(default="pdstack-test")
+
+    def start(self, i: int) -> None:
+        m = self.members[i]
+        argv = [
+            shutil.which(ETCD) or ETCD,
+            f"--name={m.name}",
+            f"--data-dir={m.data_dir}",
+            f"--listen-client-urls={m.client_url}",
+            f"--advertise-client-urls={m.client_url}",
+            f"--listen-peer-urls={m.peer_url}",
+            f"--initial-advertise-peer-urls={m.peer_url}",
+            f"--initial-cluster={self.cluster}",
+            f"--initial-cluster-token={self.token}",
+            "--log-outputs=stderr",
+        ]
+        with m.log.open("ab") as out:
+            m.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self, i: int) -> None:
+        m = self.members[i]
+        if m.proc is None:
+            return
+        m.proc.terminate()
+        try:
+            m.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            m.proc.kill()
+            m.proc.wait()
+        m.proc = None
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Until every running member says it is healthy (it has a leader)."""
+        deadline = time.monotonic() + timeout
+        for m in self.members:
+            while m.proc is not None:
+                with contextlib.suppress(requests.RequestException, ValueError):
+                    r = requests.get(f"{m.client_url}/health", timeout=1)
+                    if r.json().get("health") == "true":
+                        break
+                if m.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd {m.name} not healthy within {timeout:g}s ({m.log})")
+                time.sleep(0.1)
 
 
 @contextlib.contextmanager
 def local_etcd(
-    workdir: Path, lock_ttl_s: float = LOCK_TTL_S, gateway_ttl_s: float = LOCK_TTL_S
-) -> Iterator[TopologyCoord]:
-    """A one-member etcd in `workdir` (its data and log), as a topology's coord section."""
-    binary = shutil.which(ETCD)
-    if binary is None:
+    workdir: Path,
+    size: int = 1,
+    lock_ttl_s: float = LOCK_TTL_S,
+    gateway_ttl_s: float = LOCK_TTL_S,
+) -> Iterator[LocalEtcd]:
+    """An etcd cluster of `size` members in `workdir` (their data and logs), all started."""
+    if shutil.which(ETCD) is None:
         raise RuntimeError("no etcd on PATH: apt-get install etcd-server (scripts/setup.sh)")
-    client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "etcd.log"
-    argv = [
-        binary,
-        "--name=test",
-        f"--data-dir={workdir / 'data'}",
-        f"--listen-client-urls={url}",
-        f"--advertise-client-urls={url}",
-        f"--listen-peer-urls={peer_url}",
-        f"--initial-advertise-peer-urls={peer_url}",
-        f"--initial-cluster=test={peer_url}",
-        "--log-outputs=stderr",
-    ]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/health", timeout=1).json().get("health") == "true":
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"etcd did not become healthy within 20s (log {log})")
-            time.sleep(0.1)
-        yield TopologyCoord(
-            endpoints=[url],
-            ca_file="",
-            cert_file="",
-            key_file="",
-            lock_ttl_s=lock_ttl_s,
-            gateway_ttl_s=gateway_ttl_s,
+    members = [
+        Member(
+            f"m{i}",
+            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{free_port()}",
+            workdir / f"m{i}",
+            workdir / f"m{i}.log",
         )
+        for i in range(size)
+    ]
+    coord = TopologyCoord(
+        endpoints=[m.client_url for m in members],
+        ca_file="",
+        cert_file="",
+        key_file="",
+        lock_ttl_s=lock_ttl_s,
+        gateway_ttl_s=gateway_ttl_s,
+    )
+    etcd = LocalEtcd(members, ",".join(f"{m.name}={m.peer_url}" for m in members), coord)
+    try:
+        for i in range(size):
+            etcd.start(i)
+        etcd.wait_healthy()
+        yield etcd
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for i in range(size):
+            etcd.stop(i)

@@ -58,8 +58,8 @@ SMG_DRAIN_WINDOW_S = 5  # smg 1.13 removes a drained worker this long after its 
 @pytest.fixture
 def coord(tmp_path: Path) -> Iterator[TopologyCoord]:
     """The coordination store: a real one-member etcd as a local process."""
-    with local_etcd(tmp_path / "etcd") as c:
-        yield c
+    with local_etcd(tmp_path / "etcd") as etcd:
+        yield etcd.coord
 
 
 @pytest.fixture
