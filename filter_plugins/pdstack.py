@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ansible.errors import AnsibleFilterError
 
-from pdctl import escape, names
+from pdctl import converge, escape, names
 from pdctl.escape import systemd_command
 
 if TYPE_CHECKING:
@@ -234,5 +234,6 @@ class FilterModule:
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
             **escape.FILTERS,
+            **converge.FILTERS,
             "pdstack_stale_pairs": pdstack_stale_pairs,
         }
