@@ -1,5 +1,5 @@
 """Decisions the roles take from what a converge run found: which pairs restart and why, the
-firewall's sources, whether a unit runs old code.
+firewall's sources, whether a unit runs old code, which ports clash.
 
 The roles pass their registered results in through filter_plugins/pdstack.py; the logic is
 Python here rather than Jinja in vars files, so it has unit tests and types. Plain data in and
@@ -150,6 +150,31 @@ def registered_changed(register_stdout: str) -> bool:
     )
 
 
+def listen_ports(dep: Mapping[str, Any], host: str) -> list[int]:
+    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines',
+    on a gateway host the gateway's, and on the first gateway's host the fleet restart lock's."""
+    gateway = dep["gateway"]
+    ports = list(dep["hosts"].get(host, {}).get("ports", []))
+    if host in gateway["urls"]:
+        ports += [gateway["port"], gateway["metrics_port"]]
+    if host == gateway["lock"]["host"]:
+        ports.append(gateway["lock"]["port"])
+    return ports
+
+
+def port_clashes(listeners: Iterable[str], ports: Iterable[int], unit_prefix: str) -> list[str]:
+    """The `listeners` lines ("PORT UNIT PROCESS", roles/pdstack_preflight/tasks/ports.yml) on
+    one of `ports` whose unit is not pdstack's: a port held by anything else makes an engine or
+    the gateway fail at start, after the host was changed."""
+    wanted = {str(p) for p in ports}
+    clashes = []
+    for line in listeners:
+        port, unit, *_ = [*line.split(" ", 2), ""]
+        if port in wanted and not unit.startswith(unit_prefix):
+            clashes.append(line)
+    return clashes
+
+
 # The roles' names for these (filter_plugins/pdstack.py).
 FILTERS = {
     "pdstack_changed_pairs": changed_pairs,
@@ -161,4 +186,6 @@ FILTERS = {
     "pdstack_firewall_sources": firewall_sources,
     "pdstack_runs_old_code": runs_old_code,
     "pdstack_registered_changed": registered_changed,
+    "pdstack_listen_ports": listen_ports,
+    "pdstack_port_clashes": port_clashes,
 }

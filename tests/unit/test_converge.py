@@ -6,16 +6,18 @@ the role's vars file and real Ansible."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pdctl import converge, names
-from tests.conftest import filter_plugin
+from tests.conftest import ROOT, filter_plugin, role_expression, two_gateways_inventory
 
 UNITS = names.UNIT_DIR
 LAYOUT = {"unit_dir": UNITS, "venv": names.VENV, "restart_pending_dir": names.RESTART_PENDING_DIR}
 PAIRS = ["pd0", "pd1", "pd2"]
+REFERENCE = ROOT / "deploy" / "profiles" / "reference.yml"
 
 
 def _results(items: list[tuple[bool, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -177,3 +179,48 @@ def test_the_plugin_gives_the_roles_every_filter() -> None:
     plugin = filter_plugin().FilterModule().filters()
     for name, fn in converge.FILTERS.items():
         assert plugin[name] is fn, name
+
+
+def test_listen_ports_of_engine_gateway_and_lock_hosts(tmp_path: Path) -> None:
+    dep = filter_plugin().pdstack_deployment(str(two_gateways_inventory(tmp_path)), str(REFERENCE))
+    gw = dep["gateway"]
+    first, second = dep["hosts"]
+    assert gw["lock"]["host"] == first and set(gw["urls"]) == {first, second}
+    assert converge.listen_ports(dep, first) == [
+        *dep["hosts"][first]["ports"], gw["port"], gw["metrics_port"], gw["lock"]["port"],
+    ]  # fmt: skip
+    assert converge.listen_ports(dep, second) == [
+        *dep["hosts"][second]["ports"], gw["port"], gw["metrics_port"],
+    ]  # fmt: skip
+    assert converge.listen_ports(dep, "monitoring-1") == []
+
+
+def test_port_clashes_are_the_ports_held_by_other_units() -> None:
+    listeners = [
+        "30000 pdstack-pd0-prefill.service users:((python,pid=7,fd=3))",
+        "30001 nginx.service users:((nginx,pid=8,fd=6))",
+        "22 ssh.service users:((sshd,pid=9,fd=3))",
+        "8998 unknown ",
+        "9000 unknown",
+    ]
+    assert converge.port_clashes(listeners, [30000, 30001, 8998, 9000], "pdstack-") == [
+        "30001 nginx.service users:((nginx,pid=8,fd=6))",
+        "8998 unknown ",
+        "9000 unknown",
+    ]
+    assert converge.port_clashes([], [30000], "pdstack-") == []
+
+
+def test_the_preflight_role_checks_the_ports_of_its_host(tmp_path: Path) -> None:
+    """Through real Ansible and the role's vars file: the filter plugin's deployment in, the
+    gateway host's ports out."""
+    dep = filter_plugin().pdstack_deployment(str(two_gateways_inventory(tmp_path)), str(REFERENCE))
+    second = list(dep["hosts"])[1]
+    ports = role_expression(
+        tmp_path,
+        ROOT / "roles" / "pdstack_preflight" / "vars" / "main.yml",
+        {"__pdstack_deployment": dep, "inventory_hostname": second},
+        "_pdstack_preflight_ports",
+    )
+    assert ports == converge.listen_ports(dep, second)
+    assert dep["gateway"]["port"] in ports and dep["gateway"]["lock"]["port"] not in ports
