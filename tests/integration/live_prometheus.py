@@ -85,12 +85,11 @@ class Prometheus:
         stored, however slowly a loaded machine scrapes, instead of a window of seconds."""
         for _ in range(count):
             since = time.time()
-            wait_until(
-                lambda since=since: float(self.query("min(timestamp(up))")[0]["value"][1]) > since,
-                timeout,
-                "a scrape of every target",
-                step=0.2,
-            )
+
+            def scraped(since: float = since) -> bool:
+                return float(self.query("min(timestamp(up))")[0]["value"][1]) > since
+
+            wait_until(scraped, timeout, "a scrape of every target", step=0.2)
 
     def wait_window(self, start: float, seconds: float) -> float:
         """Until `seconds` after `start` and two more scrapes of every target: a window for
