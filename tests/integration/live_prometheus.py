@@ -17,7 +17,6 @@ from typing import Any
 import requests
 
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import (
     Gateway,
@@ -32,6 +31,7 @@ from pdctl.topology import Topology, dump
 from tests import prometheus_role
 from tests.conftest import ROOT, one_pair_topology, require_tool
 from tests.integration.conftest import FAST_SIM_ENV
+from tests.promql import substitute
 
 HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
 GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
