@@ -224,3 +224,16 @@ def test_the_preflight_role_checks_the_ports_of_its_host(tmp_path: Path) -> None
     )
     assert ports == converge.listen_ports(dep, second)
     assert dep["gateway"]["port"] in ports and dep["gateway"]["lock"]["port"] not in ports
+
+
+def test_no_jinja_statements_in_the_roles_yaml() -> None:
+    """Logic that needs a loop, a `set` or a branch block is Python (here, through the filter
+    plugin), not Jinja in vars, tasks, handlers or defaults; templates may have them."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted(ROOT.glob("roles/*/*/*.yml"))
+        if path.parent.name != "templates"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "{%" in line
+    ]
+    assert found == []
