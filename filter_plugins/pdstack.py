@@ -1,7 +1,9 @@
 """Ansible's view of the deployment: the pdctl spec and renderer, as plain data.
 
 The roles never derive a flag, a port or a unit name themselves; they template what
-`pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree.
+`pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree. What they decide
+from their registered results (which pairs restart and why, the firewall's sources) is
+`pdctl.converge`'s, tested as Python.
 
 Ansible imports every filter plugin in each forked worker that templates a filter, so the spec
 and the renderer (pydantic, jinja2: a third of a second) are imported only by the worker that
