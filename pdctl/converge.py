@@ -151,14 +151,13 @@ def registered_changed(register_stdout: str) -> bool:
 
 
 def listen_ports(dep: Mapping[str, Any], host: str) -> list[int]:
-    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines',
-    on a gateway host the gateway's, and on the first gateway's host the fleet restart lock's."""
+    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines'
+    and, on a gateway host, the gateway's (the fleet restart lock is etcd's, not a server of
+    ours on a gateway host)."""
     gateway = dep["gateway"]
     ports = list(dep["hosts"].get(host, {}).get("ports", []))
     if host in gateway["urls"]:
         ports += [gateway["port"], gateway["metrics_port"]]
-    if host == gateway["lock"]["host"]:
-        ports.append(gateway["lock"]["port"])
     return ports
 
 

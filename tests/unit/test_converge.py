@@ -181,17 +181,14 @@ def test_the_plugin_gives_the_roles_every_filter() -> None:
         assert plugin[name] is fn, name
 
 
-def test_listen_ports_of_engine_gateway_and_lock_hosts(tmp_path: Path) -> None:
+def test_listen_ports_of_engine_and_gateway_hosts(tmp_path: Path) -> None:
     dep = filter_plugin().pdstack_deployment(str(two_gateways_inventory(tmp_path)), str(REFERENCE))
     gw = dep["gateway"]
     first, second = dep["hosts"]
-    assert gw["lock"]["host"] == first and set(gw["urls"]) == {first, second}
-    assert converge.listen_ports(dep, first) == [
-        *dep["hosts"][first]["ports"], gw["port"], gw["metrics_port"], gw["lock"]["port"],
-    ]  # fmt: skip
-    assert converge.listen_ports(dep, second) == [
-        *dep["hosts"][second]["ports"], gw["port"], gw["metrics_port"],
-    ]  # fmt: skip
+    assert set(gw["urls"]) == {first, second}
+    for host in (first, second):
+        engines = dep["hosts"][host]["ports"]
+        assert converge.listen_ports(dep, host) == [*engines, gw["port"], gw["metrics_port"]]
     assert converge.listen_ports(dep, "monitoring-1") == []
 
 
@@ -223,7 +220,7 @@ def test_the_preflight_role_checks_the_ports_of_its_host(tmp_path: Path) -> None
         "_pdstack_preflight_ports",
     )
     assert ports == converge.listen_ports(dep, second)
-    assert dep["gateway"]["port"] in ports and dep["gateway"]["lock"]["port"] not in ports
+    assert dep["gateway"]["port"] in ports
 
 
 def test_no_jinja_statements_in_the_roles_yaml() -> None:
