@@ -34,6 +34,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .mode import DisaggregationMode
+
 GIB = 1024**3
 
 # sglang/srt/arg_groups/memory_hook.py: GPU-memory tiers (MiB) -> (chunked prefill size,
@@ -179,6 +181,11 @@ class Knobs:
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
 
+    @property
+    def degraded_hangs(self) -> bool:
+        """A degraded pair's rooms hang (PDSIM_DEGRADED_MODE=hang) rather than fail."""
+        return self.degraded_mode == "hang"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str], random_seed: int | None = None) -> Knobs:
         d = cls()
@@ -265,9 +272,9 @@ class SimConfig:
 
     args: argparse.Namespace
     knobs: Knobs
+    mode: DisaggregationMode
     unknown: list[str]
     served_model_name: str
-    engine_type: str
     page_size: int
     context_length: int
     kv_pool_tokens: int
@@ -281,8 +288,8 @@ class SimConfig:
     warnings: list[str] = field(default_factory=list)  # SGLang's warnings while resolving
 
     @property
-    def mode(self) -> str:
-        return str(self.args.disaggregation_mode)
+    def engine_type(self) -> str:
+        return self.mode.engine_type
 
     @property
     def degraded_enabled(self) -> bool:
@@ -291,7 +298,7 @@ class SimConfig:
     @property
     def uses_nixl(self) -> bool:
         """KV moves through the real NIXL library (a PD engine on the nixl backend)."""
-        return self.mode != "null" and self.args.disaggregation_transfer_backend == "nixl"
+        return self.mode.is_pd and self.args.disaggregation_transfer_backend == "nixl"
 
     @property
     def kv_slot_bytes(self) -> int:
@@ -343,16 +350,14 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         buckets = sorted({b for b in buckets if b <= max_running} | {max_running})
     draft_tokens, accept_len = _speculative(args, knobs)
     warnings: list[str] = []
-    attempts = _optimistic_prefill_attempts(args, warnings)
-    engine_type = {"prefill": "prefill", "decode": "decode"}.get(
-        args.disaggregation_mode, "unified"
-    )
+    mode = DisaggregationMode(args.disaggregation_mode)
+    attempts = _optimistic_prefill_attempts(args, mode, warnings)
     return SimConfig(
         args=args,
         knobs=knobs,
         unknown=unknown,
         served_model_name=args.served_model_name or args.model_path,
-        engine_type=engine_type,
+        mode=mode,
         page_size=args.page_size or 1,
         context_length=context_length,
         kv_pool_tokens=pool,
@@ -366,17 +371,18 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     )
 
 
-def _optimistic_prefill_attempts(args: argparse.Namespace, warnings: list[str]) -> int:
+def _optimistic_prefill_attempts(
+    args: argparse.Namespace, mode: DisaggregationMode, warnings: list[str]
+) -> int:
     """pd_disaggregation_hook.py (prefill_complete: its unsupported setups, at least one
     attempt on a prefill) and serving_hook.handle_other_validations (none with PP), for the
     settings the sim has."""
     attempts = int(args.optimistic_prefill_attempts)
-    mode = args.disaggregation_mode
     if args.disaggregation_decode_allocation_policy == "prefill_complete":
         unsupported = [
             what
             for what, bad in (
-                ("aggregated serving", mode not in ("prefill", "decode")),
+                ("aggregated serving", not mode.is_pd),
                 (  # mooncake_tcp is mooncake by then
                     "transfer backends other than Mooncake",
                     args.disaggregation_transfer_backend not in ("mooncake", "mooncake_tcp"),
@@ -396,9 +402,9 @@ def _optimistic_prefill_attempts(args: argparse.Namespace, warnings: list[str]) 
                 "ValueError: --disaggregation-decode-allocation-policy prefill_complete does "
                 "not yet support " + ", ".join(unsupported)
             )
-        if mode == "prefill" and attempts == 0:
+        if mode is DisaggregationMode.PREFILL and attempts == 0:
             attempts = 1
-    if attempts > 0 and mode == "prefill" and args.pp_size > 1:
+    if attempts > 0 and mode is DisaggregationMode.PREFILL and args.pp_size > 1:
         warnings.append("Optimistic prefill does not support pp_size > 1")
         attempts = 0
     return attempts
