@@ -25,7 +25,7 @@ SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
 (5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1), and the test hook
 SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB (0: a prefill server retries the first prefill
-of a request whose rid hashes below it, engine.py).
+of a request whose rid hashes below it, scheduler_prefill.py).
 """
 
 from __future__ import annotations
@@ -98,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="early",
     )
     # Prefill passes allowed before the bootstrap completes; the sim prefills after it, so
-    # this only decides whether a forced retry yields or falls back (engine.py).
+    # this only decides whether a forced retry yields or falls back (scheduler_prefill.py).
     p.add_argument("--optimistic-prefill-attempts", type=int, default=0)
-    # KV headroom a decode server keeps per active request (engine.py: admission, retraction).
+    # KV headroom a decode server keeps per active request (scheduler_decode.py: admission,
+    # retraction).
     p.add_argument("--num-reserved-decode-tokens", type=int, default=512)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
