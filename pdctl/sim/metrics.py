@@ -56,6 +56,8 @@ class SimMetrics:
     """Scheduler families carry model_name, engine_type, tp_rank, pp_rank, moe_ep_rank;
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
+    enabled = True
+
     def __init__(self, model_name: str, mode: DisaggregationMode, tp_size: int = 1) -> None:
         engine_type = mode.engine_type
         # tokenizer_manager.collect_metrics: "PD prefill workers never observe TTFT, so they
@@ -387,6 +389,8 @@ class SimMetrics:
 class NoMetrics(SimMetrics):
     """Without --enable-metrics: the families exist (so call sites need no guard) but nothing
     is recorded and nothing is served."""
+
+    enabled = False
 
     def set_static(
         self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float

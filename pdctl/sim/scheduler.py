@@ -392,7 +392,8 @@ class Scheduler:
         # The last retraction's count since the previous stats line, 0 if none; between
         # stats lines (and at idle, where SGLang republishes its last stats) it holds.
         m.sched_gauge(m.num_retracted_reqs, self.last_retracted, **m.pid)
-        self.last_retracted = 0
+        if m.enabled:  # without metrics nothing publishes the count, so /v1/loads keeps it
+            self.last_retracted = 0
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self) -> None:
