@@ -47,10 +47,10 @@ class PrefillLeg:
         assert req.room is not None
         clock, k, m = self.engine.clock, self.cfg.knobs, self.metrics
         room = self.boot.room(req.room)
-        self.engine.bootstrap_queue.add(req)
         t0 = clock.now()
         try:
-            await asyncio.wait_for(room.bootstrapped.wait(), clock.wall(k.bootstrap_timeout_s))
+            with self.engine.in_bootstrap_queue(req):
+                await asyncio.wait_for(room.bootstrapped.wait(), clock.wall(k.bootstrap_timeout_s))
         except TimeoutError:
             elapsed = clock.now() - t0
             reason = f"Request {req.room} timed out after {elapsed:.1f}s in KVPoll.Bootstrapping"
@@ -58,8 +58,6 @@ class PrefillLeg:
             m.rank_inc(m.num_bootstrap_failed_reqs)
             self._fail(req, "bootstrap", reason)
             return
-        finally:
-            self.engine.bootstrap_queue.discard(req)
         bootstrap_ms = (clock.now() - t0) * 1000
         m.rank_observe(m.per_stage_req_latency, clock.now() - t0, stage="prefill_bootstrap")
         if req.done:  # the client went away while the room bootstrapped

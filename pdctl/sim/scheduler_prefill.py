@@ -14,9 +14,11 @@ the bootstrap queue; either way it is prefilled once more, and never forced agai
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Iterator
 
 from .args import SimConfig
 from .logs import PrefillStats
@@ -38,6 +40,15 @@ class PrefillScheduler(Scheduler):
         self.bootstrap_queue: set[Req] = set()
         self.inflight: set[Req] = set()
         self._forced = 0  # forced retries of the last prefill pass
+
+    @contextlib.contextmanager
+    def in_bootstrap_queue(self, req: Req) -> Iterator[None]:
+        """The request waits for its decode's bootstrap (PrefillBootstrapQueue)."""
+        self.bootstrap_queue.add(req)
+        try:
+            yield
+        finally:
+            self.bootstrap_queue.discard(req)
 
     def complete_prefill(self, req: Req) -> None:
         """The KV reached the decode; answer with the first token."""
