@@ -25,7 +25,7 @@ SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
 (5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1), and the test hook
 SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB (0: a prefill server retries the first prefill
-of a request whose rid hashes below it, engine.py).
+of a request whose rid hashes below it, scheduler_prefill.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from .mode import DisaggregationMode
 
 GIB = 1024**3
 
@@ -96,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="early",
     )
     # Prefill passes allowed before the bootstrap completes; the sim prefills after it, so
-    # this only decides whether a forced retry yields or falls back (engine.py).
+    # this only decides whether a forced retry yields or falls back (scheduler_prefill.py).
     p.add_argument("--optimistic-prefill-attempts", type=int, default=0)
-    # KV headroom a decode server keeps per active request (engine.py: admission, retraction).
+    # KV headroom a decode server keeps per active request (scheduler_decode.py: admission,
+    # retraction).
     p.add_argument("--num-reserved-decode-tokens", type=int, default=512)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
@@ -178,6 +181,11 @@ class Knobs:
     waiting_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
+
+    @property
+    def degraded_hangs(self) -> bool:
+        """A degraded pair's rooms hang (PDSIM_DEGRADED_MODE=hang) rather than fail."""
+        return self.degraded_mode == "hang"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], random_seed: int | None = None) -> Knobs:
@@ -265,9 +273,9 @@ class SimConfig:
 
     args: argparse.Namespace
     knobs: Knobs
+    mode: DisaggregationMode
     unknown: list[str]
     served_model_name: str
-    engine_type: str
     page_size: int
     context_length: int
     kv_pool_tokens: int
@@ -281,8 +289,8 @@ class SimConfig:
     warnings: list[str] = field(default_factory=list)  # SGLang's warnings while resolving
 
     @property
-    def mode(self) -> str:
-        return str(self.args.disaggregation_mode)
+    def engine_type(self) -> str:
+        return self.mode.engine_type
 
     @property
     def degraded_enabled(self) -> bool:
@@ -291,7 +299,7 @@ class SimConfig:
     @property
     def uses_nixl(self) -> bool:
         """KV moves through the real NIXL library (a PD engine on the nixl backend)."""
-        return self.mode != "null" and self.args.disaggregation_transfer_backend == "nixl"
+        return self.mode.is_pd and self.args.disaggregation_transfer_backend == "nixl"
 
     @property
     def kv_slot_bytes(self) -> int:
@@ -343,16 +351,14 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         buckets = sorted({b for b in buckets if b <= max_running} | {max_running})
     draft_tokens, accept_len = _speculative(args, knobs)
     warnings: list[str] = []
-    attempts = _optimistic_prefill_attempts(args, warnings)
-    engine_type = {"prefill": "prefill", "decode": "decode"}.get(
-        args.disaggregation_mode, "unified"
-    )
+    mode = DisaggregationMode(args.disaggregation_mode)
+    attempts = _optimistic_prefill_attempts(args, mode, warnings)
     return SimConfig(
         args=args,
         knobs=knobs,
         unknown=unknown,
         served_model_name=args.served_model_name or args.model_path,
-        engine_type=engine_type,
+        mode=mode,
         page_size=args.page_size or 1,
         context_length=context_length,
         kv_pool_tokens=pool,
@@ -366,17 +372,18 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     )
 
 
-def _optimistic_prefill_attempts(args: argparse.Namespace, warnings: list[str]) -> int:
+def _optimistic_prefill_attempts(
+    args: argparse.Namespace, mode: DisaggregationMode, warnings: list[str]
+) -> int:
     """pd_disaggregation_hook.py (prefill_complete: its unsupported setups, at least one
     attempt on a prefill) and serving_hook.handle_other_validations (none with PP), for the
     settings the sim has."""
     attempts = int(args.optimistic_prefill_attempts)
-    mode = args.disaggregation_mode
     if args.disaggregation_decode_allocation_policy == "prefill_complete":
         unsupported = [
             what
             for what, bad in (
-                ("aggregated serving", mode not in ("prefill", "decode")),
+                ("aggregated serving", not mode.is_pd),
                 (  # mooncake_tcp is mooncake by then
                     "transfer backends other than Mooncake",
                     args.disaggregation_transfer_backend not in ("mooncake", "mooncake_tcp"),
@@ -396,9 +403,9 @@ def _optimistic_prefill_attempts(args: argparse.Namespace, warnings: list[str]) 
                 "ValueError: --disaggregation-decode-allocation-policy prefill_complete does "
                 "not yet support " + ", ".join(unsupported)
             )
-        if mode == "prefill" and attempts == 0:
+        if mode is DisaggregationMode.PREFILL and attempts == 0:
             attempts = 1
-    if attempts > 0 and mode == "prefill" and args.pp_size > 1:
+    if attempts > 0 and mode is DisaggregationMode.PREFILL and args.pp_size > 1:
         warnings.append("Optimistic prefill does not support pp_size > 1")
         attempts = 0
     return attempts

@@ -14,6 +14,9 @@ Sim-only routes stand in for SGLang's ZMQ side channel:
   room and sent its indices ("bootstrapped"); answered with the room state and start id.
 - `GET /pdsim/rooms/{room}?wait=S`: long-poll (S simulated seconds) until the room's KV
   was transferred ("ready") or failed.
+A room goes through SGLang's sender states (KVPoll): Bootstrapping until its decode sent the
+indices, WaitingForInput until it is prefilled, Transferring, then Success or Failed; the
+poll's `state` is "pending" until one of the last two.
 The handoff is pull-based: the decode asks the prefill for the room's KV.
 """
 
@@ -27,10 +30,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from .conn import KVPoll
 from .model import Clock
 from .nixl_conn import NixlKV, PeerInfo
 
-PENDING, READY, FAILED = "pending", "ready", "failed"
 ROOM_SWEEP_AT = 1024
 
 
@@ -40,13 +43,34 @@ class Room:
     created: float
     session_id: str | None = None
     dst_offset: int = 0  # where the decode preallocated the room's KV in its NIXL pool
-    state: str = PENDING
     reason: str = ""
     bootstrapped: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Every state the room was in, in order (the last is its state).
+    history: list[KVPoll] = field(default_factory=lambda: [KVPoll.Bootstrapping])
 
-    def conclude(self, state: str, reason: str = "") -> None:
-        self.state, self.reason = state, reason
+    @property
+    def state(self) -> KVPoll:
+        return self.history[-1]
+
+    def _move(self, state: KVPoll) -> None:
+        # A concluded room keeps its result for the decode's poll.
+        if not self.state.concluded:
+            self.history.append(state)
+
+    def bootstrap(self, session_id: str, dst_offset: int) -> None:
+        """The decode preallocated the room's KV and sent where it goes."""
+        self.session_id, self.dst_offset = session_id, dst_offset
+        if self.state is KVPoll.Bootstrapping:
+            self._move(KVPoll.WaitingForInput)
+        self.bootstrapped.set()
+
+    def start_transfer(self) -> None:
+        self._move(KVPoll.Transferring)
+
+    def conclude(self, state: KVPoll, reason: str = "") -> None:
+        self.history.append(state)
+        self.reason = reason
         self.changed.set()
 
 
@@ -169,10 +193,8 @@ class BootstrapServer:
     async def _bootstrap_room(self, request: web.Request) -> web.Response:
         data = await request.json()
         r = self.room(int(request.match_info["room"]))
-        r.session_id = str(data["session_id"])
-        r.dst_offset = int(data.get("dst_offset", 0))
-        r.bootstrapped.set()
-        return web.json_response({"state": r.state, "start_id": self.start_id})
+        r.bootstrap(str(data["session_id"]), int(data.get("dst_offset", 0)))
+        return web.json_response({"state": r.state.wire, "start_id": self.start_id})
 
     async def _poll_room(self, request: web.Request) -> web.Response:
         room = int(request.match_info["room"])
@@ -180,12 +202,14 @@ class BootstrapServer:
         r = self.rooms.get(room)
         if r is None:
             return web.json_response(
-                {"state": FAILED, "reason": "unknown room", "start_id": self.start_id}
+                {"state": KVPoll.Failed.wire, "reason": "unknown room", "start_id": self.start_id}
             )
-        if r.state == PENDING:
+        if not r.state.concluded:
             r.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(r.changed.wait(), self.clock.wall(wait))
-        if r.state != PENDING:
+        if r.state.concluded:
             self.drop(room)
-        return web.json_response({"state": r.state, "reason": r.reason, "start_id": self.start_id})
+        return web.json_response(
+            {"state": r.state.wire, "reason": r.reason, "start_id": self.start_id}
+        )

@@ -15,7 +15,6 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from .engine import Abort, Finish, Token
 from .model import count_tokens
 from .protocol import (
     BadRequest,
@@ -31,6 +30,7 @@ from .protocol import (
     rooms,
     sampling_params,
 )
+from .req import Abort, Finish, Token
 from .sampling import Sample
 from .streaming import DONE, sse_data, sse_response
 from .tokenizer_manager import TokenizerManager

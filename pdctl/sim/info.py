@@ -17,7 +17,6 @@ from .args import GIB
 from .protocol import Parsed, json_response
 
 if TYPE_CHECKING:
-    from .engine import Req
     from .server import SimServer
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # disaggregation/utils.py: health checks never reach a peer
@@ -108,7 +107,7 @@ class InfoRoutes:
                 "load_format": self.cfg.args.load_format,
                 "reasoning_parser": None,
                 "tool_call_parser": None,
-                "disaggregation_mode": self.cfg.mode,
+                "disaggregation_mode": self.cfg.mode.value,
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
                 "model_type": "pdsim",
@@ -167,28 +166,18 @@ class InfoRoutes:
         which is what the gateway's overload protection reads."""
         e, cfg, k = self.engine, self.cfg, self.cfg.knobs
         used = e.tokens_in_use()
-        decode = cfg.mode == "decode"
-        waiting: list[Req] = list(e.waiting)
-        pending: list[Req] = list(e.waiting)
-        awaiting_kv = 0
-        if cfg.mode == "prefill":
-            waiting += e.bootstrap_queue
-            pending += e.bootstrap_queue
-        elif decode:
-            waiting += [*e.prealloc, *e.transfer, *e.retracted]
-            # Transferring requests already hold their decode-side KV slots (in `used`).
-            pending = [*e.prealloc, *e.retracted]
-            awaiting_kv = sum(r.prompt_tokens for r in (*e.prealloc, *e.transfer))
-        total = used + sum(r.prompt_tokens for r in pending)
+        lq = e.load_queues()
+        q = e.disagg_queues()
+        total = used + sum(r.prompt_tokens for r in lq.pending)
         return {
             "timestamp": time.time(),
             "dp_rank": 0,
             "num_running_reqs": len(e.running),
-            "num_waiting_reqs": len(waiting),
+            "num_waiting_reqs": len(lq.waiting),
             "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in e.waiting),
             "num_used_tokens": used,
             "num_total_tokens": total,
-            "num_active_tokens": max(0, total - awaiting_kv),
+            "num_active_tokens": max(0, total - lq.awaiting_kv_tokens),
             "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": cfg.kv_pool_tokens,
             "max_running_requests": cfg.max_running_requests,
@@ -206,12 +195,12 @@ class InfoRoutes:
                 "token_capacity": cfg.kv_pool_tokens,
             },
             "disaggregation": {
-                "mode": cfg.mode,
-                "prefill_bootstrap_queue_reqs": len(e.bootstrap_queue),
-                "prefill_inflight_queue_reqs": len(e.inflight),
-                "decode_prealloc_queue_reqs": len(e.prealloc),
-                "decode_transfer_queue_reqs": len(e.transfer),
-                "decode_retracted_queue_reqs": len(e.retracted),
+                "mode": cfg.mode.value,
+                "prefill_bootstrap_queue_reqs": q.bootstrap,
+                "prefill_inflight_queue_reqs": q.inflight,
+                "decode_prealloc_queue_reqs": q.prealloc,
+                "decode_transfer_queue_reqs": q.transfer,
+                "decode_retracted_queue_reqs": q.retracted,
                 "kv_transfer_speed_gb_s": 0.0,
                 "kv_transfer_latency_ms": 0.0,
             },
@@ -233,7 +222,6 @@ class InfoRoutes:
         )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        assert self.server.metrics is not None
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(
             body=encoder(self.server.metrics.exposed), headers={"Content-Type": content_type}

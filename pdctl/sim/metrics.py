@@ -24,120 +24,21 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
-prometheus_client.disable_created_metrics()
+from .metrics_buckets import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    KV_BOOTSTRAP_MS_BUCKETS,
+    KV_LATENCY_MS_BUCKETS,
+    KV_SPEED_BUCKETS,
+    KV_TOTAL_MB_BUCKETS,
+    QUEUE_TIME_BUCKETS,
+    STAGE_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    TTFT_BUCKETS,
+)
+from .mode import DisaggregationMode
 
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-E2E_BUCKETS = (*TTFT_BUCKETS, 600, 1200, 1800, 2400)
-ITL_BUCKETS = (
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.010,
-    0.015,
-    0.020,
-    0.025,
-    0.030,
-    0.035,
-    0.040,
-    0.060,
-    0.080,
-    0.100,
-    0.200,
-    0.400,
-    0.600,
-    0.800,
-    1.000,
-    2.000,
-    4.000,
-    6.000,
-    8.000,
-)
-TOKEN_COUNT_BUCKETS = (
-    100,
-    300,
-    500,
-    700,
-    1000,
-    1500,
-    2000,
-    3000,
-    4000,
-    5000,
-    6000,
-    7000,
-    8000,
-    9000,
-    10000,
-    12500,
-    15000,
-    17500,
-    20000,
-    22500,
-    25000,
-    27500,
-    30000,
-    35000,
-    40000,
-    60000,
-    80000,
-    100000,
-    200000,
-    300000,
-    400000,
-    600000,
-    800000,
-    1000000,
-    1100000,
-)
-QUEUE_TIME_BUCKETS = (
-    0.000,
-    0.001,
-    0.005,
-    0.010,
-    0.050,
-    0.100,
-    0.200,
-    0.500,
-    1,
-    2,
-    3,
-    4,
-    5,
-    10,
-    15,
-    20,
-    30,
-    40,
-    50,
-    60,
-    70,
-    80,
-    90,
-    100,
-    200,
-    300,
-    400,
-    500,
-    600,
-    700,
-    800,
-    900,
-    1000,
-    1200,
-    1400,
-    1600,
-    1800,
-    2000,
-    2500,
-    3000,
-)
-# exponential_buckets(start=0.001, width=1.62, length=30)
-STAGE_BUCKETS = tuple(0.001 * 1.62**i for i in range(30))
-KV_LATENCY_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
-KV_SPEED_BUCKETS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
-KV_BOOTSTRAP_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
-KV_TOTAL_MB_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+prometheus_client.disable_created_metrics()
 
 
 class _Written(CollectorRegistry):
@@ -155,7 +56,13 @@ class SimMetrics:
     """Scheduler families carry model_name, engine_type, tp_rank, pp_rank, moe_ep_rank;
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
-    def __init__(self, model_name: str, engine_type: str, tp_size: int = 1) -> None:
+    enabled = True
+
+    def __init__(self, model_name: str, mode: DisaggregationMode, tp_size: int = 1) -> None:
+        engine_type = mode.engine_type
+        # tokenizer_manager.collect_metrics: "PD prefill workers never observe TTFT, so they
+        # never reach ITL"; TPOT is None there too.
+        self._tokenizer_skips_latency = mode is DisaggregationMode.PREFILL
         self.registry = CollectorRegistry(auto_describe=True)
         self.exposed = _Written(self.registry)
         self.sched = {
@@ -454,10 +361,17 @@ class SimMetrics:
         for labels in self.ranks:
             hist.labels(**labels, **extra).observe(value)
 
+    def observe_kv_transfer(self, total_bytes: int, seconds: float) -> None:
+        """req_time_stats.compute_and_observe_kv_transfer_metrics: MiB and GiB/s."""
+        if seconds <= 0:
+            return
+        mb = total_bytes / 2**20
+        self.rank_observe(self.kv_transfer_latency_ms, seconds * 1000)
+        self.rank_observe(self.kv_transfer_speed_gb_s, mb / 1024 / seconds)
+        self.rank_observe(self.kv_transfer_total_mb, mb)
+
     def _tokenizer_records(self, metric: Counter | Histogram) -> bool:
-        # tokenizer_manager.collect_metrics: "PD prefill workers never observe TTFT, so they
-        # never reach ITL"; TPOT is None there too.
-        return self.sched["engine_type"] != "prefill" or metric not in (
+        return not self._tokenizer_skips_latency or metric not in (
             self.time_to_first_token,
             self.inter_token_latency,
             self.request_time_per_output_token,
@@ -470,3 +384,33 @@ class SimMetrics:
     def tok_observe(self, hist: Histogram, value: float, **extra: str) -> None:
         if self._tokenizer_records(hist):
             hist.labels(**self.tok, **extra).observe(value)
+
+
+class NoMetrics(SimMetrics):
+    """Without --enable-metrics: the families exist (so call sites need no guard) but nothing
+    is recorded and nothing is served."""
+
+    enabled = False
+
+    def set_static(
+        self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float
+    ) -> None:
+        pass
+
+    def sched_gauge(self, gauge: Gauge, value: float, **extra: str) -> None:
+        pass
+
+    def sched_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
+        pass
+
+    def rank_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
+        pass
+
+    def rank_observe(self, hist: Histogram, value: float, **extra: str) -> None:
+        pass
+
+    def tok_inc(self, counter: Counter, amount: float = 1.0, **extra: str) -> None:
+        pass
+
+    def tok_observe(self, hist: Histogram, value: float, **extra: str) -> None:
+        pass

@@ -21,9 +21,15 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .conn import KVReceiver, KVSender, KVTransferFailed, Sent
+
+if TYPE_CHECKING:
+    from .args import SimConfig
+    from .req import Req
 
 PACKAGE = "nixl-cu12"
 POOL_SLOTS = 16  # request-sized slots in each engine's registered pool
@@ -202,3 +208,47 @@ class NixlKV:
                     if room in self.arrived:
                         self.arrived[room].set()
             await asyncio.sleep(NOTIF_POLL_S if self.arrived else IDLE_POLL_S)
+
+
+class NixlKVSender(KVSender):
+    """The prefill's WRITE of a room's KV into its decode's registered pool."""
+
+    def __init__(self, nixl: NixlKV, cfg: SimConfig, log: logging.Logger) -> None:
+        self.nixl, self.knobs, self.log = nixl, cfg.knobs, log
+
+    async def send(self, req: Req, session_id: str, dst_offset: int) -> Sent:
+        if session_id not in self.nixl.peers:
+            # transfer_worker asserts the agent is registered; conclude_failure has no
+            # text for the AssertionError and reports its default.
+            self.log.error("Unexpected transfer worker error for room %s", req.room)
+            raise KVTransferFailed("KV transfer failed")
+        k = self.knobs
+        nbytes = max(int(req.prompt_tokens * k.kv_bytes_per_token * k.kv_transfer_scale), 1)
+        try:
+            seconds = await self.nixl.write(session_id, nbytes, dst_offset, req.room or 0)
+        except TransferError as e:
+            self.log.warning("NIXL transport error for room %s: %s", req.room, e)
+            raise KVTransferFailed(str(e)) from e
+        return Sent(nbytes, seconds)
+
+
+class NixlKVReceiver(KVReceiver):
+    """The decode's agent: registered by name with its metadata and pool; a room is in once
+    the WRITE's notification for it arrived."""
+
+    def __init__(self, nixl: NixlKV, spawn: Callable[[Awaitable[Any]], object]) -> None:
+        self.nixl = nixl
+        self.session_id = nixl.name
+        spawn(nixl.pump_notifications())
+
+    def registration(self) -> dict[str, object]:
+        return {"kv_args": self.nixl.info().to_json()}
+
+    def room_indices(self, room: int) -> dict[str, object]:
+        return {"dst_offset": self.nixl.slot_offset(room)}
+
+    def expect(self, room: int) -> asyncio.Event:
+        return self.nixl.expect(room)
+
+    def forget(self, room: int) -> None:
+        self.nixl.forget(room)

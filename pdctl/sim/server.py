@@ -25,12 +25,17 @@ from aiohttp import web
 
 from .args import GIB, SimConfig
 from .bootstrap import BootstrapServer
-from .engine import Engine
+from .conn import HttpKVReceiver, HttpKVSender, KVReceiver, KVSender
+from .decode import DecodeLeg
 from .generate import NativeGenerate
 from .info import InfoRoutes
-from .metrics import SimMetrics
-from .nixl_conn import NixlKV
-from .pd import DecodeLeg, PrefillLeg
+from .metrics import NoMetrics, SimMetrics
+from .mode import DisaggregationMode
+from .nixl_conn import NixlKV, NixlKVReceiver, NixlKVSender
+from .prefill import PrefillLeg
+from .scheduler import Scheduler
+from .scheduler_decode import DecodeScheduler
+from .scheduler_prefill import PrefillScheduler
 from .serving_chat import OpenAIServingChat
 from .serving_completions import OpenAIServingCompletion
 from .tokenizer_manager import TokenizerManager
@@ -42,36 +47,41 @@ class SimServer:
     def __init__(self, cfg: SimConfig, log: logging.Logger) -> None:
         self.cfg = cfg
         self.log = log
-        self.metrics = (
-            SimMetrics(cfg.served_model_name, cfg.engine_type) if cfg.args.enable_metrics else None
-        )
-        self.engine = Engine(cfg, self.metrics, log)
+        metrics_class = SimMetrics if cfg.args.enable_metrics else NoMetrics
+        self.metrics = metrics_class(cfg.served_model_name, cfg.mode)
         self.status = "starting"
         # The nixl backend's agent comes up first: a missing package or a UCX variable the
         # library refuses ends the start-up with one line (SystemExit), never a fallback.
         self.nixl = NixlKV(cfg.kv_slot_bytes, os.environ, log) if cfg.uses_nixl else None
-        self.boot = (
-            BootstrapServer(
-                self.engine.clock,
+        self.boot: BootstrapServer | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.started_at = time.time()
+        self.graph_gib = 0.0  # decode CUDA graphs captured at startup (none on a prefill)
+        self.engine: Scheduler
+        self.decode_engine: DecodeScheduler | None = None
+        prefill_leg: PrefillLeg | None = None
+        if cfg.mode is DisaggregationMode.PREFILL:
+            prefill = PrefillScheduler(cfg, self.metrics, log)
+            self.engine = prefill
+            self.boot = BootstrapServer(
+                prefill.clock,
                 log,
                 cfg.degraded_enabled,
                 cfg.knobs.bootstrap_timeout_s + cfg.knobs.waiting_timeout_s,
                 self.nixl,
             )
-            if cfg.mode == "prefill"
-            else None
-        )
-        self.http: aiohttp.ClientSession | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.started_at = time.time()
-        self.graph_gib = 0.0  # decode CUDA graphs captured at startup (none on a prefill)
+            prefill_leg = PrefillLeg(cfg, prefill, self.boot, self.metrics, log, self._kv_sender())
+        elif cfg.mode is DisaggregationMode.DECODE:
+            self.engine = self.decode_engine = DecodeScheduler(cfg, self.metrics, log)
+        else:
+            self.engine = Scheduler(cfg, self.metrics, log)
         self.tm = TokenizerManager(cfg, log, self.engine, self.metrics, self.spawn, self._status)
-        if self.boot is not None:
-            self.tm.prefill_leg = PrefillLeg(
-                cfg, self.engine, self.boot, self.metrics, log, self.nixl
-            )
+        self.tm.prefill_leg = prefill_leg
         info = InfoRoutes(self)
-        self.app = web.Application(middlewares=[self._http_metrics], client_max_size=64 * 2**20)
+        # HTTP metrics are recorded with --enable-metrics only.
+        middlewares = [self._http_metrics] if cfg.args.enable_metrics else []
+        self.app = web.Application(middlewares=middlewares, client_max_size=64 * 2**20)
         r = self.app.router
         r.add_get("/health", info.health)
         r.add_get("/health_generate", info.health)
@@ -87,11 +97,21 @@ class SimServer:
         r.add_put("/generate", generate)
         r.add_post("/v1/completions", OpenAIServingCompletion(self.tm).handle)
         r.add_post("/v1/chat/completions", OpenAIServingChat(self.tm).handle)
-        if self.metrics:
+        if cfg.args.enable_metrics:
             r.add_get("/metrics", info.metrics_endpoint)
 
     def _status(self) -> str:
         return self.status
+
+    def _kv_sender(self) -> KVSender:
+        if self.nixl is not None:
+            return NixlKVSender(self.nixl, self.cfg, self.log)
+        return HttpKVSender(self.cfg, self.engine.clock)
+
+    def _kv_receiver(self) -> KVReceiver:
+        if self.nixl is not None:
+            return NixlKVReceiver(self.nixl, self.spawn)
+        return HttpKVReceiver()
 
     @property
     def url(self) -> str:
@@ -107,9 +127,15 @@ class SimServer:
     async def startup(self) -> None:
         """Weights load + graph capture, then serve."""
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        if self.cfg.mode == "decode":
+        if self.decode_engine is not None:
             self.tm.decode_leg = DecodeLeg(
-                self.cfg, self.engine, self.metrics, self.log, self.http, self.spawn, self.nixl
+                self.cfg,
+                self.decode_engine,
+                self.metrics,
+                self.log,
+                self.http,
+                self.spawn,
+                self._kv_receiver(),
             )
         await self._load_and_capture()
         self.spawn(self.engine.run())
@@ -136,7 +162,7 @@ class SimServer:
             k.weights_gib,
         )
         avail -= cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB
-        if cfg.mode != "prefill":
+        if cfg.mode is not DisaggregationMode.PREFILL:
             self.log.info(
                 "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
                 "avail mem=%.2f GB",
@@ -207,8 +233,6 @@ class SimServer:
     @web.middleware
     async def _http_metrics(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         m = self.metrics
-        if m is None:
-            return await handler(request)
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else request.path
         m.http_requests.labels(endpoint=endpoint, method=request.method).inc()

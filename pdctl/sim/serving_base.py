@@ -19,7 +19,6 @@ from typing import Any
 
 from aiohttp import web
 
-from .engine import Abort, Event, Finish, Req, Token
 from .protocol import (
     BadRequest,
     FieldError,
@@ -33,6 +32,7 @@ from .protocol import (
     sampling_params,
     validation_error,
 )
+from .req import Abort, Event, Finish, Req, Token
 from .sampling import Sample
 from .streaming import DONE, sse_data, sse_response
 from .tokenizer_manager import Outcome, TokenizerManager

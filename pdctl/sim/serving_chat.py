@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .engine import Finish
 from .model import count_tokens
 from .protocol import Parsed, validation_error
+from .req import Finish
 from .sampling import Sample
 from .serving_base import OpenAIServing, Outputs, choice
 from .streaming import sse_data

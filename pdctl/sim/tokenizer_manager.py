@@ -25,11 +25,14 @@ from typing import Any
 from aiohttp import web
 
 from .args import SimConfig
-from .engine import Abort, Engine, Event, Finish, Req, Token
+from .decode import DecodeLeg
 from .metrics import SimMetrics
-from .pd import DecodeLeg, PrefillLeg
+from .mode import DisaggregationMode
+from .prefill import PrefillLeg
 from .protocol import BadRequest, Parsed
+from .req import Abort, Event, Finish, Req, Token
 from .sampling import Sample, Sampler
+from .scheduler import Scheduler
 
 
 @dataclass
@@ -47,8 +50,8 @@ class TokenizerManager:
         self,
         cfg: SimConfig,
         log: logging.Logger,
-        engine: Engine,
-        metrics: SimMetrics | None,
+        engine: Scheduler,
+        metrics: SimMetrics,
         spawn: Callable[[Awaitable[Any]], object],
         status: Callable[[], str],
     ) -> None:
@@ -115,11 +118,10 @@ class TokenizerManager:
 
     def dispatch(self, req: Req, p: Parsed | None = None, health: bool = False) -> None:
         mode = self.cfg.mode
-        if health and mode == "decode":
-            # FakeKVReceiver: no peer, no KV; the single token comes out at once.
-            self.engine.transfer.add(req)
-            self.engine.start_decoding(req)
-        elif mode == "null" or health:
+        if health and mode is DisaggregationMode.DECODE:
+            assert self.decode_leg is not None
+            self.decode_leg.health(req)
+        elif mode is DisaggregationMode.NULL or health:
             self.engine.submit_prefill(req)
         elif req.room is None and self.cfg.args.disaggregation_transfer_backend != "fake":
             message = (
@@ -128,7 +130,7 @@ class TokenizerManager:
             )
             self.log.error(message)
             self.engine.abort(req, message, HTTPStatus.BAD_REQUEST)
-        elif mode == "prefill":
+        elif mode is DisaggregationMode.PREFILL:
             assert self.prefill_leg is not None
             self.spawn(self.prefill_leg.run(req))
         else:
@@ -214,7 +216,7 @@ class TokenizerManager:
 
     def _observe_finished(self, req: Req) -> None:
         m = self.metrics
-        if m is None or not req.log_metrics:
+        if not req.log_metrics:
             return
         stream = str(req.stream).lower()
         now = self.engine.clock.now()

@@ -29,7 +29,7 @@ import yaml
 
 from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.rules_source import render_rules
-from pdctl.sim.engine import forces_prefill_retry
+from pdctl.sim.scheduler_prefill import forces_prefill_retry
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import dump
 from tests.conftest import require_tool

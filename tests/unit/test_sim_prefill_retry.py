@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdctl.sim.engine import forces_prefill_retry
+from pdctl.sim.scheduler_prefill import forces_prefill_retry
 from pdctl.testing.stack import free_port, in_process, pd_generate
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}

@@ -15,9 +15,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.sim.args import resolve
-from pdctl.sim.engine import Engine, Req
-from pdctl.sim.metrics import SimMetrics
+from pdctl.sim.metrics import NoMetrics, SimMetrics
+from pdctl.sim.mode import DisaggregationMode
+from pdctl.sim.req import Req
 from pdctl.sim.sampling import Sampler, SamplingParams
+from pdctl.sim.scheduler_decode import DecodeScheduler
 from pdctl.testing.stack import free_port, in_process
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
@@ -98,8 +100,8 @@ def test_the_gauge_holds_the_last_retraction_until_the_next_stats_line() -> None
         ["--model-path", "/m", "--disaggregation-mode", "decode", "--enable-metrics"],
         {"PDSIM_KV_POOL_TOKENS": "95"},
     )
-    metrics = SimMetrics("sim", "decode")
-    engine = Engine(cfg, metrics, logging.getLogger("test"))
+    metrics = SimMetrics("sim", DisaggregationMode.DECODE)
+    engine = DecodeScheduler(cfg, metrics, logging.getLogger("test"))
 
     def gauge() -> float | None:
         labels = {**metrics.sched, **metrics.pid}
@@ -135,7 +137,7 @@ async def steps_after_the_retraction(offset: int, excess: int) -> int | None:
         ["--model-path", "/m", "--disaggregation-mode", "decode"],
         {"PDSIM_KV_POOL_TOKENS": "1600", "PDSIM_TIME_SCALE": "0.0001"},
     )
-    engine = Engine(cfg, None, logging.getLogger("test"))
+    engine = DecodeScheduler(cfg, NoMetrics("sim", cfg.mode), logging.getLogger("test"))
     max_new = 24
     prompt = (1600 + excess) // 2 - max_new + 1
 
@@ -150,9 +152,9 @@ async def steps_after_the_retraction(offset: int, excess: int) -> int | None:
         await engine._decode_step()
     join("second")
     retracted_at = None
-    while True:  # Engine.run's decode path, until the decode idles
+    while True:  # Scheduler.run's decode path, until the decode idles
         engine.running = [r for r in engine.running if not r.done]
-        engine._resume_retracted()
+        engine._before_decode()
         if not engine.running:
             break
         before = len(engine.retracted)
