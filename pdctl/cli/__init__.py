@@ -24,6 +24,7 @@ COMMANDS = {
     "recover": "pdctl.cli.ops_commands:recover",
     "gateway": "pdctl.cli.ops_commands:gateway",
     "lock": "pdctl.cli.lock_commands:lock",
+    "etcd": "pdctl.cli.etcd_commands:etcd",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",
     "capacity": "pdctl.cli.capacity_commands:capacity",

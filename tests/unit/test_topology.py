@@ -73,7 +73,7 @@ def test_a_file_without_gateways_has_its_router_as_only_gateway(tmp_path: Path) 
 def test_the_fleet_restart_lock_is_on_the_first_router_host(tmp_path: Path) -> None:
     topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
     assert topo.lock == topology.TopologyLock(
-        host="gpu-node-1", url="http://10.0.0.11:8790", ttl_s=30.0
+        host="gpu-node-1", url="http://10.0.0.11:8790", ttl_s=15.0
     )
     data = yaml.safe_load(topology.dump(topo))
     del data["lock"]  # a file site.yml wrote before the fleet lock stays readable

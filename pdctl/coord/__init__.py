@@ -1,0 +1,1 @@
+"""The coordination store (etcd): its certificates, its health, and the client pdctl uses."""
