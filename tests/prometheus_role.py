@@ -46,6 +46,7 @@ def render_prometheus_config(
         ("smg", "gateway.json.j2", {"topology": data}),
         ("pd-exporter", "hosts.json.j2", {**hosts, "target_port": ports["exporter"]}),
         ("node", "hosts.json.j2", {**hosts, "target_port": ports["node"]}),
+        ("etcd", "hosts.json.j2", {**hosts, "target_port": ports.get("etcd", 2381)}),
     ):
         (targets / f"{job}.json").write_text(env.get_template(template).render(**kw))
     (rules_dir / "pdstack.rules.yml").write_text(rules)

@@ -3,7 +3,7 @@
 Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
 the seed's incident), decode batches running eager, KV usage that stays up while idle,
 running flags that differ from the rendered ones (drift), units failed or restarting, the fleet
-restart lock unreachable or held by a dead holder.
+restart lock unreachable or held by a dead holder, coordination store members down.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from functools import partial
 
 from pdctl import names, render
 from pdctl.analyze.logparse import DecodeBatch, parse_line
+from pdctl.coord import health
 from pdctl.errors import PdctlError
 from pdctl.lint import Finding, Severity, lint
 from pdctl.ops.context import Ops
@@ -250,10 +251,39 @@ def lock_findings(ops: Ops, s: Status) -> list[Finding]:
     return []
 
 
+def store_findings(ops: Ops) -> list[Finding]:
+    """The coordination store: each member that is down or unhealthy, by its endpoint."""
+    coord = ops.source.topology.coord
+    if coord is None:
+        return []
+    members = health.member_health(coord)
+    bad = [m for m in members if not m.healthy]
+    if not bad:
+        return []
+    lost = not health.quorum(members)
+    effect = (
+        f"only {len(members) - len(bad)} of {len(members)} members healthy, no quorum: "
+        "pdctl restart and pdctl recover cannot take the lock"
+        if lost
+        else f"{len(members) - len(bad)} of {len(members)} members healthy: the store runs on"
+    )
+    make = _error if lost else _warning
+    return [
+        make(
+            "live-store-member",
+            m.endpoint,
+            f"etcd member {m.detail}; {effect}",
+            f"systemctl status {names.ETCD_UNIT} on that host; docs/runbook.md#pdetcdmemberdown",
+        )
+        for m in bad
+    ]
+
+
 def doctor(ops: Ops, canary_count: int = 8) -> tuple[list[Finding], Status]:
     dep = ops.source.deployment
     findings = lint(dep) if dep else []
     s = collect(ops, canary_count)
     findings += unit_findings(s) + pair_findings(s) + kv_findings(s)
     findings += eager_findings(ops, s) + drift_findings(ops, s) + lock_findings(ops, s)
+    findings += store_findings(ops)
     return findings, s
