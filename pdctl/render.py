@@ -181,8 +181,9 @@ ETCD_CREDENTIAL_FILES = {
 def etcd_args(dep: Deployment, member: EtcdMember) -> list[str]:
     """The member's flags (never /etc/default/etcd, which Debian's own unit reads): mutual TLS
     on the client and peer listeners, metrics and /health on a plain HTTP port for
-    Prometheus, the initial cluster from the [etcd] group. The cluster token comes from the
-    controller's PKI directory at run time (the unit template adds it)."""
+    Prometheus, the initial cluster from the [etcd] group. The cluster token (from the
+    controller's PKI directory) and the initial cluster state (`new`; `existing` to join a
+    running store) come at run time: the unit template adds them."""
     e = dep.profile.etcd
     tls = tuple(f"{ETCD_CREDENTIALS}/{name}" for name in ETCD_CREDENTIAL_FILES)
     return [
@@ -195,7 +196,6 @@ def etcd_args(dep: Deployment, member: EtcdMember) -> list[str]:
         "--initial-advertise-peer-urls", dep.etcd_peer_url(member),
         "--listen-metrics-urls", f"http://0.0.0.0:{e.metrics_port}",
         "--initial-cluster", ",".join(f"{m.name}={dep.etcd_peer_url(m)}" for m in dep.etcd),
-        "--initial-cluster-state", "new",
         "--client-cert-auth",
         "--cert-file", tls[0], "--key-file", tls[1], "--trusted-ca-file", tls[2],
         "--peer-client-cert-auth",

@@ -75,6 +75,7 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         member=dep.etcd[0].name,
         command_lines=render.etcd_command_lines(dep, dep.etcd[0]),
         cluster_token="pdstack-0123456789abcdef",
+        cluster_state="new",
         credentials=render.ETCD_CREDENTIAL_FILES,
         user="etcd",
         state_name=Path(names.ETCD_DATA_DIR).name,
