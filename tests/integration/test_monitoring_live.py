@@ -47,6 +47,7 @@ from tests.integration.live_prometheus import (
     start_exporter,
     start_process,
 )
+from tests.local_etcd import running_etcd
 
 pytestmark = pytest.mark.gateway
 
@@ -225,7 +226,9 @@ def live(
     topo_file = tmp_path / "topology.yaml"
     topo = stack_topology(prefill, decode, gateway, prefill_gpus=(0, 1), decode_gpus=(2, 3))
     topo_file.write_text(dump(topo))
-    ports = {"exporter": free_port(), "node": free_port()}
+    store = contextlib.ExitStack()
+    etcd = store.enter_context(running_etcd(tmp_path))  # the store, scraped like a member
+    ports = {"exporter": free_port(), "node": free_port(), "etcd": etcd.metrics_port}
     exporter_log = tmp_path / "exporter.log"
     procs = [
         start_exporter(
@@ -246,11 +249,12 @@ def live(
     ]
     try:
         config = render_prometheus_config(tmp_path / "prom", topo, HOST, ports, RULE_OVERRIDES)
-        with running_prometheus(config, tmp_path, targets_up=5) as prom:
+        with running_prometheus(config, tmp_path, targets_up=6) as prom:
             yield Live(prom, gateway, prefill, decode, procs[0], exporter_log)
     finally:
         for proc in procs:
             stop_pid(proc)
+        store.close()
 
 
 def unseen_names(prom: Prometheus, expr: str) -> set[str]:
