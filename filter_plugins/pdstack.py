@@ -166,7 +166,6 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
     from pdctl import render, topology
     from pdctl.errors import PdctlError
     from pdctl.spec import load_deployment
-    from pdctl.spec.deployment import LEGACY_LOCK_PORT
 
     _count_parse()
     try:
@@ -201,14 +200,17 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             },
             # The same command as argv, for the role's own run after a topology change.
             "register_argv": {g.name: render.register_command(g.name) for g in dep.gateways},
-            # The fleet restart lock: on the first gateway's host only.
-            "lock": {
-                "host": dep.router_host,
-                "url": dep.lock_url,
-                "port": LEGACY_LOCK_PORT,
-                "unit": names.LOCK_UNIT,
-                "command": systemd_command(render.lock_command(dep)),
-                "state_name": names.LOCK_STATE_NAME,
+            # Per gateway host: its liveness key in etcd, kept while the gateway runs.
+            "lease": {
+                "unit": names.GATEWAY_LEASE_UNIT,
+                "command": {
+                    g.name: systemd_command(render.lease_command(g.name)) for g in dep.gateways
+                },
+            },
+            # The home-made lock server etcd replaced: removed where it still runs.
+            "former_lock": {
+                "unit": names.FORMER_LOCK_UNIT,
+                "state_dir": names.FORMER_LOCK_STATE_DIR,
             },
         },
         "etcd": _etcd(dep),

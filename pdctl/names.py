@@ -31,10 +31,9 @@ RECOVER_UNIT = f"{PREFIX}-recover@.service"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
 RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this host
-# One restart at a time across the fleet: a lease server on the first [router] host.
-LOCK_UNIT = f"{PREFIX}-lock.service"
-LOCK_STATE_NAME = f"{PREFIX}-lock"  # its StateDirectory=: the gateway user's, not the engines'
-LOCK_STATE_FILE = f"/var/lib/{LOCK_STATE_NAME}/lease.json"
+# The home-made fleet lock server that etcd replaced: site.yml removes it and its state.
+FORMER_LOCK_UNIT = f"{PREFIX}-lock.service"
+FORMER_LOCK_STATE_DIR = f"/var/lib/{PREFIX}-lock"
 # The coordination store (etcd, docs/operations.md "The coordination store"): one member per
 # [etcd] host, run by its own unit from Debian's etcd-server; TLS files the controller makes.
 ETCD_UNIT = f"{PREFIX}-etcd.service"
@@ -56,7 +55,7 @@ ETCD_PREFIX = f"/{PREFIX}/"  # every key pdstack writes lives under it
 # The gateway's liveness key in etcd, kept under a lease while the gateway unit runs.
 GATEWAY_LEASE_UNIT = f"{PREFIX}-gateway-lease.service"
 # The gateway's API key on every pd host (root, 0600): `pdctl restart` and `pdctl recover`
-# authenticate with it to the gateways (drain, register) and the fleet lock.
+# authenticate with it to the gateways (drain, register).
 OPS_ENV_FILE = f"{CONFIG_DIR}/ops.env"
 # "Restart pending" markers: site.yml with pdstack_engine_restart_on_change=false writes one per
 # changed pair, the coordinated restart removes it. Root's folder: restarts delete in it as root.

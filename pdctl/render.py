@@ -15,7 +15,7 @@ import jinja2
 from pdctl import names
 from pdctl.escape import FILTERS, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
-from pdctl.spec.deployment import LEGACY_LOCK_PORT, EtcdMember
+from pdctl.spec.deployment import EtcdMember
 
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
@@ -156,15 +156,9 @@ def register_command(gateway_host: str) -> list[str]:
     ]  # fmt: skip
 
 
-def lock_command(dep: Deployment) -> list[str]:
-    """The fleet restart lock's ExecStart: on the first [router] host, at the address the
-    topology gives clients. It reads the gateway's key from the unit's environment."""
-    return [
-        f"{names.VENV}/bin/pdctl", "lock", "serve",
-        "--host", dep.router_address,
-        "--port", str(LEGACY_LOCK_PORT),
-        "--state", names.LOCK_STATE_FILE,
-    ]  # fmt: skip
+def lease_command(gateway_host: str) -> list[str]:
+    """The gateway lease unit's ExecStart: this host's gateway liveness key in etcd."""
+    return [f"{names.VENV}/bin/pdctl", "gateway", "heartbeat", "--gateway", gateway_host]
 
 
 ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server

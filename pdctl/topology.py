@@ -57,14 +57,6 @@ class TopologyRouter(_Frozen):
     unit: str
 
 
-class TopologyLock(_Frozen):
-    """The fleet restart lock: one lease server, on the first [router] host."""
-
-    host: str
-    url: str
-    ttl_s: float
-
-
 class TopologyCoord(_Frozen):
     """The coordination store: every [etcd] member's client URL and the client's TLS files
     (on a host the files site.yml installs; from -i/-p on a controller, its PKI dir's)."""
@@ -86,14 +78,22 @@ class Topology(_Frozen):
     pairs: list[TopologyPair]
     router: TopologyRouter
     gateways: list[TopologyRouter] = []  # router first; left out: [router]
-    lock: TopologyLock | None = None  # left out by pdstack before the fleet lock
-    coord: TopologyCoord | None = None  # the etcd store; replaces `lock`
+    coord: TopologyCoord | None = None  # the etcd store; left out by pdstack before it
 
     @model_validator(mode="before")
     @classmethod
     def _router_is_first_gateway(cls, data: Any) -> Any:
         if isinstance(data, dict) and "gateways" not in data and "router" in data:
             return {**data, "gateways": [data["router"]]}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_lock_server(cls, data: Any) -> Any:
+        """A file written for the lock server etcd replaced stays readable (without a store
+        restarts refuse until site.yml writes the new one)."""
+        if isinstance(data, dict) and "lock" in data:
+            return {k: v for k, v in data.items() if k != "lock"}
         return data
 
     @model_validator(mode="after")
@@ -150,9 +150,6 @@ def from_deployment(dep: Deployment) -> Topology:
         ],
         router=gateways[0],
         gateways=gateways,
-        lock=TopologyLock(
-            host=dep.router_host, url=dep.lock_url, ttl_s=dep.profile.etcd.lock_ttl_s
-        ),
         coord=_coord(dep),
     )
 

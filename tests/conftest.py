@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -18,7 +20,13 @@ import yaml
 from click.testing import CliRunner
 
 from pdctl.spec import Role
-from pdctl.topology import Topology, TopologyInstance, TopologyPair, TopologyRouter
+from pdctl.topology import (
+    Topology,
+    TopologyCoord,
+    TopologyInstance,
+    TopologyPair,
+    TopologyRouter,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
@@ -215,3 +223,24 @@ def one_pair_topology(
             host=host, url=router_url, metrics_url=metrics_url, unit="pdstack-gateway.service"
         ),
     )
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TopologyCoord]:
+    """A real one-member etcd for this worker's tests (pdctl.testing.etcd)."""
+    from pdctl.testing.etcd import local_etcd
+
+    with local_etcd(tmp_path_factory.mktemp("etcd")) as etcd:
+        yield etcd.coord
+
+
+@pytest.fixture
+def etcd_coord(etcd_server: TopologyCoord, monkeypatch: pytest.MonkeyPatch) -> TopologyCoord:
+    """The session's etcd under a key prefix of this test's own (an empty store), which
+    pdctl's ops commands use instead of the topology's store (PDCTL_ETCD_ENDPOINTS/_PREFIX)."""
+    from pdctl.ops.context import ETCD_ENDPOINTS_ENV, ETCD_PREFIX_ENV
+
+    c = etcd_server.model_copy(update={"prefix": f"/pdstack-test-{uuid.uuid4().hex[:12]}/"})
+    monkeypatch.setenv(ETCD_ENDPOINTS_ENV, ",".join(c.endpoints))
+    monkeypatch.setenv(ETCD_PREFIX_ENV, c.prefix)
+    return c

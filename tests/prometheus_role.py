@@ -47,7 +47,7 @@ def render_prometheus_config(
         ("smg", "gateway.json.j2", {"topology": data}),
         ("pd-exporter", "hosts.json.j2", {**hosts, "target_port": ports["exporter"]}),
         ("node", "hosts.json.j2", {**hosts, "target_port": ports["node"]}),
-        # The store's member when the test runs one (tests/local_etcd.py), else no target.
+        # The store's member when the test runs one (pdctl.testing.etcd), else no target.
         (
             "etcd",
             "hosts.json.j2",

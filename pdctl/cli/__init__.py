@@ -24,6 +24,7 @@ COMMANDS = {
     "recover": "pdctl.cli.ops_commands:recover",
     "gateway": "pdctl.cli.ops_commands:gateway",
     "lock": "pdctl.cli.lock_commands:lock",
+    "history": "pdctl.cli.lock_commands:history",
     "etcd": "pdctl.cli.etcd_commands:etcd",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",

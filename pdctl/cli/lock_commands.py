@@ -1,40 +1,104 @@
-"""`pdctl lock serve`: the fleet restart lock's server (pdctl.lockd)."""
+"""`pdctl lock show | break` and `pdctl history`: the fleet restart lock and the restarts it
+let through, as etcd holds them (pdctl.coord)."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import click
 
-from pdctl import names
-from pdctl.ops.gateway import api_key
+from pdctl.cli.ops_commands import _ops, source_options
+from pdctl.cli.options import format_option
+from pdctl.coord.history import History, Record
+from pdctl.coord.lock import Holder, RestartLock, holder_json
+from pdctl.coord.store import StoreUnavailable
+from pdctl.errors import PdctlError
+
+
+def _fleet_lock(topology_path: Path, inventory: Path, profile: Path | None) -> RestartLock:
+    ops = _ops(topology_path, inventory, profile)
+    if ops.fleet_lock is None:
+        raise StoreUnavailable("the topology names no etcd store (it predates it): run site.yml")
+    return ops.fleet_lock
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _line(h: Holder) -> str:
+    renewed = f", renewed {h.heartbeat_age_s:.0f}s ago (ttl {h.ttl_s:g}s)" if h.ttl_s else ""
+    return f"held by {h.describe()}{renewed}"
 
 
 @click.group()
 def lock() -> None:
-    """The fleet restart lock: one restart at a time across every host and controller."""
+    """The fleet restart lock: one restart at a time across every host and controller.
+
+    A key in etcd under a lease that its holder renews; etcd deletes it ttl seconds after
+    the last renewal (holder killed, paused or cut off), so a dead holder never blocks."""
 
 
-@lock.command("serve")
-@click.option("--host", required=True, help="Address to listen on (the first [router] host's).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8790, show_default=True)
+@lock.command("show")
+@source_options
+@format_option
+def show(topology_path: Path, inventory: Path, profile: Path | None, fmt: str) -> None:
+    """Who holds the fleet restart lock, since when, and when it last renewed it.
+
+    Exit 0 (free or held), 5 when etcd cannot answer."""
+    held = _fleet_lock(topology_path, inventory, profile).holder()
+    if fmt == "json":
+        click.echo(json.dumps({"held": held is not None, "holder": holder_json(held)}, indent=2))
+    else:
+        click.echo(_line(held) if held else "free")
+
+
+@lock.command("break")
+@source_options
+@click.option("--force", is_flag=True, help="Required: this is never the normal way.")
+def break_(topology_path: Path, inventory: Path, profile: Path | None, force: bool) -> None:
+    """End the holder's lease now, and say whose it was.
+
+    Only for a holder known to be gone whose lease you cannot wait out: a holder that is
+    still running stops before its next step (it checks the lease before each one), and may
+    leave its current pair drained (pdctl status shows it)."""
+    if not force:
+        raise PdctlError("pdctl lock break ends another restart's lease: add --force")
+    held = _fleet_lock(topology_path, inventory, profile).force_break()
+    click.echo(f"broke the fleet restart lock: it was {_line(held)}" if held else "it was free")
+
+
+def _record_line(r: Record) -> str:
+    took = f"{r.ended - r.started:.0f}s" if r.ended else "-"
+    what = r.result.upper() if r.result != "ok" else "ok"
+    error = f"  {r.error}" if r.error else ""
+    return f"{_clock(r.started)}  {r.host:<12} {r.pid:>7}  {what:<7} {took:>6}  {r.command}{error}"
+
+
+@click.command()
+@source_options
+@format_option
 @click.option(
-    "--state",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=Path(names.LOCK_STATE_FILE),
-    show_default=True,
-    help="The lease is kept here, so restarting the server does not free a held lock.",
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N."
 )
-def serve(host: str, port: int, state: Path) -> None:
-    """Serve the fleet restart lock (run by pdstack-lock.service on the first [router] host).
+def history(
+    topology_path: Path, inventory: Path, profile: Path | None, fmt: str, limit: int
+) -> None:
+    """The fleet's restarts, newest first: who, from where, what, how long each phase took,
+    and how it ended (ok, failed, lost: its lease expired before it finished; running).
 
-    One lease: `pdctl restart` and `pdctl recover` take it (owner: host and PID, what: the
-    command), renew it every ttl/3 and release it. A lease not renewed within its ttl
-    (router.lock_ttl_s) is taken over by the next restarter, which is told whom it replaced.
-    Taking, renewing and releasing need `Authorization: Bearer` with the gateway's API key
-    when PDSTACK_GATEWAY_API_KEY is set (the unit reads it from /etc/pdstack/gateway.env);
-    without one there is no authentication, as for the gateway. GET /lease is open.
-    """
-    from pdctl import lockd  # aiohttp: only for the server
-
-    lockd.serve(host, port, state, api_key())
+    Every restart and recovery that held the fleet restart lock writes one record to etcd;
+    the oldest beyond 500 are dropped."""
+    records = History(_fleet_lock(topology_path, inventory, profile).store).records(limit)
+    if fmt == "json":
+        click.echo(json.dumps({"restarts": [r.model_dump() for r in records]}, indent=2))
+        return
+    if not records:
+        click.echo("no restarts recorded")
+    for r in records:
+        click.echo(_record_line(r))
+        for target, phases in r.phases.items():
+            steps = " ".join(f"{k} {v:.1f}s" for k, v in phases.items())
+            click.echo(f"    {target}: {steps}")

@@ -1,4 +1,5 @@
-"""`pdctl status | restart | doctor | recover`: operate the running deployment."""
+"""`pdctl status | restart | doctor | recover | gateway register | gateway heartbeat`:
+operate the running deployment."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from pdctl.ops.recover import (
 from pdctl.ops.recover import recover as run_recover
 from pdctl.ops.restart import (
     Report,
+    outcome,
     plan_lines,
     register_gateways,
     restart_instance,
@@ -58,7 +60,7 @@ def fleet_lock_option(f: F) -> F:
         "--no-fleet-lock",
         is_flag=True,
         help="DANGEROUS: restart without the fleet restart lock (only this host's lock), when "
-        "its server is down. Restarts started elsewhere may then run at the same time.",
+        "etcd has no quorum. Restarts started elsewhere may then run at the same time.",
     )(f)
 
 
@@ -226,15 +228,18 @@ def restart(
     again. --all rolls pairs one at a time and stops at the first failure.
 
     One restart at a time across the fleet: this host's lock (/run/pdstack/restart.lock),
-    then the fleet restart lock on the first [router] host (a lease renewed while the restart
-    runs). A holder that stopped renewing (killed, host lost) is taken over with a warning
-    naming it. If the lock server does not answer, nothing restarts (exit 5).
+    then the fleet restart lock in etcd (a key under a lease renewed while the restart runs;
+    pdctl lock show). Before each step the restart checks the lease is still its own: one
+    that lost it (paused past the ttl, cut off) stops there and says so. A holder that
+    stopped renewing loses the lock after the ttl; the next restart warns whom it followed.
+    If etcd cannot serve (no quorum, no member answers), nothing restarts (exit 5). Each
+    restart is recorded in the fleet's history (pdctl history).
 
     \b
     Exit codes: 0 done; 1 a pair failed (journal lines follow); 2 bad input or refused;
-    3 another restart holds the lock (after --lock-wait); 5 the fleet restart lock does not
-    answer; 130 interrupted (Ctrl-C): the message names the pair left out of the gateway
-    and the command that puts it back.
+    3 another restart holds the lock (after --lock-wait); 5 etcd cannot serve the fleet
+    restart lock; 130 interrupted (Ctrl-C): the message names the pair left out of the
+    gateway and the command that puts it back.
     \b
     Examples:
       pdctl restart --both --pair pd0
@@ -262,8 +267,9 @@ def restart(
             [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
             "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
-        with locked("pdctl restart --router"):
+        with locked("pdctl restart --router") as got:
             reports = restart_router(ops)
+            got.record(outcome(reports))
     else:
         chosen = ops.source.select(pairs, all_pairs)
         if sides:
@@ -273,8 +279,9 @@ def restart(
                 [f"{i.id} ({i.unit})" for i in insts],
                 "Restart these ALONE? The pairs will be degraded until both restart.",
             )
-            with locked("pdctl restart --force (one side)"):
+            with locked("pdctl restart --force (one side)") as got:
                 reports = [restart_instance(ops, i) for i in insts]
+                got.record(outcome(reports))
             click.secho(
                 "Warning: the pair is likely degraded now; run pdctl restart --both.",
                 fg="yellow",
@@ -290,6 +297,7 @@ def restart(
             )
             with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:
                 reports = restart_pairs(ops, chosen, got.lost)
+                got.record(outcome(reports))
     _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
 
@@ -362,11 +370,15 @@ def doctor(
     help="Rate-limit state; its folder must be writable by this user only (created 0700).",
 )
 @click.option(
-    "--lock-timeout",
+    "--lock-wait",
+    "--lock-timeout",  # its former name
+    "lock_wait",
     type=click.FloatRange(min=0),
     default=LOCK_WAIT_S,
     show_default=True,
-    help="Seconds to wait for a restart holding the lock before exiting 3.",
+    metavar="SECS",
+    help="Wait up to SECS for a restart holding the lock, or for etcd to serve again, then "
+    "exit 3 (held) or 5 (etcd); systemd starts the recovery again.",
 )
 @fleet_lock_option
 def recover(
@@ -377,7 +389,7 @@ def recover(
     max_recoveries: int,
     window: float,
     state_path: Path,
-    lock_timeout: float,
+    lock_wait: float,
     no_fleet_lock: bool,
 ) -> None:
     """Coordinated restart of a pair after one of its engines failed (run by systemd).
@@ -385,20 +397,22 @@ def recover(
     Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
     restarts the whole pair (never the failed side alone), at most --max-recoveries times per
     --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
-    If another restart holds the lock (this host's, or the fleet restart lock) it waits for
-    it (--lock-timeout), then recovers. An unreadable state file is started afresh with a
-    warning.
+    If another restart holds the lock (this host's, or the fleet restart lock), or etcd
+    cannot serve (no quorum), it waits (--lock-wait), then recovers. While it waits, the
+    pair is taken out of every gateway that answers and both its sides are stopped, so no
+    request meets a half pair; `pdctl status` shows "recovery waiting" and why. After the
+    wait it exits 3 or 5 and systemd starts it again, for as long as it takes. An unreadable
+    state file is started afresh with a warning.
 
     \b
     Exit codes: 0 recovered; 1 the restart failed (journal lines follow); 2 bad input or an
-    unsafe state folder; 3 the lock stayed held; 4 rate-limited; 5 the fleet restart lock
-    does not answer.
+    unsafe state folder; 3 the lock stayed held; 4 rate-limited; 5 etcd cannot serve.
     """
     ops = _ops(topology_path, inventory, profile)
     ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
     (pair,) = ops.source.select((pair_name,), False)
     limit = RateLimit(max_recoveries, window)
-    rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_timeout)
+    rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_wait)
     _print_reports([rep], "table")
     sys.exit(0 if rep.ok else 1)
 
@@ -469,3 +483,32 @@ def register(
                 elif state not in ("added", "bound"):
                     click.secho(f"  Warning: {url} {state}", fg="yellow")
     sys.exit(1 if any(d.error for d in done) else 0)
+
+
+@gateway.command("heartbeat")
+@source_options
+@click.option(
+    "--gateway", "host", required=True, metavar="HOST", help="The gateway's inventory host."
+)
+def heartbeat(topology_path: Path, inventory: Path, profile: Path | None, host: str) -> None:
+    """Keep this gateway's liveness key in etcd while it runs (pdstack-gateway-lease.service).
+
+    The key lives under a lease renewed every ttl/3 (etcd.gateway_ttl_s); it ends with this
+    process (SIGTERM revokes it), or ttl seconds after the host stops renewing it (lost,
+    powered off). A restart that cannot reach a gateway without a key goes on without it;
+    one that holds its key and does not answer blocks the restart. Runs until stopped.
+    """
+    import signal
+    import threading
+
+    from pdctl.coord.gateways import heartbeat as keep_alive
+
+    ops = _ops(topology_path, inventory, profile)
+    coord = ops.source.topology.coord
+    if ops.store is None or coord is None:
+        raise PdctlError("the topology names no etcd store (it predates it): run site.yml")
+    url = ops.source.topology.gateway(host).url
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    keep_alive(ops.store, host, url, coord.gateway_ttl_s, stop, lambda line: click.echo(line))

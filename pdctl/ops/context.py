@@ -10,10 +10,12 @@ from urllib.parse import urlsplit
 
 import click
 
+from pdctl.coord.lock import RestartLock
+from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops.gateway import GatewayAdmin, api_key
-from pdctl.ops.lock import FleetLock, FleetLockUnavailable
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
+from pdctl.topology import TopologyCoord
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,10 @@ class Ops:
     canary_count: int = 5
     say: Callable[[str], None] = _echo  # progress lines (stderr, so --format json stays clean)
     other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
-    # The fleet restart lock (topology.lock); None: restarts take only this host's lock.
-    fleet_lock: FleetLock | None = None
+    # The coordination store (topology.coord) and the fleet restart lock in it; None:
+    # restarts take only this host's lock.
+    store: Store | None = None
+    fleet_lock: RestartLock | None = None
 
     @property
     def gateways(self) -> list[GatewayAdmin]:
@@ -58,20 +62,29 @@ def host_addresses(source: Source) -> dict[str, str]:
     return out
 
 
-FLEET_LOCK_ENV = "PDCTL_FLEET_LOCK"  # another lock server's URL than the topology's
+# The store at other addresses than the topology's (a tunnel from a controller, a test's
+# local etcd): comma-separated client URLs. And another key prefix than pdstack's own (several
+# deployments sharing one etcd, each test its own keys).
+ETCD_ENDPOINTS_ENV = "PDCTL_ETCD_ENDPOINTS"
+ETCD_PREFIX_ENV = "PDCTL_ETCD_PREFIX"
 
 
-def fleet_lock(source: Source, key: str | None) -> FleetLock | None:
-    lock = source.topology.lock
-    if lock is None:
+def coord(source: Source) -> TopologyCoord | None:
+    """The topology's store, with the environment's overrides."""
+    c = source.topology.coord
+    if c is None:
         return None
-    return FleetLock(os.environ.get(FLEET_LOCK_ENV) or lock.url, key, lock.ttl_s)
+    update: dict[str, object] = {}
+    if endpoints := os.environ.get(ETCD_ENDPOINTS_ENV):
+        update["endpoints"] = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if prefix := os.environ.get(ETCD_PREFIX_ENV):
+        update["prefix"] = prefix
+    return c.model_copy(update=update) if update else c
 
 
-def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> FleetLock | None:
+def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> RestartLock | None:
     """The fleet lock a restart must hold; None with --no-fleet-lock (`off`), said loudly.
-    A topology without one (written before the fleet lock) is refused like an unreachable
-    lock server."""
+    A topology without a store (written before etcd) is refused like an unreachable store."""
     if off:
         warn(
             "WARNING: --no-fleet-lock: only this host's restart lock is taken; a restart "
@@ -80,9 +93,9 @@ def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> FleetLock 
         )
         return None
     if ops.fleet_lock is None:
-        raise FleetLockUnavailable(
-            "the topology names no fleet restart lock (it predates it): run site.yml, which "
-            "writes it and installs the lock server; --no-fleet-lock restarts without it"
+        raise StoreUnavailable(
+            "the topology names no etcd store (it predates it): run site.yml, which installs "
+            "etcd on the [etcd] hosts and writes it; --no-fleet-lock restarts without it"
         )
     return ops.fleet_lock
 
@@ -99,11 +112,14 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
 
     key = api_key()
     first, *others = (GatewayAdmin(g.url, key) for g in source.topology.gateways)
+    c = coord(source)
+    st = Store(c) if c else None
     return Ops(
         source,
         systemd_for,
         first,
         timeouts or Timeouts(),
         other_gateways=others,
-        fleet_lock=fleet_lock(source, key),
+        store=st,
+        fleet_lock=RestartLock(st, c.lock_ttl_s) if st and c else None,
     )

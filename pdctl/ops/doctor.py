@@ -13,6 +13,8 @@ from functools import partial
 from pdctl import names, render
 from pdctl.analyze.logparse import DecodeBatch, parse_line
 from pdctl.coord import health
+from pdctl.coord.history import History
+from pdctl.coord.store import StoreUnavailable
 from pdctl.errors import PdctlError
 from pdctl.lint import Finding, Severity, lint
 from pdctl.ops.context import Ops
@@ -224,28 +226,35 @@ def drift_findings(ops: Ops, s: Status) -> list[Finding]:
 
 
 def lock_findings(ops: Ops, s: Status) -> list[Finding]:
-    """The fleet restart lock: unreachable (no restart can start) or held by a dead holder."""
-    fleet = ops.source.topology.lock
-    if fleet is None or s.lock_url is None:
+    """The fleet restart lock: etcd cannot serve it (no restart can start), or its last
+    holder lost it mid-restart (the history's record still says "running")."""
+    if ops.fleet_lock is None:
         return []
+    where = ops.fleet_lock.store.describe()
     if s.lock_error:
         return [
             _error(
                 "live-fleet-lock",
-                fleet.host,
-                f"{s.lock_error}: pdctl restart and pdctl recover refuse to run (exit 5)",
-                f"systemctl status {names.LOCK_UNIT} on {fleet.host}; run site.yml",
+                where,
+                f"{s.lock_error}: pdctl restart refuses to run (exit 5) and recoveries wait",
+                "bring the etcd members back (pdctl doctor's live-etcd findings name them)",
             )
         ]
-    if s.lock is not None and s.lock.stale:
+    if s.lock is not None:
+        return []
+    try:
+        last = History(ops.fleet_lock.store).records(limit=1)
+    except StoreUnavailable:
+        return []
+    if last and last[0].result == "running":
+        r = last[0]
         return [
             _warning(
-                "live-fleet-lock-stale",
-                fleet.host,
-                f"the fleet restart lock is held by {s.lock.describe()}, not renewed for "
-                f"{s.lock.heartbeat_age_s or 0:.0f}s (ttl {s.lock.ttl_s or 0:g}s): its holder "
-                "died mid-restart",
-                "pdctl status for pairs it left drained; the next pdctl restart takes it over",
+                "live-fleet-lock-lost",
+                r.host,
+                f"{r.host} PID {r.pid} {r.command} lost the fleet restart lock before it "
+                "finished (its lease expired: killed, paused or cut off)",
+                "pdctl status for pairs it left drained; pdctl restart --both puts them back",
             )
         ]
     return []
@@ -270,7 +279,7 @@ def store_findings(ops: Ops) -> list[Finding]:
     make = _error if lost else _warning
     return [
         make(
-            "live-store-member",
+            "live-etcd",
             m.endpoint,
             f"etcd member {m.detail}; {effect}",
             f"systemctl status {names.ETCD_UNIT} on that host; docs/runbook.md#pdetcdmemberdown",

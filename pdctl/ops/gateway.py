@@ -36,6 +36,10 @@ class GatewayError(PdctlError):
     pass
 
 
+class GatewayUnreachable(GatewayError):
+    """No answer at all (refused, timed out): the gateway or its host may be gone."""
+
+
 def api_key() -> str | None:
     """The gateway's API key (the fleet lock's too): from the environment, else the first
     env file of KEY_FILES that this user can read and that holds it."""
@@ -101,7 +105,7 @@ class GatewayAdmin:
                 method, f"{self.url}{path}", timeout=self.timeout, headers=self.headers, **kw
             )
         except requests.RequestException as e:
-            raise GatewayError(f"gateway {self.url}: {type(e).__name__}: {e}") from None
+            raise GatewayUnreachable(f"gateway {self.url}: {type(e).__name__}: {e}") from None
         if r.status_code == 401:
             raise GatewayError(
                 f"gateway {self.url}: {method} {path} needs the API key: set "

@@ -1,14 +1,14 @@
-"""One restart at a time: per host an flock, across the fleet a lease (pdctl.lockd).
+"""One restart at a time: per host an flock, across the fleet a lease in etcd (pdctl.coord).
 
 The host lock is an flock on /run/pdstack/restart.lock. flock dies with its holder, so a
 crashed pdctl never leaves a stale lock behind; the file holds the holder's PID only so the
 refusal can name it. Opened with O_NOFOLLOW: root must not truncate whatever a link planted at
 the lock's name points to.
 
-The fleet lock is a lease on the lock server of the first [router] host (the topology's
-`lock`): taken after the host lock, renewed by a heartbeat thread every ttl/3, released at
-the end. A holder that stops renewing for ttl (killed, its host lost) is taken over by the
-next restarter, which says whom it took over from.
+The fleet lock is a key under an etcd lease (pdctl.coord.lock): taken after the host lock,
+renewed by a heartbeat thread every ttl/3, released at the end. A holder that stops renewing
+for ttl (killed, paused, its host lost) loses it, and the next restarter takes it; the
+history's record of the lost holder says whom it took over from.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import socket
 import stat
 import sys
 import threading
@@ -25,16 +24,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import requests
-from pydantic import BaseModel, Field, ValidationError
 
 from pdctl import names
+from pdctl.coord.history import History, Outcome, Record
+from pdctl.coord.lock import Grant, Holder, RestartLock
+from pdctl.coord.store import StoreUnavailable
 from pdctl.errors import PdctlError
 
 DEFAULT_PATH = Path(names.RESTART_LOCK)
 PROGRESS_EVERY_S = 10.0
+# A recovery waiting for etcd tries again after poll, 2 poll, ... up to this: once quorum is
+# back, it has the lock within this many seconds.
+STORE_RETRY_MAX_S = 10.0
 
 
 def default_path() -> Path:
@@ -45,13 +46,11 @@ class LockHeld(PdctlError):
     exit_code = 3
 
 
-class FleetLockUnavailable(PdctlError):
-    """The fleet lock server did not answer (or refused the key): no restart without it."""
-
-    exit_code = 5
-
-
 def _never_lost() -> str | None:
+    return None
+
+
+def _ignore(_: Outcome) -> None:
     return None
 
 
@@ -59,10 +58,12 @@ def _never_lost() -> str | None:
 class Acquired:
     waited_s: float = 0.0
     behind: str | None = None  # the holder waited for ("PID 4242 pdctl restart ..."), if any
-    took_over: str | None = None  # the dead fleet lock holder taken over, if any
-    # Why the fleet lock may no longer be this restart's (taken over, or not renewed for
-    # longer than its ttl), None while it is: a roll stops before its next pair.
+    took_over: str | None = None  # the fleet lock holder whose lease expired, if any
+    # Why the fleet lock may no longer be this restart's (its lease expired, or etcd cannot
+    # confirm it), None while it is: asked before each step of a restart.
     lost: Callable[[], str | None] = _never_lost
+    # What the restart did, for the fleet's restart history (written when the lock is freed).
+    record: Callable[[Outcome], None] = _ignore
 
 
 def _open(path: Path) -> int:
@@ -93,26 +94,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process (root's restart, seen by a user)
         pass
     return True
-
-
-@dataclass(frozen=True)
-class Holder:
-    pid: int | None
-    what: str  # the command that holds it ("pdctl restart --both --pair pd0")
-    since: float  # when it took the lock (time.time(), this machine's clock)
-    host: str | None = None  # the fleet lock's holder's host; None: the host lock
-    heartbeat_age_s: float | None = None  # fleet lock: since its last renewal
-    ttl_s: float | None = None  # fleet lock: stale once heartbeat_age_s exceeds it
-
-    @property
-    def stale(self) -> bool:
-        """A fleet lock holder that stopped renewing: the next restarter takes it over."""
-        return self.ttl_s is not None and (self.heartbeat_age_s or 0.0) > self.ttl_s
-
-    def describe(self) -> str:
-        """In one line: pdf1 PID 4242 pdctl restart --both --pair pd0, since 12:01:05."""
-        who = f"{self.host} PID {self.pid}" if self.host else f"PID {self.pid}"
-        return f"{who} {self.what}, since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
 
 
 def holder(path: Path | None = None) -> Holder | None:
@@ -180,138 +161,30 @@ def _host_held(
         os.close(fd)  # releases the flock
 
 
-# ----- the fleet lock: a lease on the lock server (pdctl.lockd) ------------------------------
-class LeaseView(BaseModel):
-    """A lease as the lock server shows it (never its token). Times are the server's."""
-
-    host: str
-    pid: int
-    what: str
-    since: float
-    heartbeat: float
-    ttl_s: float
-    held_s: float
-    heartbeat_age_s: float
-    stale: bool
-
-    def holder(self) -> Holder:
-        """In this machine's clock: `since` from the server's own held_s, so clock skew
-        between hosts does not shift it."""
-        return Holder(
-            self.pid,
-            self.what,
-            time.time() - self.held_s,
-            self.host,
-            self.heartbeat_age_s,
-            self.ttl_s,
-        )
-
-
-class LeaseAnswer(BaseModel):
-    """Every answer of the lock server: the lease (None: free), and to an acquire whether it
-    was granted, the holder's token, and the stale lease it took over."""
-
-    lease: LeaseView | None = None
-    granted: bool | None = None
-    token: str | None = None
-    took_over: LeaseView | None = None
-
-
-WHAT_MAX = 2000  # characters of the holder's command line the server keeps
-
-
-class AcquireRequest(BaseModel):
-    host: str = Field(min_length=1, max_length=255)
-    pid: int = Field(ge=1)
-    what: str = Field(max_length=WHAT_MAX)
-    ttl_s: float = Field(ge=1, le=3600)
-
-
-class TokenRequest(BaseModel):
-    token: str = Field(min_length=1, max_length=128)
-
-
-@dataclass(frozen=True)
-class Grant:
-    token: str
-    took_over: Holder | None  # the stale holder this acquire replaced
-
-
-class FleetLock:
-    """The client of the lock server at `url` (the topology's `lock`)."""
-
-    def __init__(self, url: str, api_key: str | None, ttl_s: float, timeout: float = 5.0) -> None:
-        self.url, self.ttl_s = url.rstrip("/"), ttl_s
-        self.timeout = min(timeout, ttl_s / 3)
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> LeaseAnswer:
-        where = f"the fleet restart lock at {self.url}"
-        try:
-            r = requests.request(
-                method, f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout
-            )
-        except requests.RequestException as e:
-            raise FleetLockUnavailable(f"{where} does not answer ({type(e).__name__})") from None
-        if r.status_code == 401:
-            raise FleetLockUnavailable(
-                f"{where} needs the gateway's API key: set {names.GATEWAY_KEY_VAR} (root reads "
-                f"it from {names.OPS_ENV_FILE} or {names.GATEWAY_ENV_FILE})"
-            )
-        if r.status_code not in (200, 409):
-            raise FleetLockUnavailable(f"{where} answered {r.status_code}: {r.text[:200]}")
-        try:
-            return LeaseAnswer.model_validate_json(r.content)
-        except ValidationError:
-            raise FleetLockUnavailable(
-                f"{where} answered {r.status_code} but not a lock server's answer "
-                f"({r.text[:80]!r}): is it pdctl lock serve?"
-            ) from None
-
-    def holder(self) -> Holder | None:
-        lease = self._call("GET", "/lease").lease
-        return lease.holder() if lease else None
-
-    def acquire(self, what: str) -> Grant | Holder:
-        """The lease (a Grant), or who holds it."""
-        if len(what) > WHAT_MAX:  # a roll of very many pairs: its start says what it is
-            what = what[: WHAT_MAX - 1] + "…"
-        body = AcquireRequest(
-            host=socket.gethostname(), pid=os.getpid(), what=what, ttl_s=self.ttl_s
-        )
-        ans = self._call("POST", "/lease", body.model_dump())
-        if ans.granted and ans.token:
-            return Grant(ans.token, ans.took_over.holder() if ans.took_over else None)
-        if ans.lease is None:  # a refusal names the holder; this is no lock server's answer
-            raise FleetLockUnavailable(
-                f"the fleet restart lock at {self.url} refused, naming no holder"
-            )
-        return ans.lease.holder()
-
-    def renew(self, token: str) -> tuple[bool, Holder | None]:
-        """(True, _) while the lease is ours; else (False, who holds it now, None: nobody)."""
-        ans = self._call("POST", "/lease/renew", {"token": token})
-        return bool(ans.granted), ans.lease.holder() if ans.lease else None
-
-    def release(self, token: str) -> None:
-        self._call("POST", "/lease/release", {"token": token})
-
-
+# ----- the fleet lock: a key under an etcd lease (pdctl.coord.lock) ------------------------
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 class _Heartbeat:
     """Renews the lease every ttl/3 until stopped; says loudly when renewing fails for longer
-    than the ttl (another restarter may take the lease over) or the lease was taken."""
+    than the ttl (the lease may have expired: another restarter may hold the lock) or the lock
+    is another's."""
 
-    def __init__(self, fleet: FleetLock, token: str, say: Callable[[str], None]) -> None:
-        self.fleet, self.token, self.say = fleet, token, say
+    def __init__(self, fleet: RestartLock, grant: Grant, say: Callable[[str], None]) -> None:
+        self.fleet, self.grant, self.say = fleet, grant, say
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="fleet-lock-heartbeat", daemon=True)
-        self.lost: str | None = None  # why the lease may be someone else's now
+        self.lost: str | None = None  # why the lock may be someone else's now
 
     def why_lost(self) -> str | None:
+        """The fencing check before each step: the heartbeat's word, then etcd's own."""
+        if self.lost is not None:
+            return self.lost
+        try:
+            self.lost = self.fleet.check(self.grant)
+        except StoreUnavailable as e:
+            return f"etcd cannot confirm that this restart still holds it: {e}"
         return self.lost
 
     def _run(self) -> None:
@@ -319,29 +192,28 @@ class _Heartbeat:
         last_ok, warned = time.monotonic(), False
         while not self.stopped.wait(ttl / 3):
             try:
-                ours, holder = self.fleet.renew(self.token)
-            except FleetLockUnavailable as e:
+                ours, holder = self.fleet.renew(self.grant)
+            except StoreUnavailable as e:
                 late = time.monotonic() - last_ok
                 if late > ttl and not warned:
                     warned = True
-                    self.lost = f"not renewed for {late:.0f}s, ttl {ttl:g}s"
                     self.say(
                         f"WARNING: the fleet restart lock was not renewed for {late:.0f}s "
-                        f"(ttl {ttl:g}s): {e}. Another restarter may take it over and restart "
-                        "pairs at the same time as this one"
+                        f"(ttl {ttl:g}s): {e}. Its lease may have expired; this restart stops "
+                        "before its next step unless etcd confirms it still holds the lock"
                     )
                 continue
             if not ours:
                 now = f"{holder.describe()} holds it now" if holder else "nobody holds it now"
-                self.lost = now
+                self.lost = f"its lease expired; {now}"
                 self.say(
-                    f"WARNING: this restart lost the fleet restart lock ({now}): pairs may "
-                    "restart elsewhere at the same time; check pdctl status"
+                    f"WARNING: this restart lost the fleet restart lock ({now}); it stops "
+                    "before its next step"
                 )
                 return
             if warned:
                 self.say("the fleet restart lock is renewed again; this restart still holds it")
-            last_ok, warned, self.lost = time.monotonic(), False, None
+            last_ok, warned = time.monotonic(), False
 
     def __enter__(self) -> _Heartbeat:
         self.thread.start()
@@ -349,70 +221,100 @@ class _Heartbeat:
 
     def __exit__(self, *_: object) -> None:
         self.stopped.set()
-        self.thread.join(self.fleet.timeout + 1)
+        self.thread.join(self.fleet.timeout * 4 + 1)
+
+
+def _unavailable(e: StoreUnavailable) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"{e}; not restarting without the fleet restart lock (a restart elsewhere could run "
+        "at the same time): pdctl doctor names the etcd members that are down; "
+        "--no-fleet-lock restarts without it (dangerous)"
+    )
 
 
 @contextlib.contextmanager
 def fleet_held(
-    fleet: FleetLock,
+    fleet: RestartLock,
     what: str,
     wait: float = 0.0,
     say: Callable[[str], None] | None = None,
     poll: float = 0.5,
     started: float | None = None,
+    store_wait: bool = False,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[Acquired]:
-    """Hold the fleet lock's lease for `what`, renewed until the block ends, then released.
+    """Hold the fleet lock for `what`, renewed until the block ends, then released, with a
+    record in the restart history from start to end.
 
     Waits up to `wait` s from `started` (time.monotonic(); default now) for a holder
-    (progress through `say` every 10 s), then LockHeld naming it. A stale holder is taken
-    over with a warning. FleetLockUnavailable when the server does not answer."""
+    (progress through `say` every 10 s), then LockHeld naming it. StoreUnavailable when etcd
+    cannot serve (no quorum, no member answers), at once, or with `store_wait` after waiting
+    for it too. `on_wait` hears why, on each try that did not get the lock."""
     say = say or _stderr
     t0, last = started if started is not None else time.monotonic(), None
     behind: Holder | None = None
+    pause = poll
     while True:
         try:
-            got = fleet.acquire(what)
-        except FleetLockUnavailable as e:
-            raise FleetLockUnavailable(
-                f"{e}; not restarting without it (a restart elsewhere could run at the same "
-                f"time): check {names.LOCK_UNIT} on the first [router] host; --no-fleet-lock "
-                "restarts without it (dangerous)"
-            ) from None
+            got: Grant | Holder | StoreUnavailable = fleet.acquire(what)
+        except StoreUnavailable as e:
+            if not store_wait:
+                raise _unavailable(e) from None
+            got = e  # waited for like a holder, with a backoff: etcd may be out for minutes
         if isinstance(got, Grant):
             break
-        now, behind = time.monotonic(), got
+        now = time.monotonic()
         if now - t0 >= wait:
+            if isinstance(got, StoreUnavailable):
+                raise _unavailable(got)
             waited = f" after waiting {wait:g}s" if wait else ""
             raise LockHeld(
-                f"another restart is running: {got.describe()} (fleet restart lock "
-                f"{fleet.url}){waited}; wait for it to finish (or check that process)"
+                f"another restart is running: {got.describe()} ({fleet.describe()}){waited}; "
+                "wait for it to finish (or check that process)"
             )
+        if isinstance(got, Holder):
+            behind, pause, why = got, poll, f"held by {got.describe()}"
+        else:
+            pause, why = min(pause * 2, STORE_RETRY_MAX_S), f"etcd cannot serve: {got}"
+        if on_wait is not None:
+            on_wait(why)
         if last is None or now - last >= PROGRESS_EVERY_S:
             last = now
-            say(
-                f"waiting for the fleet restart lock, held by {got.describe()} "
-                f"[{now - t0:.0f}s of {wait:g}s]"
-            )
-        time.sleep(min(poll, max(wait - (now - t0), 0.0)))
-    took_over = None
-    if got.took_over is not None:
-        dead = got.took_over
-        took_over = dead.describe()
-        say(
-            f"WARNING: took over the fleet restart lock from {took_over}: it was not renewed "
-            f"for {dead.heartbeat_age_s or 0:.0f}s (ttl {dead.ttl_s or 0:g}s), so its holder "
-            "is presumed dead. Check what it left behind (pdctl status: drained pairs)"
-        )
+            say(f"waiting for the fleet restart lock, {why} [{now - t0:.0f}s of {wait:g}s]")
+        time.sleep(min(pause, max(wait - (now - t0), 0.0)))
+    history = History(fleet.store)
+    outcome = Outcome(result="failed", error="it ended before saying what it did")
     try:
-        with _Heartbeat(fleet, got.token, say) as beat:
+        rec: Record | None = history.start(what)
+        lost = history.mark_lost(rec) if rec else None
+    except StoreUnavailable as e:
+        rec = lost = None
+        say(f"WARNING: the restart history is not written: {e}")
+    took_over = None
+    if lost is not None:
+        took_over = f"{lost.host} PID {lost.pid} {lost.command}"
+        say(
+            f"WARNING: the last holder of the fleet restart lock, {took_over}, lost it before "
+            "it finished (its lease expired: killed, paused or cut off). Check what it left "
+            "behind (pdctl status: drained pairs; pdctl history)"
+        )
+
+    def record(o: Outcome) -> None:
+        nonlocal outcome
+        outcome = o
+
+    try:
+        with _Heartbeat(fleet, got, say) as beat:
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
             yield Acquired(
-                waited_s, behind.describe() if behind else None, took_over, beat.why_lost
+                waited_s, behind.describe() if behind else None, took_over, beat.why_lost, record
             )
     finally:
         try:
-            fleet.release(got.token)
-        except FleetLockUnavailable as e:
+            if rec is not None:
+                history.finish(rec, outcome)
+            fleet.release(got)
+        except StoreUnavailable as e:
             say(
                 f"WARNING: could not release the fleet restart lock ({e}); it frees itself "
                 f"{fleet.ttl_s:g}s after its last renewal"
@@ -426,7 +328,9 @@ def held(
     wait: float = 0.0,
     say: Callable[[str], None] | None = None,
     poll: float = 0.5,
-    fleet: FleetLock | None = None,
+    fleet: RestartLock | None = None,
+    store_wait: bool = False,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[Acquired]:
     """Hold the restart lock for `what` (e.g. "pdctl restart --both --pair pd0"): this host's
     flock, then with `fleet` the fleet lock's lease.
@@ -438,7 +342,7 @@ def held(
         if fleet is None:
             yield host
             return
-        with fleet_held(fleet, what, wait, say, poll, started=t0) as got:
+        with fleet_held(fleet, what, wait, say, poll, t0, store_wait, on_wait) as got:
             behind = got.behind or host.behind
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
-            yield Acquired(waited_s, behind, got.took_over, got.lost)
+            yield Acquired(waited_s, behind, got.took_over, got.lost, got.record)

@@ -16,7 +16,9 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +32,7 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
-from pdctl.ops.restart import Report, restart_pair
+from pdctl.ops.restart import Report, outcome, restart_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)
@@ -183,6 +185,49 @@ class RecoveryLog:
             self._write(dir_fd, data)
 
 
+def _notify_status(line: str) -> None:
+    """The unit's StatusText (systemctl status, pdctl status): sd_notify's STATUS=, when
+    systemd runs this with NotifyAccess=main; nothing elsewhere."""
+    where = os.environ.get("NOTIFY_SOCKET")
+    if not where:
+        return
+    addr = "\0" + where[1:] if where.startswith("@") else where
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(f"STATUS={line}".encode(), addr)
+
+
+class _Containment:
+    """While a recovery waits for the fleet lock, the broken pair is taken out of every
+    gateway that answers and its live side is stopped, once: no request is routed into a
+    half pair for as long as the wait lasts. Not while the lock's holder is restarting this
+    very pair (its own restart is bringing it back)."""
+
+    def __init__(self, ops: Ops, pair: Pair) -> None:
+        self.ops, self.pair, self.done = ops, pair, False
+
+    def __call__(self, why: str) -> None:
+        _notify_status(f"recovery waiting: {why}")
+        if self.done or re.search(rf"(?<![\w/.-]){re.escape(self.pair.id)}(?![\w/.-])", why):
+            return
+        self.done = True
+        ops, pair = self.ops, self.pair
+        urls = [i.url for i in pair.instances]
+        for gw in ops.gateways:
+            try:
+                gw.remove(urls)
+            except PdctlError as e:
+                ops.say(f"{pair.id}: cannot take it out of gateway {gw.url} ({e})")
+        try:
+            ops.systemd(pair.spec.host).stop(pair.spec.target)
+        except PdctlError as e:
+            ops.say(f"{pair.id}: cannot stop its live side ({e})")
+            return
+        ops.say(
+            f"{pair.id}: out of every gateway that answers and both sides stopped while the "
+            f"recovery waits ({why})"
+        )
+
+
 def recover(
     ops: Ops,
     pair: Pair,
@@ -195,14 +240,27 @@ def recover(
     the fleet's when `ops.fleet_lock` is set) allow it.
 
     A restart holding the lock (an operator's roll, another pair's recovery) is waited for,
-    bounded: the crash it may have caused still needs recovering after it."""
+    bounded, and so is etcd when it cannot serve (no quorum): the crash still needs
+    recovering after it. While it waits the pair is contained (_Containment); after the
+    bound it exits non-zero and systemd starts it again (Restart=on-failure)."""
     what = f"pdctl recover --pair {pair.id}"
-    with lock.held(what, lock_path, lock_wait, ops.say, ops.timeouts.poll, ops.fleet_lock) as got:
+    with lock.held(
+        what,
+        lock_path,
+        lock_wait,
+        ops.say,
+        ops.timeouts.poll,
+        ops.fleet_lock,
+        store_wait=True,
+        on_wait=_Containment(ops, pair),
+    ) as got:
+        _notify_status("recovering")
         if got.behind:
             ops.say(f"{pair.id}: the restart lock is free after {got.waited_s:.0f}s; recovering")
         log.admit(pair.id, limit)
         # The pair is already broken: a gateway we cannot reach must not block recovery.
-        rep = restart_pair(ops, pair, drain_required=False)
+        rep = restart_pair(ops, pair, drain_required=False, lock_lost=got.lost)
+        got.record(outcome([rep]))
     after = f" after waiting {got.waited_s:.0f}s for {got.behind}" if got.behind else ""
     verdict = "recovered" if rep.ok else "recovery FAILED"
     ops.say(f"{pair.id}: {verdict}: restarted prefill and decode together{after}")

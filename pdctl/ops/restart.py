@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pdctl import pdclient
+from pdctl.coord import gateways as liveness
+from pdctl.coord.history import Outcome
 from pdctl.errors import PdctlError
 from pdctl.ops import gateway, pending
 from pdctl.ops.context import Ops
@@ -184,26 +186,51 @@ def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
     ]
 
 
+def _gone(ops: Ops, silent: list[str]) -> list[str]:
+    """Those of the `silent` gateways (URLs: no answer at all) whose host holds no liveness
+    key in etcd. None without a store, or when etcd cannot tell: they then block as before."""
+    if not silent or ops.store is None:
+        return []
+    try:
+        keys = liveness.alive(ops.store)
+    except PdctlError:
+        return []
+    host_of = {g.url: g.host for g in ops.source.topology.gateways}
+    return [u for u in silent if host_of.get(u) not in keys]
+
+
 def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.GatewayAdmin]:
     """The gateways that answer. Required: every one must, or StepFailed names those that
     do not (before anything changes); else the others are skipped with a line saying so (a
     gateway that comes back registers every pair itself, ExecStartPost=)."""
 
+    silent: list[str] = []
+
     def answers(gw: gateway.GatewayAdmin) -> str | None:
         try:
             gw.workers()
             return None
+        except gateway.GatewayUnreachable as e:
+            silent.append(gw.url)
+            return str(e)
         except gateway.GatewayError as e:
             return str(e)
 
     errors = concurrently({gw.url: partial(answers, gw) for gw in ops.gateways})
-    down = [e for e in errors.values() if e is not None]
+    gone = _gone(ops, silent)
+    for url in gone:
+        ops.say(
+            f"  {pair.id}: WARNING: gateway {url} is gone (no key of its host in etcd: lost, "
+            "or its gateway stopped); going on without it (it registers every pair when it "
+            "comes back)"
+        )
+    down = [e for u, e in errors.items() if e is not None and u not in gone]
     if down and required:
         stopped = "; nothing was stopped" if phase == "drain" else ""
         raise StepFailed(phase, "; ".join(down) + stopped)
     for e in down:
         ops.say(f"  {pair.id}: cannot {phase} ({e}); going on")
-    return [gw for gw in ops.gateways if errors[gw.url] is None]
+    return [gw for gw in ops.gateways if errors[gw.url] is None and gw.url not in gone]
 
 
 def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:
@@ -298,7 +325,22 @@ def _clear_pending(ops: Ops, sd: Systemd, pair: Pair) -> None:
         ops.say(f"  {pair.id}: restarted, but its restart-pending marker stays: {e}")
 
 
-def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
+def _no_reason() -> str | None:
+    return None
+
+
+class LockLost(StepFailed):
+    """The fleet restart lock is no longer this restart's: stop before the next step."""
+
+
+def restart_pair(
+    ops: Ops,
+    pair: Pair,
+    drain_required: bool = True,
+    lock_lost: Callable[[], str | None] = _no_reason,
+) -> Report:
+    """The pair's steps in order; before each one `lock_lost` (the fencing check of the fleet
+    restart lock) must give no reason, or the restart stops there and says why."""
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
@@ -315,6 +357,13 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     phase = steps[0][0]
     try:
         for phase, step in steps:
+            lost = lock_lost()
+            if lost is not None:
+                raise LockLost(
+                    phase,
+                    f"stopped before it: this restart no longer holds the fleet restart lock "
+                    f"({lost}); another restarter may be working on the fleet",
+                )
             with _timed(rep.phases, phase):
                 step()
     except PdctlError as e:
@@ -330,33 +379,31 @@ def restart_pair(ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
     return rep
 
 
-def _no_reason() -> str | None:
-    return None
-
-
 def restart_pairs(
     ops: Ops, pairs: list[Pair], lock_lost: Callable[[], str | None] = _no_reason
 ) -> list[Report]:
     """One pair at a time; after a failure the remaining pairs are left alone, and so they
-    are once `lock_lost` gives a reason (the fleet restart lock may be another's now)."""
+    are once `lock_lost` gives a reason (the fleet restart lock is another's now)."""
     reports: list[Report] = []
     for pair in pairs:
-        lost = lock_lost()
-        if lost is not None:
-            why = f"this restart may no longer hold the fleet restart lock ({lost})"
-            ops.say(f"stopping the roll before {pair.id}: {why}")
-            reports.append(Report(pair.id, False, [f"FAILED: {pair.id} not restarted"], why))
-            skipped = [p.id for p in pairs[len(reports) :]]
-            if skipped:
-                ops.say(f"untouched: {', '.join(skipped)}")
-            break
-        reports.append(restart_pair(ops, pair))
+        reports.append(restart_pair(ops, pair, lock_lost=lock_lost))
         if not reports[-1].ok:
             skipped = [p.id for p in pairs[len(reports) :]]
             if skipped:
                 ops.say(f"stopping the roll; untouched: {', '.join(skipped)}")
             break
     return reports
+
+
+def outcome(reports: list[Report]) -> Outcome:
+    """What a restart did, for the fleet's restart history."""
+    failed = [r for r in reports if not r.ok]
+    return Outcome(
+        result="failed" if failed else "ok",
+        error=f"{failed[0].target}: {failed[0].error}" if failed else None,
+        targets=[r.target for r in reports],
+        phases={r.target: r.phases for r in reports},
+    )
 
 
 def _until(ops: Ops, ok: Callable[[], bool], timeout: float, failure: str) -> None:

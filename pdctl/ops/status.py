@@ -13,6 +13,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
 from rich.text import Text
 
+from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
@@ -48,6 +49,7 @@ class PairStatus:
     # not routed: out of the gateway with an engine down; None: the gateway did not answer.
     gateway: str | None = None
     pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
+    recovery: str | None = None  # "recovery waiting: <why>" while its recovery waits
 
     @property
     def drained(self) -> bool:
@@ -75,7 +77,7 @@ class Status:
     gateway: GatewayStatus  # the first; the instance and pair views are its
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
-    lock_url: str | None = None  # the fleet restart lock's server; None: this host's lock
+    lock_store: str | None = None  # where the fleet restart lock lives; None: this host's lock
     others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
 
     @property
@@ -112,6 +114,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
             p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
         )
         calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
+        calls[f"recover:{p.id}"] = lambda p=p: _recovery(ops, p)
     for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):
         calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
     calls["lock"] = partial(_lock, ops)
@@ -133,6 +136,7 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
                 got[f"canary:{p.id}"],
                 None if workers is None else _routing(p, by_url, got),
                 pending.describe(*got[f"pending:{p.id}"]),
+                got[f"recover:{p.id}"],
             )
             for p in pairs
         ],
@@ -140,8 +144,18 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
         lock=got["lock"][0],
         lock_error=got["lock"][1],
-        lock_url=ops.fleet_lock.url if ops.fleet_lock else None,
+        lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
     )
+
+
+def _recovery(ops: Ops, pair: Pair) -> str | None:
+    """What the pair's recovery says while it runs (pdctl recover's sd_notify STATUS=)."""
+    try:
+        u = ops.systemd(pair.spec.host).show(names.recover_unit(pair.spec.name))
+    except PdctlError:
+        return None  # the host's units are reported unreachable with its engines
+    running = u.active in ("activating", "active")
+    return u.status_text if running and u.status_text else None
 
 
 def _lock(ops: Ops) -> tuple[lock.Holder | None, str | None]:
@@ -213,6 +227,7 @@ def to_json(s: Status) -> dict[str, Any]:
                 "gateway": p.gateway,
                 "drained": p.drained,
                 "restart_pending": p.pending,
+                "recovery": p.recovery,
             }
             for p in s.pairs
         ],
@@ -225,10 +240,9 @@ def to_json(s: Status) -> dict[str, Any]:
             "since": s.lock.since if s.lock else None,
             "held_s": round(now - s.lock.since) if s.lock else None,
             "error": s.lock_error,
-            # The fleet restart lock (url: its server; null: only this host's lock).
-            "url": s.lock_url,
+            # The fleet restart lock (store: etcd's members; null: only this host's lock).
+            "store": s.lock_store,
             "host": s.lock.host if s.lock else None,
-            "stale": s.lock.stale if s.lock else None,
             "heartbeat_age_s": s.lock.heartbeat_age_s if s.lock else None,
             "ttl_s": s.lock.ttl_s if s.lock else None,
         },
@@ -319,6 +333,7 @@ PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
     (0, lambda p: _canary(p.canary)),
     (0, lambda p: f"[dim]{p.target}[/]"),
     (0, lambda p: f"[yellow]{escape(p.pending)}[/]" if p.pending else ""),
+    (0, lambda p: f"[red]{escape(p.recovery)}[/]" if p.recovery else ""),
 ]
 
 GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [
@@ -347,9 +362,6 @@ def _lock_fields(s: Status) -> tuple[str, str]:
     if s.lock.host:
         who = f"{escape(s.lock.host)} {who}"
     held = _duration(time.time() - s.lock.since)
-    if s.lock.stale:
-        late = _duration(s.lock.heartbeat_age_s or 0)
-        held += f" [red](stale: not renewed for {late}; the next restart takes it over)[/]"
     return f"[yellow]held by {who} for {held}[/]", escape(s.lock.what)
 
 

@@ -19,7 +19,9 @@ from typing import Protocol
 from pdctl.errors import PdctlError
 
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
-SHOW_PROPS = "LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,NRestarts,ExecStart"
+SHOW_PROPS = (
+    "LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,NRestarts,ExecStart,StatusText"
+)
 _ARGV_RE = re.compile(r"argv\[\]=(.*?) ;")
 
 
@@ -37,6 +39,7 @@ class UnitStatus:
     since: float | None  # epoch seconds of ActiveEnterTimestamp
     restarts: int
     exec_start: list[str] = field(default_factory=list)
+    status_text: str = ""  # what the service says of itself (sd_notify STATUS=)
 
 
 def parse_show(unit: str, text: str) -> UnitStatus:
@@ -53,6 +56,7 @@ def parse_show(unit: str, text: str) -> UnitStatus:
         since=float(since) if since.isdigit() and int(since) > 0 else None,
         restarts=int(props.get("NRestarts") or 0),
         exec_start=m[1].split() if m else [],
+        status_text=props.get("StatusText", ""),
     )
 
 

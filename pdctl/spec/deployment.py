@@ -68,10 +68,6 @@ class EtcdMember:
     address: str
 
 
-# The lock server's port, until pdctl/lockd.py is deleted (issue 19: the lock moves to etcd).
-LEGACY_LOCK_PORT = 8790
-
-
 @dataclass(frozen=True)
 class Deployment:
     profile: Profile
@@ -113,11 +109,6 @@ class Deployment:
 
     def gateway_url(self, gateway: GatewayHost) -> str:
         return f"http://{gateway.address}:{self.profile.router.port}"
-
-    @property
-    def lock_url(self) -> str:
-        """The fleet restart lock: on the first gateway's host and address."""
-        return f"http://{self.router_address}:{LEGACY_LOCK_PORT}"
 
     def etcd_client_url(self, member: EtcdMember) -> str:
         return f"https://{member.address}:{self.profile.etcd.client_port}"

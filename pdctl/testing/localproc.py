@@ -12,23 +12,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pdctl import names
+from pdctl.coord.lock import RestartLock
+from pdctl.coord.store import Store
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayAdmin
-from pdctl.ops.lock import FleetLock
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
 from pdctl.spec import Role
 from pdctl.testing.stack import Gateway, SimProc
 from pdctl.topology import (
     Topology,
+    TopologyCoord,
     TopologyInstance,
-    TopologyLock,
     TopologyPair,
     TopologyRouter,
 )
 
 HOST = "local"
-LOCK_TTL_S = 3.0  # a dead holder is taken over after 3 s, not the deployed 30
 
 
 @dataclass
@@ -167,22 +167,24 @@ def local_ops(
     gateway: Gateway,
     timeouts: Timeouts | None = None,
     others: Sequence[Gateway] = (),
-    lock_url: str | None = None,
+    coord: TopologyCoord | None = None,
 ) -> tuple[Ops, LocalUnits]:
-    """Ops over local processes; with `lock_url` (a lock server's, pdctl.testing.fleetlock)
-    the topology names it and restarts hold its lease."""
+    """Ops over local processes; with `coord` (a local etcd's, pdctl.testing.etcd) the
+    topology names it and restarts hold the fleet restart lock in it."""
     units = LocalUnits(pairs)
     systemd: Systemd = units
     topo = local_topology(pairs, gateway, others)
-    if lock_url is not None:
-        lock = TopologyLock(host=HOST, url=lock_url, ttl_s=LOCK_TTL_S)
-        topo = topo.model_copy(update={"lock": lock})
+    store = None
+    if coord is not None:
+        topo = topo.model_copy(update={"coord": coord})
+        store = Store(coord)
     ops = Ops(
         Source(topo, None),
         lambda _host: systemd,
         GatewayAdmin(gateway.url),
         timeouts or Timeouts(health=60, canary=30),
         other_gateways=[GatewayAdmin(g.url) for g in others],
-        fleet_lock=FleetLock(lock_url, None, LOCK_TTL_S) if lock_url else None,
+        store=store,
+        fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )
     return ops, units

@@ -1,5 +1,6 @@
-"""A real one-member etcd (Debian's etcd-server) with the certificates `pdctl etcd pki` makes:
-mutual TLS as the role configures it, and `pdctl.coord.health` naming each member's state."""
+"""A real one-member etcd (Debian's etcd-server) with the certificates `pdctl etcd pki` makes
+(pdctl.testing.etcd, tls=True): mutual TLS as the role configures it, and
+`pdctl.coord.health` naming each member's state."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import requests
 from pdctl.coord import health, pki
 from pdctl.lint import Severity
 from pdctl.ops import doctor
+from pdctl.testing.etcd import LocalEtcd, local_etcd
 from pdctl.testing.stack import free_port
 from pdctl.topology import TopologyCoord
-from tests.local_etcd import LocalEtcd, running_etcd
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEtcd]:
-    with running_etcd(tmp_path_factory.mktemp("etcd")) as etcd:
+    with local_etcd(tmp_path_factory.mktemp("etcd"), tls=True) as etcd:
         yield etcd
 
 
@@ -32,6 +33,7 @@ def test_a_healthy_member_is_named_healthy_and_leader(store: LocalEtcd) -> None:
 
 
 def test_a_host_client_certificate_works_too(store: LocalEtcd) -> None:
+    assert store.pki is not None
     cert, key = pki.client_paths(store.pki, "local")
     coord = store.coord.model_copy(update={"cert_file": str(cert), "key_file": str(key)})
     assert [m.healthy for m in health.member_health(coord)] == [True]
@@ -63,7 +65,7 @@ def test_a_member_that_is_down_is_named_by_its_endpoint(store: LocalEtcd) -> Non
 
 
 def test_metrics_answer_plain_http_for_prometheus(store: LocalEtcd) -> None:
-    text = requests.get(f"{store.metrics_url}/metrics", timeout=5).text
+    text = requests.get(f"{store.members[0].metrics_url}/metrics", timeout=5).text
     assert "etcd_server_has_leader 1" in text
     assert "etcd_disk_wal_fsync_duration_seconds_bucket" in text
 
@@ -79,7 +81,7 @@ def test_doctor_names_the_member_that_is_down(store: LocalEtcd) -> None:
     coord = store.coord.model_copy(update={"endpoints": [*store.coord.endpoints, down]})
     (finding,) = doctor.store_findings(_ops(coord))
     assert (finding.id, finding.severity, finding.where) == (
-        "live-store-member",
+        "live-etcd",
         Severity.ERROR,
         down,
     )

@@ -31,6 +31,7 @@ from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.sim.engine import forces_prefill_retry
+from pdctl.testing.etcd import local_etcd
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import dump
 from tests.conftest import require_tool
@@ -47,7 +48,6 @@ from tests.integration.live_prometheus import (
     start_exporter,
     start_process,
 )
-from tests.local_etcd import running_etcd
 
 pytestmark = pytest.mark.gateway
 
@@ -227,8 +227,9 @@ def live(
     topo = stack_topology(prefill, decode, gateway, prefill_gpus=(0, 1), decode_gpus=(2, 3))
     topo_file.write_text(dump(topo))
     store = contextlib.ExitStack()
-    etcd = store.enter_context(running_etcd(tmp_path))  # the store, scraped like a member
-    ports = {"exporter": free_port(), "node": free_port(), "etcd": etcd.metrics_port}
+    etcd = store.enter_context(local_etcd(tmp_path / "etcd", tls=True))  # scraped as a member
+    metrics_port = int(etcd.members[0].metrics_url.rsplit(":", 1)[1])
+    ports = {"exporter": free_port(), "node": free_port(), "etcd": metrics_port}
     exporter_log = tmp_path / "exporter.log"
     procs = [
         start_exporter(

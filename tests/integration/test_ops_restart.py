@@ -3,7 +3,7 @@
 Engines are local processes; `pdctl.testing.localproc.LocalUnits` stands in for systemd
 (start/stop by PID, a pair target names its two units). Everything else is the real code
 path: the gateway admin API, /health, the pair canary, the restart locks (this host's flock and
-the fleet lock's lease, served by `pdctl lock serve` in a process of its own).
+the fleet lock's lease in a real one-member etcd, pdctl.testing.etcd).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pdctl import topology
+from pdctl.coord.history import History
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.doctor import doctor
@@ -33,7 +34,7 @@ from pdctl.ops.restart import (
     restart_pairs,
 )
 from pdctl.ops.status import collect
-from pdctl.testing.fleetlock import lock_server_process
+from pdctl.testing.etcd import local_etcd
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -43,6 +44,7 @@ from pdctl.testing.stack import (
     partner_env,
     wait_until,
 )
+from pdctl.topology import TopologyCoord
 
 pytestmark = pytest.mark.gateway
 
@@ -54,10 +56,10 @@ SMG_DRAIN_WINDOW_S = 5  # smg 1.13 removes a drained worker this long after its 
 
 
 @pytest.fixture
-def lock_url(tmp_path: Path) -> Iterator[str]:
-    """The fleet restart lock: `pdctl lock serve` as a local process."""
-    with lock_server_process(tmp_path / "lease.json", tmp_path / "lock.log") as url:
-        yield url
+def coord(tmp_path: Path) -> Iterator[TopologyCoord]:
+    """The coordination store: a real one-member etcd as a local process."""
+    with local_etcd(tmp_path / "etcd") as etcd:
+        yield etcd.coord
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def two_pairs(
     gateway_factory: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    lock_url: str,
+    coord: TopologyCoord,
 ) -> tuple[Ops, LocalUnits]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     pairs = []
@@ -84,7 +86,7 @@ def two_pairs(
     # (like NIXL) fails with stale peer metadata once one of them restarted
     # (docs/operations.md, "Pairs stay pairs").
     gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_ops(pairs, gw, lock_url=lock_url)
+    ops, units = local_ops(pairs, gw, coord=coord)
     for pair in ops.source.pairs():
         register_pair(ops, pair)
     gw.wait_ready()
@@ -200,21 +202,31 @@ def test_a_restart_from_another_host_waits_then_exits_3_naming_the_holder(
 
 
 def test_a_killed_holder_is_taken_over_with_a_warning(
-    two_pairs: tuple[Ops, LocalUnits], lock_url: str
+    two_pairs: tuple[Ops, LocalUnits], coord: TopologyCoord
 ) -> None:
     """A restarter SIGKILLed mid-restart (or its host lost) stops renewing its lease: after
-    the ttl the next restart takes it over and says whom from."""
+    the ttl etcd frees the lock, the next restart takes it and says whom it followed."""
     ops, _ = two_pairs
     pd0 = ops.source.pairs()[0]
     code = (
         "import sys, time\n"
+        "from pdctl.coord.lock import RestartLock\n"
+        "from pdctl.coord.store import Store\n"
         "from pdctl.ops import lock\n"
-        "with lock.fleet_held(lock.FleetLock(sys.argv[1], None, 3.0), sys.argv[2]):\n"
+        "from pdctl.topology import TopologyCoord\n"
+        "c = TopologyCoord.model_validate_json(sys.argv[1])\n"
+        "with lock.fleet_held(RestartLock(Store(c), c.lock_ttl_s), sys.argv[2]):\n"
         "    print('holding', flush=True)\n"
         "    time.sleep(600)\n"
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", code, lock_url, "pdctl restart --both --pair local/pd1"],
+        [
+            sys.executable,
+            "-c",
+            code,
+            coord.model_dump_json(),
+            "pdctl restart --both --pair local/pd1",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -229,9 +241,11 @@ def test_a_killed_holder_is_taken_over_with_a_warning(
     ) as got:
         rep = restart_pair(ops, pd0)
     dead = f"{socket.gethostname()} PID {holder.pid} pdctl restart --both --pair local/pd1"
-    assert got.took_over is not None and got.took_over.startswith(dead)
-    (warning,) = [line for line in said if line.startswith("WARNING: took over")]
-    assert dead in warning and "presumed dead" in warning
+    assert got.took_over == dead
+    (warning,) = [line for line in said if line.startswith("WARNING: the last holder")]
+    assert dead in warning and "lost it before it finished (its lease expired" in warning
+    (lost,) = [r for r in History(ops.fleet_lock.store).records() if r.pid == holder.pid]
+    assert lost.result == "lost" and lost.command == "pdctl restart --both --pair local/pd1"
     assert rep.ok, (rep.error, rep.journal)
     assert ops.fleet_lock is not None and ops.fleet_lock.holder() is None
 

@@ -145,15 +145,3 @@ def fake_http() -> Iterator[Callable[..., FakeHttp]]:
     for server in servers:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture
-def fleet_lock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A real fleet restart lock server on this machine, which pdctl's ops commands use
-    instead of the topology's (PDCTL_FLEET_LOCK); its URL."""
-    from pdctl.ops.context import FLEET_LOCK_ENV
-    from pdctl.testing.fleetlock import lock_server
-
-    with lock_server() as url:
-        monkeypatch.setenv(FLEET_LOCK_ENV, url)
-        yield url

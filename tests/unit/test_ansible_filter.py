@@ -64,15 +64,16 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     # With a key: one more line, the variable systemd fills from the gateway's env file.
     assert gateway["command_lines_api_key"] == [*lines, "--api-key ${PDSTACK_GATEWAY_API_KEY}"]
     assert gateway["env_file"] == "/etc/pdstack/gateway.env"
-    # The fleet restart lock: on the first [router] host, at its gateway's address.
-    assert gateway["lock"] == {
-        "host": "gpu-node-1",
-        "url": "http://10.0.0.11:8790",
-        "port": 8790,
+    # Per gateway host its liveness key in etcd; the lock server etcd replaced, to remove.
+    assert gateway["lease"] == {
+        "unit": "pdstack-gateway-lease.service",
+        "command": {
+            "gpu-node-1": "/opt/pdstack/venv/bin/pdctl gateway heartbeat --gateway gpu-node-1"
+        },
+    }
+    assert gateway["former_lock"] == {
         "unit": "pdstack-lock.service",
-        "command": "/opt/pdstack/venv/bin/pdctl lock serve --host 10.0.0.11 --port 8790 "
-        "--state /var/lib/pdstack-lock/lease.json",
-        "state_name": "pdstack-lock",
+        "state_dir": "/var/lib/pdstack-lock",
     }
 
 

@@ -81,6 +81,7 @@ def test_every_unit_starts_with_the_prefix_preflight_allows() -> None:
         names.pair_target("pd0"),
         names.recover_unit("pd0"),
         names.GATEWAY_UNIT,
-        names.LOCK_UNIT,
+        names.GATEWAY_LEASE_UNIT,
+        names.ETCD_UNIT,
     ]
     assert all(u.startswith(f"{names.PREFIX}-") for u in units)

@@ -23,11 +23,12 @@ import yaml
 
 from pdctl import topology
 from pdctl.cli import ops_commands
+from pdctl.coord.lock import RestartLock
+from pdctl.coord.store import Store
 from pdctl.lint import Finding, Severity
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
 from pdctl.ops.health import EngineProbe
-from pdctl.ops.lock import FleetLock
 from pdctl.ops.restart import Interrupted, Report
 from pdctl.ops.source import Pair
 from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
@@ -47,7 +48,10 @@ class Calls:
 
 @pytest.fixture
 def topo_file(
-    tmp_path: Path, load: Callable[..., Deployment], shipped: Callable[[str], dict[str, Any]]
+    tmp_path: Path,
+    load: Callable[..., Deployment],
+    shipped: Callable[[str], dict[str, Any]],
+    etcd_coord: topology.TopologyCoord,
 ) -> Path:
     profile = shipped("sim")
     pd0 = profile["layout"]["pairs"][0]
@@ -63,12 +67,13 @@ def topo_file(
     profile["layout"]["pairs"][1]["prefill"]["gpus"] = [2]
     profile["layout"]["pairs"][1]["decode"]["gpus"] = [3]
     path = tmp_path / "topology.yaml"
-    path.write_text(topology.dump(topology.from_deployment(load(profile, hosts=["node-a"]))))
+    topo = topology.from_deployment(load(profile, hosts=["node-a"]))
+    path.write_text(topology.dump(topo.model_copy(update={"coord": etcd_coord})))
     return path
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet_lock: str) -> Iterator[Calls]:
+def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     monkeypatch.delenv("PDSTACK_INVENTORY", raising=False)
     c = Calls()
@@ -266,11 +271,12 @@ def test_status_json(
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
         "gen_throughput", "metrics_error", "url", "gateway",
     ]  # fmt: skip
-    # ... and one per pair (restart_pending: null unless site.yml left a restart pending)
+    # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
+    # recovery: null unless its recovery waits)
     assert list(out["pairs"][0]) == [
-        "id", "target", "canary", "gateway", "drained", "restart_pending"
+        "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery"
     ]  # fmt: skip
-    assert out["pairs"][0]["restart_pending"] is None
+    assert out["pairs"][0]["restart_pending"] is None and out["pairs"][0]["recovery"] is None
     assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
@@ -312,7 +318,7 @@ def test_recover_stops_after_the_rate_limit(
 ) -> None:
     done: list[str] = []
 
-    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
+    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
         done.append(pair.id)
         assert drain_required is False  # a broken pair must not wait on the gateway
         return Report(pair.id, lines=[f"OK: {pair.id}"])
@@ -409,7 +415,7 @@ def junk_stack(
     tmp_path: Path,
     fake_http: Callable[..., Any],
     monkeypatch: pytest.MonkeyPatch,
-    fleet_lock: str,
+    etcd_coord: topology.TopologyCoord,
 ) -> tuple[Path, UpSystemd]:
     """Engines and a gateway that answer 200 with an HTML page to everything; the real ops
     (no recorders) against a fake systemd, and a real fleet restart lock."""
@@ -426,8 +432,7 @@ def junk_stack(
         router_url=gw.url,
         metrics_url=gw.url + "/metrics",
     )
-    lock_at = topology.TopologyLock(host="node-a", url=fleet_lock, ttl_s=30)
-    path.write_text(topology.dump(topo.model_copy(update={"lock": lock_at})))
+    path.write_text(topology.dump(topo.model_copy(update={"coord": etcd_coord})))
     sd = UpSystemd()
     monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr: sd)
     return path, sd
@@ -451,10 +456,10 @@ def test_status_and_doctor_survive_non_json_engines_and_gateway(
 
 
 def test_status_names_the_restart_lock_holder(
-    junk_stack: tuple[Path, UpSystemd], fleet_lock: str
+    junk_stack: tuple[Path, UpSystemd], etcd_coord: topology.TopologyCoord
 ) -> None:
     path, _ = junk_stack
-    fleet = FleetLock(fleet_lock, None, 30)
+    fleet = RestartLock(Store(etcd_coord), 30)
     with lock.held("pdctl restart --both --pair node-a/pd0", fleet=fleet):
         r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
         table = run("status", "--topology", str(path), "--canaries", "1")
@@ -462,7 +467,8 @@ def test_status_names_the_restart_lock_holder(
     assert (held["held"], held["pid"], held["host"]) == (True, os.getpid(), socket.gethostname())
     assert held["command"] == "pdctl restart --both --pair node-a/pd0"
     assert 0 <= held["held_s"] < 600 and held["error"] is None
-    assert (held["url"], held["stale"], held["ttl_s"]) == (fleet_lock, False, 30)
+    assert (held["store"], held["ttl_s"]) == (f"etcd ({etcd_coord.endpoints[0]})", 30)
+    assert 0 <= held["heartbeat_age_s"] < 30
     assert f"restart lock:  held by {socket.gethostname()} PID {os.getpid()} for " in table.stdout
     assert "pdctl restart --both --pair node-a/pd0" in table.stdout
     r = run("status", "--format", "json", "--topology", str(path), "--canaries", "1")
@@ -520,7 +526,7 @@ def test_status_shows_a_drained_pair(
 def recovered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     done: list[str] = []
 
-    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True) -> Report:
+    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
         done.append(pair.id)
         return Report(pair.id, lines=[f"OK: {pair.id}"])
 

@@ -16,6 +16,9 @@ from typing import Any, ClassVar
 import pytest
 
 from pdctl import names, render
+from pdctl.coord.history import History
+from pdctl.coord.lock import Holder, RestartLock
+from pdctl.coord.store import Store
 from pdctl.errors import PdctlError
 from pdctl.ops import doctor, gateway, lock, restart, systemd
 from pdctl.ops.context import Ops, Timeouts
@@ -27,7 +30,7 @@ from pdctl.ops.status import GatewayStatus, InstanceStatus, PairStatus, Status
 from pdctl.ops.systemd import UnitStatus
 from pdctl.pdclient import CanaryResult, pair_canary
 from pdctl.spec import Deployment
-from pdctl.topology import Topology, TopologyLock
+from pdctl.topology import Topology, TopologyCoord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -329,22 +332,47 @@ def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch)
     assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
 
 
-def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_may_be_lost(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sd, gw = FakeSystemd(), FakeGateway()
+LOST = "its lease expired and pdf2 PID 7 pdctl restart --all, since 12:00:00 holds the lock now"
+
+
+def _steps_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
     monkeypatch.setattr(restart, "_first_canary", lambda *_: None)
     monkeypatch.setattr(restart, "_verify", lambda *_: None)
     monkeypatch.setattr(restart, "register_pair", lambda *_a, **_k: None)
-    ops, said = fake_ops(sd, gw), []
-    ops.say = said.append
-    reasons = iter([None, "pdf2 PID 7 pdctl restart --all, since 12:00:00 holds it now"])
+
+
+def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _steps_pass(monkeypatch)
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    reasons = iter([None] * len(restart.PHASES) + [LOST])  # asked before each step
     reports = restart.restart_pairs(ops, ops.source.pairs(), lambda: next(reasons))
     assert [r.ok for r in reports] == [True, False]
-    assert "may no longer hold the fleet restart lock (pdf2 PID 7" in (reports[1].error or "")
+    assert reports[1].error == (
+        f"drain: stopped before it: this restart no longer holds the fleet restart lock ({LOST}); "
+        "another restarter may be working on the fleet"
+    )
     assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
-    assert any(line.startswith("stopping the roll before node-a/pd1") for line in said)
+    assert not any("pd1" in c for c in gw.calls)
+
+
+def test_a_restart_that_loses_the_fleet_lock_mid_pair_stops_before_its_next_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paused past the ttl between stop and start: it never starts the pair another holder
+    may be restarting now, and says the pair stays out of the gateway."""
+    _steps_pass(monkeypatch)
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    reasons = iter([None, None, LOST])  # drain, stop, then lost before start
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], lock_lost=lambda: next(reasons))
+    assert not rep.ok and (rep.error or "").startswith("start: stopped before it: this restart")
+    assert "(the pair stays out of the gateway)" in (rep.error or "")
+    assert [v for v, _ in sd.jobs] == ["stop"]
+    assert list(rep.phases) == ["drain", "stop"]
 
 
 def test_a_failing_canary_keeps_the_pair_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1038,7 +1066,7 @@ def _render(s: Status, width: int) -> list[str]:
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_status_view_fits_the_terminal_and_cuts_nothing(width: int) -> None:
-    holder = lock.Holder(
+    holder = Holder(
         4242, "pdctl restart --both --pair gpu-node-017.dc1.example.com/pd1", time.time() - 75
     )
     lines = _render(_fleet_status(holder), width)
@@ -1082,33 +1110,35 @@ def test_status_view_says_the_lock_is_free_or_unreadable() -> None:
     assert f"restart lock: {error}" in text
 
 
-def test_status_view_names_the_fleet_lock_holder_and_says_when_it_is_stale() -> None:
+def test_status_view_names_the_fleet_lock_holder() -> None:
     what = "pdctl restart --both --pair pdf1/pd0"
-    live = lock.Holder(4242, what, time.time() - 75, "pdf1", 5.0, 30.0)
+    live = Holder(4242, what, time.time() - 75, "pdf1", 5.0, 30.0)
     text = " ".join(" ".join(_render(_fleet_status(live), 80)).split())
     assert f"restart lock: held by pdf1 PID 4242 for 1m15s {what}" in text
-    assert "stale" not in text
-    dead = replace(live, heartbeat_age_s=45.0)
-    text = " ".join(" ".join(_render(_fleet_status(dead), 80)).split())
-    assert (
-        "held by pdf1 PID 4242 for 1m15s (stale: not renewed for 0m45s; the next restart " in text
-    )
 
 
-def test_doctor_says_the_fleet_lock_is_unreachable_or_held_by_a_dead_holder() -> None:
-    t = topo(hosts=LONG_HOSTS, pairs=("pd0",))
-    t = t.model_copy(
-        update={"lock": TopologyLock(host=LONG_HOSTS[0], url="http://x:8790", ttl_s=30)}
+def test_doctor_says_etcd_cannot_serve_the_lock_or_its_last_holder_lost_it(
+    etcd_coord: TopologyCoord,
+) -> None:
+    t = topo(hosts=LONG_HOSTS, pairs=("pd0",)).model_copy(update={"coord": etcd_coord})
+    store = Store(etcd_coord)
+    ops = Ops(
+        Source(t, None),
+        lambda _host: FakeSystemd(),
+        gateway.GatewayAdmin("http://gw"),
+        store=store,
+        fleet_lock=RestartLock(store, 30),
     )
-    ops = Ops(Source(t, None), lambda _host: FakeSystemd(), gateway.GatewayAdmin("http://gw"))
-    s = replace(_fleet_status(), lock_url="http://x:8790")
+    s = replace(_fleet_status(), lock_store=store.describe())
     assert doctor.lock_findings(ops, s) == []
-    (down,) = doctor.lock_findings(ops, replace(s, lock_error="the fleet restart lock at …"))
-    assert (down.id, down.severity, down.where) == ("live-fleet-lock", "error", LONG_HOSTS[0])
-    assert "pdstack-lock.service" in down.fix
-    dead = lock.Holder(4242, "pdctl restart --all", time.time() - 90, "pdf1", 60.0, 30.0)
-    (stale,) = doctor.lock_findings(ops, replace(s, lock=dead))
-    assert stale.id == "live-fleet-lock-stale" and "pdf1 PID 4242" in stale.message
+    error = "cannot read: etcd has no quorum: 1 of 3 members answer"
+    (down,) = doctor.lock_findings(ops, replace(s, lock_error=error))
+    assert (down.id, down.severity, down.where) == ("live-fleet-lock", "error", store.describe())
+    assert down.message.startswith(error) and "recoveries wait" in down.message
+    History(store).start("pdctl restart --all")  # and then its holder was killed
+    (lost,) = doctor.lock_findings(ops, s)
+    assert (lost.id, lost.severity) == ("live-fleet-lock-lost", "warning")
+    assert "pdctl restart --all lost the fleet restart lock before it finished" in lost.message
 
 
 def test_status_view_says_an_unreachable_hosts_systemd_error_once() -> None:

@@ -70,16 +70,13 @@ def test_a_file_without_gateways_has_its_router_as_only_gateway(tmp_path: Path) 
     assert topology.read(path).gateways == [topo.router]
 
 
-def test_the_fleet_restart_lock_is_on_the_first_router_host(tmp_path: Path) -> None:
+def test_a_file_written_for_the_former_lock_server_stays_readable(tmp_path: Path) -> None:
     topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
-    assert topo.lock == topology.TopologyLock(
-        host="gpu-node-1", url="http://10.0.0.11:8790", ttl_s=15.0
-    )
     data = yaml.safe_load(topology.dump(topo))
-    del data["lock"]  # a file site.yml wrote before the fleet lock stays readable
+    data["lock"] = {"host": "gpu-node-1", "url": "http://10.0.0.11:8790", "ttl_s": 30.0}
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert topology.read(path).lock is None
+    assert topology.read(path) == topo
 
 
 def test_gateways_must_start_with_the_router(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ ROLES = ROOT / "roles"
 LIMITS = {
     "engine": 4.0,
     "pdstack-gateway.service": 3.0,
-    "pdstack-lock.service": 3.0,
+    "pdstack-gateway-lease.service": 5.0,  # root (the etcd client key), no capabilities
     "pd-exporter.service": 3.0,
     "pdstack-recover@.service": 5.0,
     "pdstack-firewall.service": 5.0,
@@ -54,13 +54,11 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         user="pdstack-gw",
         config_group=names.SERVICE_USER,
     )
-    files[names.LOCK_UNIT] = gateway.get_template("lock.service.j2").render(
+    files[names.GATEWAY_LEASE_UNIT] = gateway.get_template("gateway-lease.service.j2").render(
         **common,
-        command=systemd_command(render.lock_command(dep)),
-        env_file=names.GATEWAY_ENV_FILE,
-        state_name=names.LOCK_STATE_NAME,
+        command=systemd_command(render.lease_command(dep.gateways[0].name)),
+        gateway_unit=names.GATEWAY_UNIT,
         documentation=names.documentation(),
-        user="pdstack-gw",
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
@@ -165,12 +163,13 @@ def test_recovery_writes_only_its_own_state_folder(units: dict[str, Path]) -> No
     assert not [line for line in text if line.startswith("ReadWritePaths=")]
 
 
-def test_fleet_lock_keeps_its_lease_where_engines_cannot_write(units: dict[str, Path]) -> None:
-    text = units[names.LOCK_UNIT].read_text().splitlines()
-    state = Path(names.LOCK_STATE_FILE).parent
-    assert f"StateDirectory={state.relative_to('/var/lib')}" in text
-    assert "User=pdstack-gw" in text and f"User={names.SERVICE_USER}" not in text
-    assert any(line.startswith("ExecStart=") and " lock serve " in line for line in text)
+def test_the_gateway_lease_lives_and_ends_with_its_gateway(units: dict[str, Path]) -> None:
+    """Root without capabilities (it reads the host's etcd client key); stopped with the
+    gateway (its key revoked), started with it."""
+    text = units[names.GATEWAY_LEASE_UNIT].read_text().splitlines()
+    assert f"BindsTo={names.GATEWAY_UNIT}" in text and f"WantedBy={names.GATEWAY_UNIT}" in text
+    assert "CapabilityBoundingSet=" in text and not [t for t in text if t.startswith("User=")]
+    assert any(line.startswith("ExecStart=") and " gateway heartbeat " in line for line in text)
 
 
 def test_gateway_runs_as_its_own_user(units: dict[str, Path]) -> None:

@@ -1,0 +1,159 @@
+"""The fleet restart lock: one key in etcd, `pdstack/lock/restart`, under a lease.
+
+Taken in a transaction only if the key does not exist (create revision 0), attached to a
+lease of the configured ttl that the holder's heartbeat renews (pdctl.ops.lock). A holder
+that stops renewing (killed, paused, cut off) loses the lease after ttl and etcd deletes the
+key: the next restarter simply takes it. The key's value says who holds it (host, PID,
+command, start time). A restart checks before each step that the key is still under its own
+lease (`check`), so a holder that lost it stops before touching another pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from pdctl.coord.store import Entry, Store, StoreUnavailable
+
+KEY = "lock/restart"
+WHAT_MAX = 2000  # characters of the holder's command line kept in the key
+
+
+class HolderValue(BaseModel):
+    """The lock key's value (JSON)."""
+
+    host: str
+    pid: int
+    what: str
+    since: float  # the holder's time.time() when it took the lock
+    ttl_s: float  # its lease's
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int | None
+    what: str  # the command that holds it ("pdctl restart --both --pair pd0")
+    since: float  # when it took the lock (time.time(), the holder's clock for the fleet lock)
+    host: str | None = None  # the fleet lock's holder's host; None: the host lock
+    heartbeat_age_s: float | None = None  # fleet lock: since its last renewal
+    ttl_s: float | None = None  # fleet lock: the lease's ttl
+    lease: int | None = None  # fleet lock: the etcd lease that holds the key
+
+    def describe(self) -> str:
+        """In one line: pdf1 PID 4242 pdctl restart --both --pair pd0, since 12:01:05."""
+        who = f"{self.host} PID {self.pid}" if self.host else f"PID {self.pid}"
+        return f"{who} {self.what}, since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    lease: int  # the etcd lease the key is under: this restart's token
+
+
+class RestartLock:
+    """The fleet restart lock in `store`, with leases of `ttl_s`."""
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        self.store, self.ttl_s = store, ttl_s
+        # The heartbeat renews every ttl/3; one renewal must not take longer than that.
+        self.timeout = ttl_s / 3
+
+    def describe(self) -> str:
+        return f"the fleet restart lock in {self.store.describe()}"
+
+    def _holder(self, entry: Entry) -> Holder:
+        try:
+            v = HolderValue.model_validate_json(entry.value)
+        except ValidationError:
+            raw = entry.value.decode(errors="replace")[:80]
+            return Holder(None, f"unreadable holder {raw!r}", time.time(), "?", lease=entry.lease)
+        left = self.store.time_to_live(entry.lease) if entry.lease else 0
+        return Holder(
+            v.pid, v.what, v.since, v.host, max(0.0, v.ttl_s - left), v.ttl_s, entry.lease
+        )
+
+    def holder(self) -> Holder | None:
+        entry = self.store.get(KEY)
+        return self._holder(entry) if entry else None
+
+    def acquire(self, what: str) -> Grant | Holder:
+        """The lock (a Grant), or who holds it."""
+        if len(what) > WHAT_MAX:  # a roll of very many pairs: its start says what it is
+            what = what[: WHAT_MAX - 1] + "…"
+        value = HolderValue(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            what=what,
+            since=time.time(),
+            ttl_s=self.ttl_s,
+        )
+        lease = self.store.grant(self.ttl_s)
+        try:
+            ok, entry = self.store.create(KEY, value.model_dump_json().encode(), lease)
+        except StoreUnavailable:
+            self._revoke(lease)
+            raise
+        if ok:
+            return Grant(lease)
+        self._revoke(lease)
+        if entry is None:  # released between the two reads: the caller tries again
+            return Holder(None, "(released just now)", time.time(), "?")
+        return self._holder(entry)
+
+    def _revoke(self, lease: int) -> None:
+        with contextlib.suppress(StoreUnavailable):  # else it expires after ttl by itself
+            self.store.revoke(lease)
+
+    def renew(self, grant: Grant) -> tuple[bool, Holder | None]:
+        """(True, None) while the lock is ours; else (False, who holds it now, None: nobody)."""
+        if self.store.keepalive(grant.lease) > 0:
+            lost = self.check(grant)
+            if lost is None:
+                return True, None
+        return False, self.holder()
+
+    def check(self, grant: Grant) -> str | None:
+        """Why the lock is no longer this restart's, or None while it is (the fencing check
+        before each step: a read of the key, answered by the leader)."""
+        entry = self.store.get(KEY)
+        if entry is not None and entry.lease == grant.lease:
+            return None
+        if entry is None:
+            return "its lease expired and nobody holds the lock now"
+        return f"its lease expired and {self._holder(entry).describe()} holds the lock now"
+
+    def release(self, grant: Grant) -> None:
+        self.store.delete_if_lease(KEY, grant.lease)
+        self._revoke(grant.lease)
+
+    def force_break(self) -> Holder | None:
+        """End the holder's lease (its key goes with it); who held it, or None."""
+        entry = self.store.get(KEY)
+        if entry is None:
+            return None
+        held = self._holder(entry)
+        if entry.lease:
+            self._revoke(entry.lease)
+        self.store.delete(KEY)
+        return held
+
+
+def holder_json(h: Holder | None) -> dict[str, object] | None:
+    """For --format json (pdctl lock show, status)."""
+    if h is None:
+        return None
+    return {
+        "host": h.host,
+        "pid": h.pid,
+        "command": h.what,
+        "since": h.since,
+        "held_s": round(time.time() - h.since, 1),
+        "heartbeat_age_s": h.heartbeat_age_s,
+        "ttl_s": h.ttl_s,
+        "lease": h.lease,
+    }

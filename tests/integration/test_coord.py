@@ -1,0 +1,239 @@
+"""The coordination store against a real etcd (Debian's etcd-server), one member or three:
+the fleet restart lock as a lease with its fencing check, the restart history, the gateways'
+liveness keys, and what each says when etcd cannot serve."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdctl import topology
+from pdctl.coord import gateways
+from pdctl.coord.history import History, Outcome
+from pdctl.coord.lock import Grant, Holder, RestartLock
+from pdctl.coord.store import Store, StoreUnavailable
+from pdctl.ops import lock
+from pdctl.testing.etcd import LocalEtcd, local_etcd
+from pdctl.topology import TopologyCoord
+from tests.conftest import one_pair_topology, run_pdctl
+
+HOST = socket.gethostname()
+
+# A holder in a process of its own: takes the lock, says so, then on each line of stdin
+# prints what the fencing check before a restart's next step says.
+HOLDER = """
+import sys
+from pdctl.coord.lock import RestartLock
+from pdctl.coord.store import Store
+from pdctl.ops import lock
+from pdctl.topology import TopologyCoord
+from tests.conftest import one_pair_topology, run_pdctl
+c = TopologyCoord.model_validate_json(sys.argv[1])
+with lock.fleet_held(RestartLock(Store(c), c.lock_ttl_s), sys.argv[2]) as got:
+    print("holding", flush=True)
+    for _ in sys.stdin:
+        print(f"lost: {got.lost()}", flush=True)
+"""
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[LocalEtcd]:
+    with local_etcd(tmp_path / "etcd", size=3) as etcd:
+        yield etcd
+
+
+def _holder(coord: TopologyCoord, what: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, coord.model_dump_json(), what],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline() == "holding\n"
+    return p
+
+
+def test_one_holder_at_a_time_and_the_second_is_told_who(etcd_coord: TopologyCoord) -> None:
+    fleet = RestartLock(Store(etcd_coord), 30)
+    first = fleet.acquire("pdctl restart --both --pair a/pd0")
+    assert isinstance(first, Grant)
+    second = fleet.acquire("pdctl recover --pair b/pd1")
+    assert isinstance(second, Holder)
+    assert (second.host, second.pid, second.what) == (
+        HOST,
+        os.getpid(),
+        "pdctl restart --both --pair a/pd0",
+    )
+    assert second.ttl_s == 30 and 0 <= (second.heartbeat_age_s or 0) < 5
+    assert fleet.check(first) is None and fleet.renew(first) == (True, None)
+    fleet.release(first)
+    assert fleet.holder() is None and fleet.check(first) == (
+        "its lease expired and nobody holds the lock now"
+    )
+    assert isinstance(fleet.acquire("pdctl recover --pair b/pd1"), Grant)
+
+
+def test_a_killed_holder_frees_the_lock_after_its_ttl(etcd_coord: TopologyCoord) -> None:
+    holder = _holder(etcd_coord, "pdctl restart --all")
+    fleet = RestartLock(Store(etcd_coord), etcd_coord.lock_ttl_s)
+    held = fleet.holder()
+    assert held is not None and held.pid == holder.pid
+    holder.kill()
+    holder.wait(10)
+    said: list[str] = []
+    with lock.fleet_held(fleet, "pdctl restart --both --pair a/pd0", 30, said.append, 0.2) as got:
+        assert got.behind is not None and f"PID {holder.pid} pdctl restart --all" in got.behind
+        assert got.took_over == f"{HOST} PID {holder.pid} pdctl restart --all"
+        got.record(Outcome(result="ok", targets=["a/pd0"], phases={"a/pd0": {"drain": 0.5}}))
+    newest, lost = History(fleet.store).records()
+    assert (newest.result, newest.targets, newest.phases) == (
+        "ok",
+        ["a/pd0"],
+        {"a/pd0": {"drain": 0.5}},
+    )
+    assert (lost.pid, lost.result) == (holder.pid, "lost")
+    assert any(line.startswith("waiting for the fleet restart lock, held by") for line in said)
+
+
+def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
+    etcd_coord: TopologyCoord,
+) -> None:
+    """SIGSTOP past the ttl: another restarter takes the lock; the paused one, resumed, is
+    told by its fencing check that the lock is another's now."""
+    paused = _holder(etcd_coord, "pdctl restart --all")
+    assert paused.stdin is not None and paused.stdout is not None
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        fleet = RestartLock(Store(etcd_coord), etcd_coord.lock_ttl_s)
+        with lock.fleet_held(fleet, "pdctl recover --pair a/pd0", 30, lambda _: None, 0.2):
+            os.kill(paused.pid, signal.SIGCONT)
+            paused.stdin.write("next step\n")
+            paused.stdin.flush()
+            answer = paused.stdout.readline()
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+        paused.kill()
+        paused.wait(10)
+    assert answer.startswith("lost: its lease expired")
+    assert f"{HOST} PID {os.getpid()} pdctl recover --pair a/pd0" in answer
+
+
+def test_lock_show_break_and_history_name_the_holder(
+    etcd_coord: TopologyCoord, tmp_path: Path
+) -> None:
+    topo = tmp_path / "topology.yaml"
+    url = "http://127.0.0.1:9"
+    t = one_pair_topology(
+        "node-a", url, url, bootstrap_port=1, router_url=url, metrics_url=url + "/metrics"
+    )
+    topo.write_text(topology.dump(t.model_copy(update={"coord": etcd_coord})))
+    where = ("--topology", str(topo))
+    holder = _holder(etcd_coord, "pdctl restart --both --pair a/pd0")
+    try:
+        shown = json.loads(run_pdctl("lock", "show", "--format", "json", *where).stdout)
+        assert shown["held"] and shown["holder"]["pid"] == holder.pid
+        assert shown["holder"]["command"] == "pdctl restart --both --pair a/pd0"
+        refused = run_pdctl("lock", "break", *where)
+        assert refused.exit_code == 2 and "add --force" in refused.stderr
+        broke = run_pdctl("lock", "break", "--force", *where)
+        assert broke.exit_code == 0, broke.stderr
+        assert f"it was held by {HOST} PID {holder.pid} pdctl restart --both --pair a/pd0" in (
+            broke.stdout
+        )
+        assert run_pdctl("lock", "show", *where).stdout == "free\n"
+    finally:
+        holder.kill()
+        holder.wait(10)
+    listed = json.loads(run_pdctl("history", "--format", "json", *where).stdout)["restarts"]
+    assert [(r["pid"], r["result"]) for r in listed] == [(holder.pid, "running")]
+    table = run_pdctl("history", *where).stdout
+    assert f"{holder.pid}  RUNNING" in table and "pdctl restart --both --pair a/pd0" in table
+
+
+def test_history_is_bounded_and_newest_first(etcd_coord: TopologyCoord) -> None:
+    history = History(Store(etcd_coord), keep=3)
+    for n in range(5):
+        history.finish(history.start(f"restart {n}"), Outcome(result="ok"))
+    assert [r.command for r in history.records()] == ["restart 4", "restart 3", "restart 2"]
+
+
+def test_a_gateway_key_lives_while_its_heartbeat_runs(etcd_coord: TopologyCoord) -> None:
+    store, stop = Store(etcd_coord), threading.Event()
+    said: list[str] = []
+    beat = threading.Thread(
+        target=gateways.heartbeat,
+        args=(store, "gw-1", "http://10.0.0.1:8000", etcd_coord.gateway_ttl_s, stop, said.append),
+    )
+    beat.start()
+    deadline = time.monotonic() + 10
+    while "gw-1" not in gateways.alive(store):
+        assert time.monotonic() < deadline, said
+        time.sleep(0.1)
+    time.sleep(etcd_coord.gateway_ttl_s * 1.5)  # renewed past its ttl
+    assert gateways.alive(store)["gw-1"].url == "http://10.0.0.1:8000"
+    stop.set()
+    beat.join(10)
+    assert gateways.alive(store) == {}  # revoked at once when it stops
+
+
+def test_without_quorum_every_call_says_so_in_one_line(three: LocalEtcd) -> None:
+    store = Store(three.coord)
+    store.put("k", b"v")
+    three.stop(0)  # one member of three lost: the others serve
+    assert store.get("k") is not None and store.get("k").value == b"v"  # type: ignore[union-attr]
+    three.stop(1)
+    with pytest.raises(StoreUnavailable) as e:
+        store.get("k")
+    up, down = three.members[2].client_url, [m.client_url for m in three.members[:2]]
+    assert str(e.value) == (
+        f"cannot read: etcd has no quorum: 1 of 3 members answer ({up}) and none knows a "
+        f"leader; down: {', '.join(down)}"
+    )
+    three.stop(2)
+    with pytest.raises(StoreUnavailable, match=r"^cannot read: no etcd member answers \("):
+        store.get("k")
+
+
+def test_a_restart_refuses_at_once_without_quorum_and_a_recovery_waits_for_it(
+    three: LocalEtcd,
+) -> None:
+    fleet = RestartLock(Store(three.coord), three.coord.lock_ttl_s)
+    three.stop(0)
+    three.stop(1)
+    with (
+        pytest.raises(StoreUnavailable, match="etcd has no quorum") as refused,
+        lock.fleet_held(fleet, "pdctl restart --all"),
+    ):
+        pass
+    assert "not restarting without the fleet restart lock" in str(refused.value)
+    waits: list[str] = []
+
+    def quorum_back() -> None:
+        while len(waits) < 2:
+            time.sleep(0.1)
+        three.start(0)
+
+    t = threading.Thread(target=quorum_back)
+    t.start()
+    with lock.fleet_held(
+        fleet,
+        "pdctl recover --pair a/pd0",
+        60,
+        lambda _: None,
+        0.2,
+        store_wait=True,
+        on_wait=waits.append,
+    ):
+        pass
+    t.join(10)
+    assert waits[0].startswith("etcd cannot serve: cannot grant a lease: etcd has no quorum")
