@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from pdctl.coord import health, pki
+from pdctl.coord.store import Store
 from pdctl.lint import Severity
 from pdctl.ops import doctor
 from pdctl.testing.etcd import LocalEtcd, local_etcd
@@ -86,3 +87,13 @@ def test_doctor_names_the_member_that_is_down(store: LocalEtcd) -> None:
         down,
     )
     assert "unreachable" in finding.message and "no quorum" in finding.message
+
+
+def test_the_store_client_uses_the_deployments_ca_whatever_the_environment(
+    store: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests lets REQUESTS_CA_BUNDLE replace a Session's CA: the client must not."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    s = Store(store.coord)
+    s.put("tls-check", b"ok")
+    assert s.get("tls-check") is not None
