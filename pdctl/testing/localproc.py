@@ -69,6 +69,8 @@ class LocalUnits:
             list(pool.map(lambda u: fn(self.procs[u]), names))
 
     def show(self, unit: str) -> UnitStatus:
+        if unit not in self.procs:  # what systemctl shows of a unit it has no file for
+            return UnitStatus(unit, "not-found", "inactive", "dead", 0, None, 0)
         proc = self.procs[unit]
         p = proc.proc
         if p is not None and p.poll() is None:

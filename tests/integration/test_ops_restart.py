@@ -28,13 +28,14 @@ from pdctl.ops.doctor import doctor
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import (
     Interrupted,
+    Report,
     register_pair,
     restart_instance,
     restart_pair,
     restart_pairs,
 )
 from pdctl.ops.status import collect
-from pdctl.testing.etcd import local_etcd
+from pdctl.testing.etcd import LocalEtcd, local_etcd
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -56,10 +57,15 @@ SMG_DRAIN_WINDOW_S = 5  # smg 1.13 removes a drained worker this long after its 
 
 
 @pytest.fixture
-def coord(tmp_path: Path) -> Iterator[TopologyCoord]:
+def etcd(tmp_path: Path) -> Iterator[LocalEtcd]:
     """The coordination store: a real one-member etcd as a local process."""
-    with local_etcd(tmp_path / "etcd") as etcd:
-        yield etcd.coord
+    with local_etcd(tmp_path / "etcd") as e:
+        yield e
+
+
+@pytest.fixture
+def coord(etcd: LocalEtcd) -> TopologyCoord:
+    return etcd.coord
 
 
 @pytest.fixture
@@ -379,6 +385,42 @@ def test_recover_waits_for_a_running_restart_then_recovers(
     t.join(120)
     assert rolled == [True] and rep.ok, (rep.error, rep.journal)
     assert any(line.startswith("waiting for the fleet restart lock, held by") for line in said)
+    # While it waited, pd0 (not the pair the holder restarts) was out of the gateway, stopped.
+    assert any(line.startswith(f"{pd0.id}: out of every gateway that answers") for line in said)
     assert said[-1].startswith(f"{pd0.id}: recovered: restarted prefill and decode together")
     assert "after waiting" in said[-1] and "pdctl restart --both --pair pd1" in said[-1]
+    assert collect(ops, 1).healthy
+
+
+def test_recover_without_etcd_contains_its_pair_then_recovers_once_etcd_is_back(
+    two_pairs: tuple[Ops, LocalUnits], etcd: LocalEtcd, tmp_path: Path
+) -> None:
+    """A decode dies while etcd cannot serve: the recovery takes the pair out of the gateway
+    and stops its live prefill while it waits (no request meets a half pair), then recovers
+    it as soon as etcd answers again."""
+    ops, units = two_pairs
+    pd0, pd1 = ops.source.pairs()
+    said: list[str] = []
+    ops.say = said.append
+    units.stop(pd0.decode.unit)
+    etcd.stop(0)
+    done: list[Report] = []
+    log = RecoveryLog(tmp_path / "state" / "recover.json")
+    t = threading.Thread(
+        target=lambda: done.append(recover(ops, pd0, RateLimit(), log, lock_wait=120))
+    )
+    t.start()
+    wait_until(
+        lambda: any("out of every gateway that answers" in line for line in said), 30, "containment"
+    )
+    assert not _registered(ops) & {i.url for i in pd0.instances}
+    assert units.show(pd0.prefill.unit).active != "active"  # no live half left
+    assert {i.url for i in pd1.instances} <= _registered(ops)  # the other pair serves on
+    assert not done  # still waiting for etcd
+    etcd.start(0)
+    t.join(120)
+    (rep,) = done
+    assert rep.ok, (rep.error, rep.journal)
+    waits = [line for line in said if line.startswith("waiting for the fleet restart lock, etcd")]
+    assert waits and "no etcd member answers" in waits[0]
     assert collect(ops, 1).healthy
