@@ -22,10 +22,15 @@ demo-fleet: setup
 demo-fleet-down:
 	@deploy/testhost/testhost fleet-down --fleet pdfleet
 
+# Every shell script (tests/unit/test_lint_coverage.py keeps this list whole); -x follows the
+# files they source.
+SHELL_SCRIPTS := scripts/*.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost roles/pdstack_etcd/files/pdstack-etcd-snapshot
+
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	shellcheck -x $(SHELL_SCRIPTS)
 
 # Fast tests only: no gateway, no systemd host.
 unit: setup

@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pdctl.coord.lock import Grant, RestartLock
@@ -39,11 +40,11 @@ def measure(size: int, tries: int) -> None:
         fleet = RestartLock(Store(etcd.coord), 15)
         acquire, release, check = [], [], []
         for _ in range(tries):
-            took, grant = _timed(lambda: fleet.acquire("benchmarks/lock_latency.py"))
+            took, grant = _timed(partial(fleet.acquire, "benchmarks/lock_latency.py"))
             assert isinstance(grant, Grant), grant
             acquire.append(took)
-            check.append(_timed(lambda g=grant: fleet.check(g))[0])
-            release.append(_timed(lambda g=grant: fleet.release(g))[0])
+            check.append(_timed(partial(fleet.check, grant))[0])
+            release.append(_timed(partial(fleet.release, grant))[0])
         print(f"etcd, {size} member(s), {tries} tries")
         print(f"  acquire         {_ms(acquire)}")
         print(f"  fencing check   {_ms(check)}")

@@ -1,7 +1,9 @@
 """Ansible's view of the deployment: the pdctl spec and renderer, as plain data.
 
 The roles never derive a flag, a port or a unit name themselves; they template what
-`pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree.
+`pdctl.render` returns here, so `pdctl render` and site.yml cannot disagree. What they decide
+from their registered results (which pairs restart and why, the firewall's sources) is
+`pdctl.converge`'s, tested as Python.
 
 Ansible imports every filter plugin in each forked worker that templates a filter, so the spec
 and the renderer (pydantic, jinja2: a third of a second) are imported only by the worker that
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ansible.errors import AnsibleFilterError
 
-from pdctl import escape, names
+from pdctl import converge, escape, names
 from pdctl.escape import systemd_command
 
 if TYPE_CHECKING:
@@ -157,8 +159,10 @@ def _etcd(dep: Deployment) -> dict[str, Any]:
 
 
 def _address(dep: Deployment, host: str) -> str:
-    groups = [*dep.hosts, *dep.gateways, *dep.etcd]
-    return next(h.address for h in groups if h.name == host)
+    addresses = {h.name: h.address for h in dep.hosts}
+    addresses |= {g.name: g.address for g in dep.gateways}
+    addresses |= {m.name: m.address for m in dep.etcd}
+    return addresses[host]
 
 
 @functools.lru_cache(maxsize=8)
@@ -287,5 +291,6 @@ class FilterModule:
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
             **escape.FILTERS,
+            **converge.FILTERS,
             "pdstack_stale_pairs": pdstack_stale_pairs,
         }

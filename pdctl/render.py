@@ -217,9 +217,13 @@ class RenderedInstance:
 
 
 def jinja_env(directory: Path | None = None) -> jinja2.Environment:
-    """Jinja set up like Ansible's template module (trim_blocks, the `comment` filter)."""
+    """Jinja set up like Ansible's template module (trim_blocks, the `comment` filter).
+
+    A role's `directory` is searched first, then the package's templates (the units' shared
+    hardening.j2), as Ansible searches the role's folder and the template's own."""
+    searchpath = [directory, templates_dir()] if directory else [templates_dir()]
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory or templates_dir()),
+        loader=jinja2.FileSystemLoader(searchpath),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

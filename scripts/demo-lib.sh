@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/demo.sh and scripts/demo-fleet.sh (sourced after they set STATE, KEY_FILE,
 # PLAYBOOK_TIMEOUT and define die).
 

@@ -79,6 +79,8 @@ for t in json.load(sys.stdin)["data"]["activeTargets"]:
 
 step "Status of the units on the host"
 # systemctl status exits 3 when a unit is inactive; the printout is what matters here.
+# UNITS: unit names without spaces, one word each.
+# shellcheck disable=SC2086
 on_host systemctl status --no-pager --lines=3 $UNITS || true
 
 cat <<EOF

@@ -3,12 +3,11 @@
 # gateway, and the cached environment holding SGLang's real argument parser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}
 mkdir -p "$CACHE"
 
 APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
-              prometheus prometheus-node-exporter make nftables etcd-server etcd-client)
+              prometheus prometheus-node-exporter make nftables shellcheck etcd-server etcd-client)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -115,9 +115,12 @@ def run_pdctl(*args: str, input: str | None = None) -> Run:
         return Run(code, out.getvalue().decode(), err.getvalue().decode())
 
 
-def role_expression(tmp_path: Path, vars_file: Path, facts: dict[str, Any], expr: str) -> Any:
+def role_expression(
+    tmp_path: Path, vars_file: Path, facts: dict[str, Any], expr: str, inventory: str = ""
+) -> Any:
     """`{{ expr }}` as real Ansible evaluates it on localhost with a role's vars file and
-    `facts` (registered results as the role's tasks produce them), read back as JSON."""
+    `facts` (registered results as the role's tasks produce them), read back as JSON.
+    `inventory`: an INI inventory holding localhost, for expressions that read its groups."""
     playbook = ROOT / ".venv" / "bin" / "ansible-playbook"
     if not playbook.exists():
         pytest.skip(f"{playbook} not found; run scripts/setup.sh")
@@ -134,11 +137,15 @@ def role_expression(tmp_path: Path, vars_file: Path, facts: dict[str, Any], expr
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     facts = {**facts, "ansible_python_interpreter": sys.executable}
     (tmp_path / "vars.json").write_text(json.dumps(facts))
+    hosts = "localhost,"
+    if inventory:
+        (tmp_path / "hosts.ini").write_text(inventory)
+        hosts = str(tmp_path / "hosts.ini")
     env = dict(
         os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
     )
     r = subprocess.run(
-        [str(playbook), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+        [str(playbook), "-i", hosts, "-c", "local", str(tmp_path / "play.yml"),
          "-e", f"@{tmp_path / 'vars.json'}"],
         cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False,
     )  # fmt: skip

@@ -13,9 +13,9 @@ from monitoring.dashboards.panels import (
     Query,
     Section,
     build_dashboard,
+    counted_from_zero,
     query_variable,
 )
-from monitoring.promql import counted_from_zero
 
 UID = "pdstack-gpus"
 GPU = 'host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'

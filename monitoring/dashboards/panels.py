@@ -41,6 +41,13 @@ def rank_rate_sum(metric: str, selector: str, by: str) -> str:
     return f"sum by ({by}) (max without (tp_rank) (rate({metric}{{{selector}}}[{RATE}])))"
 
 
+def counted_from_zero(counter: str, window: str) -> str:
+    """The increase of `counter` (a selector) over `window`, counting the whole value of a
+    series born inside it: increase() needs two samples, so it misses the events that created
+    a series, and an exporter writes a labelled counter (an XID code) at its first event."""
+    return f"((increase({counter}[{window}]) and {counter} offset {window}) or {counter})"
+
+
 @dataclass(frozen=True)
 class Query:
     expr: str

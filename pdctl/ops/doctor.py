@@ -261,28 +261,29 @@ def lock_findings(ops: Ops, s: Status) -> list[Finding]:
 
 
 def store_findings(ops: Ops) -> list[Finding]:
-    """The coordination store: each member that is down or unhealthy, by its endpoint."""
+    """The coordination store: each member that is down or unhealthy, by its endpoint; an
+    error when the healthy ones are no majority (no lock can be taken), else a warning."""
     coord = ops.source.topology.coord
     if coord is None:
         return []
     members = health.member_health(coord)
     bad = [m for m in members if not m.healthy]
-    if not bad:
-        return []
-    lost = not health.quorum(members)
-    effect = (
-        f"only {len(members) - len(bad)} of {len(members)} members healthy, no quorum: "
-        "pdctl restart and pdctl recover cannot take the lock"
-        if lost
-        else f"{len(members) - len(bad)} of {len(members)} members healthy: the store runs on"
-    )
-    make = _error if lost else _warning
+    up = f"{len(members) - len(bad)} of {len(members)} members healthy"
+    fix = f"systemctl status {names.ETCD_UNIT} on that host; docs/runbook.md#pdetcdmemberdown"
+    if not health.quorum(members):
+        return [
+            _error(
+                "live-etcd",
+                m.endpoint,
+                f"etcd member {m.detail}; only {up}, no quorum: pdctl restart and pdctl "
+                "recover cannot take the lock",
+                fix,
+            )
+            for m in bad
+        ]
     return [
-        make(
-            "live-etcd",
-            m.endpoint,
-            f"etcd member {m.detail}; {effect}",
-            f"systemctl status {names.ETCD_UNIT} on that host; docs/runbook.md#pdetcdmemberdown",
+        _warning(
+            "live-etcd-member", m.endpoint, f"etcd member {m.detail}; {up}: the store runs on", fix
         )
         for m in bad
     ]

@@ -17,7 +17,6 @@ from typing import Any
 import requests
 
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
 from pdctl.testing.stack import (
     Gateway,
@@ -32,6 +31,7 @@ from pdctl.topology import Topology, dump
 from tests import prometheus_role
 from tests.conftest import ROOT, one_pair_topology, require_tool
 from tests.integration.conftest import FAST_SIM_ENV
+from tests.promql import substitute
 
 HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
 GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
@@ -85,12 +85,11 @@ class Prometheus:
         stored, however slowly a loaded machine scrapes, instead of a window of seconds."""
         for _ in range(count):
             since = time.time()
-            wait_until(
-                lambda since=since: float(self.query("min(timestamp(up))")[0]["value"][1]) > since,
-                timeout,
-                "a scrape of every target",
-                step=0.2,
-            )
+
+            def scraped(since: float = since) -> bool:
+                return float(self.query("min(timestamp(up))")[0]["value"][1]) > since
+
+            wait_until(scraped, timeout, "a scrape of every target", step=0.2)
 
     def wait_window(self, start: float, seconds: float) -> float:
         """Until `seconds` after `start` and two more scrapes of every target: a window for

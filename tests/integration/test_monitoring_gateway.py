@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import requests
 
-from monitoring.promql import substitute
 from pdctl.testing.stack import Gateway, SimProc, free_port, wait_until
 from tests.integration.conftest import FAST_SIM_ENV
 from tests.integration.live_prometheus import (
@@ -35,6 +34,7 @@ from tests.integration.live_prometheus import (
     running_prometheus,
     stack_topology,
 )
+from tests.promql import substitute
 
 pytestmark = pytest.mark.gateway
 

@@ -25,7 +25,6 @@ import pytest
 import yaml
 
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.promql import substitute
 from monitoring.rules_source import render_rules
 from pdctl.exporter.gpu import THROTTLE_REASONS
 from pdctl.testing.nvml import (
@@ -48,6 +47,7 @@ from tests.integration.live_prometheus import (
     running_prometheus,
     start_exporter,
 )
+from tests.promql import substitute
 
 UID = "pdstack-gpus"
 PREFILL_GPUS, DECODE_GPUS = (0, 1, 2, 3), (4, 5, 6, 7)

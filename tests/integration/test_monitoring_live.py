@@ -28,7 +28,6 @@ import requests
 import yaml
 
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.promql import metric_names, substitute
 from monitoring.rules_source import render_rules
 from pdctl.sim.engine import forces_prefill_retry
 from pdctl.testing.etcd import local_etcd
@@ -48,6 +47,7 @@ from tests.integration.live_prometheus import (
     start_exporter,
     start_process,
 )
+from tests.promql import metric_names, substitute
 
 pytestmark = pytest.mark.gateway
 

@@ -13,8 +13,8 @@ import pytest
 
 from monitoring import build
 from monitoring.dashboards.export import JSON_DIR, expressions, panels, render_dashboards
-from monitoring.promql import counters_outside_rate, metric_names
 from tests.conftest import ROOT
+from tests.promql import counters_outside_rate, metric_names
 
 SGLANG_METRICS = ROOT / "tests" / "data" / "sglang_0.5.23_metrics.txt"
 BOARDS = {path.name: json.loads(text) for path, text in render_dashboards().items()}

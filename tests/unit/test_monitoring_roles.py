@@ -16,7 +16,7 @@ import yaml
 from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render_rules
 from pdctl.spec import load_deployment
 from pdctl.topology import from_deployment
-from tests.conftest import ROOT, require_tool, two_gateways_inventory
+from tests.conftest import ROOT, require_tool, role_expression, two_gateways_inventory
 from tests.prometheus_role import render_prometheus_config, templates
 
 GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
@@ -196,3 +196,15 @@ def test_every_uri_wait_bounds_each_request() -> None:
                 waits.append(task["name"])
                 assert task["ansible.builtin.uri"].get("timeout"), f"{path}: {task['name']}"
     assert len(waits) == 3, waits
+
+
+def test_node_exporter_targets_list_each_host_once(tmp_path: Path) -> None:
+    """A host in several groups (the reference inventory's one host is in all) is one target."""
+    hosts = role_expression(
+        tmp_path,
+        ROOT / "roles" / "pdstack_prometheus" / "vars" / "main.yml",
+        {"__pdstack_deployment": {"hosts": {"localhost": {}, "gpu2": {}}}},
+        "_pdstack_prometheus_node_hosts",
+        inventory="[pd_hosts]\nlocalhost\ngpu2\n[router]\ngw\nlocalhost\n[monitoring]\nlocalhost\n",
+    )
+    assert hosts == ["localhost", "gpu2", "gw"]

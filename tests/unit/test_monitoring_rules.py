@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from monitoring.promql import metric_names, name_regexes
 from monitoring.rules_source import RULES_FILE, render_rules
 from tests.conftest import ROOT, require_tool
+from tests.promql import metric_names, name_regexes
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RULE_TESTS = sorted((ROOT / "monitoring" / "tests").glob("*.yml"))

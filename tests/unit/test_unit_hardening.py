@@ -86,6 +86,11 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **common,
         script="/usr/local/sbin/pdstack-etcd-snapshot",
         snapshot_dir=names.ETCD_SNAPSHOT_DIR,
+        keep=24,
+        endpoint="https://127.0.0.1:2379",
+        ca=names.ETCD_CA,
+        cert=names.ETCD_CLIENT_CERT,
+        key=names.ETCD_CLIENT_KEY,
         member_unit=names.ETCD_UNIT,
         documentation=names.documentation(),
     )

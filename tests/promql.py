@@ -1,6 +1,7 @@
-"""Just enough PromQL reading for the checks on our own expressions: which metric names an
-expression selects, whether counters only appear under rate/increase, and Grafana variables
-replaced by values Prometheus accepts."""
+"""Just enough PromQL reading for the tests' checks on our own expressions: which metric names
+an expression selects, whether counters only appear under rate/increase, and Grafana variables
+replaced by values Prometheus accepts. Tests only: the builder writes PromQL, it never reads it
+(its helpers are in monitoring/dashboards/panels.py)."""
 
 from __future__ import annotations
 
@@ -59,14 +60,8 @@ def name_regexes(expr: str) -> list[str]:
     return _NAME_MATCHER.findall(expr)
 
 
-def counted_from_zero(counter: str, window: str) -> str:
-    """The increase of `counter` (a selector) over `window`, counting the whole value of a
-    series born inside it: increase() needs two samples, so it misses the events that created
-    a series, and an exporter writes a labelled counter (an XID code) at its first event."""
-    return f"((increase({counter}[{window}]) and {counter} offset {window}) or {counter})"
-
-
-# counted_from_zero's raw uses of the counter are its own: they read as increase().
+# monitoring.dashboards.panels.counted_from_zero's raw uses of the counter are its own: they
+# read as increase().
 _FROM_ZERO = re.compile(
     r"\(\(increase\((?P<c>[^\[\]()]+)\[(?P<w>[^\]]+)\]\) and (?P=c) offset (?P=w)\) or (?P=c)\)"
 )

@@ -1,0 +1,192 @@
+"""Decisions the roles take from what a converge run found: which pairs restart and why, the
+firewall's sources, whether a unit runs old code, which ports clash.
+
+The roles pass their registered results in through filter_plugins/pdstack.py; the logic is
+Python here rather than Jinja in vars files, so it has unit tests and types. Plain data in and
+out: Ansible hands in its own dicts and lists, and stores only plain types in variables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# A registered loop result: {"results": [{"changed": bool, "item": ..., ...}, ...]}; the list
+# is what the roles pass.
+Results = Sequence[Mapping[str, Any]]
+
+
+def _changed(results: Results) -> list[Mapping[str, Any]]:
+    return [r["item"] for r in results if r.get("changed")]
+
+
+def changed_targets(targets: Results) -> list[str]:
+    """The pair targets whose files a loop over the host's pairs changed."""
+    return [item["target"] for item in _changed(targets)]
+
+
+def changed_files(
+    envs: Results, units: Results, targets: Results, unit_dir: str
+) -> list[tuple[str, str]]:
+    """(pair target, file) for every env file, engine unit and pair target changed: env files,
+    then units, then targets, each in the order the tasks wrote them."""
+    return (
+        [(i["inst"]["pair_target"], i["env_file"]) for i in _changed(envs)]
+        + [(i["inst"]["pair_target"], f"{unit_dir}/{i['inst']['unit']}") for i in _changed(units)]
+        + [(t, f"{unit_dir}/{t}") for t in changed_targets(targets)]
+    )
+
+
+def changed_pairs(
+    pairs: Iterable[Mapping[str, Any]],
+    *,
+    host: str,
+    layout: Mapping[str, Any],
+    envs: Results,
+    units: Results,
+    targets: Results,
+    venv_changed: bool,
+    pending: Sequence[str],
+    restart: bool,
+) -> list[dict[str, Any]]:
+    """The host's pairs to restart, in host order: {pair, target, id (HOST/PAIR), reasons}.
+
+    A pair changes when one of its files changed, when the venv changed (new packages change
+    every pair), or, with `restart`, when an earlier run left its "restart pending" marker
+    (`pending`: the marker paths found): its files no longer change, so nothing else would
+    restart it. Without `restart` a marker is old news, not a reason.
+    """
+    files = changed_files(envs, units, targets, layout["unit_dir"])
+    out = []
+    for p in pairs:
+        marker = f"{layout['restart_pending_dir']}/{p['pair']}.json"
+        reasons = [f for target, f in files if target == p["target"]]
+        if venv_changed:
+            reasons.append(f"the engine venv ({layout['venv']})")
+        if restart and marker in pending:
+            reasons.append(f"restart pending ({marker})")
+        if reasons:
+            out.append(
+                {
+                    "pair": p["pair"],
+                    "target": p["target"],
+                    "id": f"{host}/{p['pair']}",
+                    "reasons": reasons,
+                }
+            )
+    return out
+
+
+def restart_plan(changed: Iterable[Mapping[str, Any]], restart: bool) -> list[str]:
+    """What --check (and a real run) prints: a line per changed pair and why."""
+    verb = "restart" if restart else "restart pending"
+    return [f"{verb} {c['id']}: {', '.join(c['reasons'])}" for c in changed]
+
+
+def running_pairs(
+    changed: Sequence[Mapping[str, Any]], active: Sequence[str]
+) -> list[Mapping[str, Any]]:
+    """The changed pairs that run: `active` is `systemctl is-active` over their targets, a line
+    each in the same order. The others are only started (run.yml)."""
+    return [c for c, state in zip(changed, active, strict=False) if state == "active"]
+
+
+# IPv4 addresses and networks are digits, dots and slashes; IPv6 ones hold a colon.
+_IPV4 = re.compile(r"^[0-9./]+$")
+
+
+def _is_address(source: str) -> bool:
+    return bool(_IPV4.match(source)) or ":" in source
+
+
+def firewall_given(
+    hosts: Sequence[str], addresses: Sequence[str], allow: Sequence[str]
+) -> list[str]:
+    """The sources as the inventory gives them: each host's address (`addresses`, its
+    ansible_host or ''), else its name, as pdctl resolves them; then `allow`. Once each."""
+    given = [address or host for host, address in zip(hosts, addresses, strict=True)]
+    return list(dict.fromkeys([*given, *allow]))
+
+
+def firewall_names(given: Sequence[str]) -> list[str]:
+    """The sources that are names, for the host to resolve (the rules hold addresses only)."""
+    return [g for g in given if not _is_address(g)]
+
+
+def firewall_sources(given: Sequence[str], resolved: Iterable[Sequence[str]]) -> list[str]:
+    """The addresses the firewall lets through, sorted (the same inventory writes the same
+    file): the given addresses, and those `getent ahosts` printed (`resolved`, its lines per
+    name: the address first on each)."""
+    names = set(firewall_names(given))
+    found = [line.split()[0] for lines in resolved for line in lines if line.split()]
+    return sorted({*(g for g in given if g not in names), *found})
+
+
+def started_at(show_stdout: str) -> float:
+    """`systemctl show -P ActiveEnterTimestamp --timestamp=unix` ("@SECONDS", or "" when the
+    unit never started) as seconds; 0 when not running."""
+    try:
+        return float(show_stdout.strip().removeprefix("@"))
+    except ValueError:
+        return 0.0
+
+
+def runs_old_code(show_stdout: str, mtimes: Iterable[float]) -> bool:
+    """A unit started before its venv's packages last changed runs old code. Not running (no
+    start time), or no venv yet (--check on a fresh host): nothing to restart."""
+    since = started_at(show_stdout)
+    return since > 0 and max(mtimes, default=0.0) > since
+
+
+def registered_changed(register_stdout: str) -> bool:
+    """Whether `pdctl gateway register --format json` added or removed a worker at any
+    gateway (its output: a list of {gateway, workers: {url: what happened}})."""
+    return any(
+        state in ("added", "removed")
+        for gateway in json.loads(register_stdout)
+        for state in gateway["workers"].values()
+    )
+
+
+def listen_ports(dep: Mapping[str, Any], host: str) -> list[int]:
+    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines',
+    on a gateway host the gateway's, and on an [etcd] host the store member's client, peer and
+    metrics ports."""
+    gateway, etcd = dep["gateway"], dep["etcd"]
+    ports = list(dep["hosts"].get(host, {}).get("ports", []))
+    if host in gateway["urls"]:
+        ports += [gateway["port"], gateway["metrics_port"]]
+    if host in etcd["members"]:
+        ports += [etcd["client_port"], etcd["peer_port"], etcd["metrics_port"]]
+    return ports
+
+
+def port_clashes(listeners: Iterable[str], ports: Iterable[int], unit_prefix: str) -> list[str]:
+    """The `listeners` lines ("PORT UNIT PROCESS", roles/pdstack_preflight/tasks/ports.yml) on
+    one of `ports` whose unit is not pdstack's: a port held by anything else makes an engine or
+    the gateway fail at start, after the host was changed."""
+    wanted = {str(p) for p in ports}
+    clashes = []
+    for line in listeners:
+        port, unit, *_ = [*line.split(" ", 2), ""]
+        if port in wanted and not unit.startswith(unit_prefix):
+            clashes.append(line)
+    return clashes
+
+
+# The roles' names for these (filter_plugins/pdstack.py).
+FILTERS = {
+    "pdstack_changed_pairs": changed_pairs,
+    "pdstack_changed_targets": changed_targets,
+    "pdstack_restart_plan": restart_plan,
+    "pdstack_running_pairs": running_pairs,
+    "pdstack_firewall_given": firewall_given,
+    "pdstack_firewall_names": firewall_names,
+    "pdstack_firewall_sources": firewall_sources,
+    "pdstack_runs_old_code": runs_old_code,
+    "pdstack_registered_changed": registered_changed,
+    "pdstack_listen_ports": listen_ports,
+    "pdstack_port_clashes": port_clashes,
+}
