@@ -111,6 +111,60 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
     }
 
 
+def _etcd(dep: Deployment) -> dict[str, Any]:
+    """The store's members and files (roles/pdstack_etcd); `members` is empty when the inventory
+    has no [etcd] hosts, which `pdctl validate` refuses in preflight."""
+    from pdctl import render
+
+    e = dep.profile.etcd
+    return {
+        "members": {
+            m.name: {
+                "address": m.address,
+                "client_url": dep.etcd_client_url(m),
+                "peer_url": dep.etcd_peer_url(m),
+                "command_lines": render.etcd_command_lines(dep, m),
+            }
+            for m in dep.etcd
+        },
+        "endpoints": dep.etcd_endpoints,
+        "initial_cluster": ",".join(f"{m.name}={dep.etcd_peer_url(m)}" for m in dep.etcd),
+        "client_port": e.client_port,
+        "peer_port": e.peer_port,
+        "metrics_port": e.metrics_port,
+        "snapshot_interval_s": e.snapshot_interval_s,
+        "snapshot_keep": e.snapshot_keep,
+        # Every host of the deployment gets a client certificate; the firewall lets them in.
+        "clients": dep.inventory_hosts,
+        "addresses": [_address(dep, h) for h in dep.inventory_hosts],
+        "pki_dir": str(dep.pki_dir),
+        "pki_args": [
+            *(f"--member={m.name}={m.address}" for m in dep.etcd),
+            *(f"--client={h}" for h in dep.inventory_hosts),
+        ],
+        "unit": names.ETCD_UNIT,
+        "snapshot_unit": names.ETCD_SNAPSHOT_UNIT,
+        "data_dir": names.ETCD_DATA_DIR,
+        "state_name": Path(names.ETCD_DATA_DIR).name,  # the member unit's StateDirectory=
+        "snapshot_dir": names.ETCD_SNAPSHOT_DIR,
+        "tls_dir": names.ETCD_TLS_DIR,
+        "ca": names.ETCD_CA,
+        "client_cert": names.ETCD_CLIENT_CERT,
+        "client_key": names.ETCD_CLIENT_KEY,
+        "member_cert": names.ETCD_MEMBER_CERT,
+        "member_key": names.ETCD_MEMBER_KEY,
+        "credentials": render.ETCD_CREDENTIAL_FILES,
+        "cluster_marker": names.ETCD_CLUSTER_MARKER,
+    }
+
+
+def _address(dep: Deployment, host: str) -> str:
+    addresses = {h.name: h.address for h in dep.hosts}
+    addresses |= {g.name: g.address for g in dep.gateways}
+    addresses |= {m.name: m.address for m in dep.etcd}
+    return addresses[host]
+
+
 @functools.lru_cache(maxsize=8)
 def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[str, Any]:
     from pdctl import render, topology
@@ -163,6 +217,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
                 "state_dir": names.FORMER_LOCK_STATE_DIR,
             },
         },
+        "etcd": _etcd(dep),
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
             "install_dir": names.INSTALL_DIR,

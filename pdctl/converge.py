@@ -151,13 +151,15 @@ def registered_changed(register_stdout: str) -> bool:
 
 
 def listen_ports(dep: Mapping[str, Any], host: str) -> list[int]:
-    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines'
-    and, on a gateway host, the gateway's (the fleet restart lock is etcd's, not a server of
-    ours on a gateway host)."""
-    gateway = dep["gateway"]
+    """The TCP ports `host` will listen on, from the filter plugin's deployment: its engines',
+    on a gateway host the gateway's, and on an [etcd] host the store member's client, peer and
+    metrics ports."""
+    gateway, etcd = dep["gateway"], dep["etcd"]
     ports = list(dep["hosts"].get(host, {}).get("ports", []))
     if host in gateway["urls"]:
         ports += [gateway["port"], gateway["metrics_port"]]
+    if host in etcd["members"]:
+        ports += [etcd["client_port"], etcd["peer_port"], etcd["metrics_port"]]
     return ports
 
 

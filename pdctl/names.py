@@ -42,6 +42,15 @@ ETCD_TLS_DIR = f"{CONFIG_DIR}/etcd"
 ETCD_CA = f"{ETCD_TLS_DIR}/ca.crt"
 ETCD_CLIENT_CERT = f"{ETCD_TLS_DIR}/client.crt"  # this host's client identity (root, 0600 key)
 ETCD_CLIENT_KEY = f"{ETCD_TLS_DIR}/client.key"
+# A member's own certificate, for its client and peer listeners (key: root, 0600; the unit
+# hands it to the etcd user as a credential).
+ETCD_MEMBER_CERT = f"{ETCD_TLS_DIR}/member.crt"
+ETCD_MEMBER_KEY = f"{ETCD_TLS_DIR}/member.key"
+# The deployment's cluster token, written beside a member's data once it is ours: preflight
+# refuses a data directory of another cluster.
+ETCD_CLUSTER_MARKER = f"{ETCD_DATA_DIR}/pdstack-cluster-token"
+ETCD_SNAPSHOT_UNIT = f"{PREFIX}-etcd-snapshot.service"  # and its .timer
+ETCD_SNAPSHOT_DIR = f"/var/backups/{PREFIX}-etcd"
 ETCD_PREFIX = f"/{PREFIX}/"  # every key pdstack writes lives under it
 # The gateway's liveness key in etcd, kept under a lease while the gateway unit runs.
 GATEWAY_LEASE_UNIT = f"{PREFIX}-gateway-lease.service"

@@ -15,6 +15,7 @@ import jinja2
 from pdctl import names
 from pdctl.escape import FILTERS, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Role
+from pdctl.spec.deployment import EtcdMember
 
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
@@ -158,6 +159,51 @@ def register_command(gateway_host: str) -> list[str]:
 def lease_command(gateway_host: str) -> list[str]:
     """The gateway lease unit's ExecStart: this host's gateway liveness key in etcd."""
     return [f"{names.VENV}/bin/pdctl", "gateway", "heartbeat", "--gateway", gateway_host]
+
+
+ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server
+# The member's TLS files stay root's (0600); the unit hands them to the etcd user with
+# LoadCredential=, under this directory, by these names (in the order etcd_args uses them).
+ETCD_CREDENTIALS = f"/run/credentials/{names.ETCD_UNIT}"
+ETCD_CREDENTIAL_FILES = {
+    "member.crt": names.ETCD_MEMBER_CERT,
+    "member.key": names.ETCD_MEMBER_KEY,
+    "ca.crt": names.ETCD_CA,
+}
+
+
+def etcd_args(dep: Deployment, member: EtcdMember) -> list[str]:
+    """The member's flags (never /etc/default/etcd, which Debian's own unit reads): mutual TLS
+    on the client and peer listeners, metrics and /health on a plain HTTP port for
+    Prometheus, the initial cluster from the [etcd] group. The cluster token (from the
+    controller's PKI directory) and the initial cluster state (`new`; `existing` to join a
+    running store) come at run time: the unit template adds them."""
+    e = dep.profile.etcd
+    tls = tuple(f"{ETCD_CREDENTIALS}/{name}" for name in ETCD_CREDENTIAL_FILES)
+    return [
+        "--name", member.name,
+        "--data-dir", names.ETCD_DATA_DIR,
+        # Every address: the firewall (and mutual TLS) decide who gets through.
+        "--listen-client-urls", f"https://0.0.0.0:{e.client_port}",
+        "--advertise-client-urls", dep.etcd_client_url(member),
+        "--listen-peer-urls", f"https://0.0.0.0:{e.peer_port}",
+        "--initial-advertise-peer-urls", dep.etcd_peer_url(member),
+        "--listen-metrics-urls", f"http://0.0.0.0:{e.metrics_port}",
+        "--initial-cluster", ",".join(f"{m.name}={dep.etcd_peer_url(m)}" for m in dep.etcd),
+        "--client-cert-auth",
+        "--cert-file", tls[0], "--key-file", tls[1], "--trusted-ca-file", tls[2],
+        "--peer-client-cert-auth",
+        "--peer-cert-file", tls[0], "--peer-key-file", tls[1], "--peer-trusted-ca-file", tls[2],
+        # The lock and the gateways' keys are tiny; history has a bounded retention. Compact
+        # hourly so the backend stays small between the snapshots.
+        "--auto-compaction-mode", "periodic",
+        "--auto-compaction-retention", "1h",
+        "--logger", "zap",
+    ]  # fmt: skip
+
+
+def etcd_command_lines(dep: Deployment, member: EtcdMember) -> list[str]:
+    return flag_lines([[ETCD_BIN]], etcd_args(dep, member))
 
 
 @dataclass(frozen=True)

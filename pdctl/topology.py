@@ -150,6 +150,23 @@ def from_deployment(dep: Deployment) -> Topology:
         ],
         router=gateways[0],
         gateways=gateways,
+        coord=_coord(dep),
+    )
+
+
+def _coord(dep: Deployment) -> TopologyCoord | None:
+    """The store as a host sees it: the TLS files site.yml installs (pdctl.ops.source swaps in
+    the controller's own for -i/-p)."""
+    if not dep.etcd:
+        return None
+    etcd = dep.profile.etcd
+    return TopologyCoord(
+        endpoints=dep.etcd_endpoints,
+        ca_file=names.ETCD_CA,
+        cert_file=names.ETCD_CLIENT_CERT,
+        key_file=names.ETCD_CLIENT_KEY,
+        lock_ttl_s=etcd.lock_ttl_s,
+        gateway_ttl_s=etcd.gateway_ttl_s,
     )
 
 

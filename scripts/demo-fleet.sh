@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The fleet demo (`make demo-fleet`, after scripts/setup.sh): two systemd test hosts on one host
-# bridge, site.yml over their one inventory with the sim fleet profile (2 pairs per host, a
-# gateway on both hosts, monitoring on the first), a chat completion through each gateway, and
-# `pdctl status` of the whole fleet from this machine. Run as root. `make demo-fleet-down`
+# The fleet demo (`make demo-fleet`, after scripts/setup.sh): three systemd test hosts on one
+# host bridge, site.yml over their one inventory with the sim fleet profile (2 pairs per host,
+# an etcd member on every host, a gateway on hosts 1 and 2, monitoring on the first), a chat
+# completion through each gateway, the store's health, and `pdctl status` of the whole fleet
+# from this machine. Run as root. `make demo-fleet-down`
 # removes the fleet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 FLEET=${PDSTACK_DEMO_FLEET:-pdfleet}  # `make demo-fleet-down` takes down pdfleet
-SIZE=2
+SIZE=3  # three etcd members: the store survives losing any one host
 PROFILE=$ROOT/deploy/profiles/sim-fleet.yml
 STATE=$ROOT/deploy/testhost/state
 INVENTORY=$STATE/$FLEET/inventory.ini
@@ -38,8 +39,9 @@ cat "$INVENTORY"
 demo_secrets  # scripts/demo-lib.sh
 
 step "ansible-playbook site.yml over the fleet (profile: deploy/profiles/sim-fleet.yml)"
-echo "preflight on every host -> PD engines (2 pairs per host) -> a gateway on every [router]"
-echo "host, over all 4 pairs -> monitoring on the first host"
+echo "preflight on every host -> the coordination store (etcd on all three, mutual TLS) -> PD"
+echo "engines (2 pairs per host) -> a gateway on hosts 1 and 2, over all 6 pairs -> monitoring"
+echo "on the first host"
 demo_converge "$INVENTORY" "$PROFILE"
 
 # Every gateway's URL, from the deployment (inventory + profile), as pdctl sees it.
@@ -63,6 +65,18 @@ for gw in "${GATEWAYS[@]}"; do
     | .venv/bin/python -m json.tool
 done
 
+step "The coordination store: every etcd member over TLS, from this machine (the controller's certificate)"
+.venv/bin/python - "$INVENTORY" "$PROFILE" <<'PY' || true
+import sys
+from pathlib import Path
+from pdctl.coord.health import member_health
+from pdctl.ops.source import controller_topology
+from pdctl.spec import load_deployment
+coord = controller_topology(load_deployment(Path(sys.argv[1]), Path(sys.argv[2]))).coord
+for m in member_health(coord):
+    print(f"{'OK' if m.healthy else 'FAILED'}: {m.endpoint}: {m.detail}")
+PY
+
 step "pdctl status of the whole fleet, from this machine (ssh -F $SSH_CONFIG)"
 PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=$API_KEY COLUMNS=${COLUMNS:-100} \
   .venv/bin/pdctl status -i "$INVENTORY" -p "$PROFILE" || true
@@ -70,7 +84,7 @@ PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=$API_KEY COLUMNS=${COLUMNS:
 cat <<EOF
 
 Done. Next:
-  ssh -F $SSH_CONFIG ${FLEET}1              a root shell on the first host (${FLEET}2: the second)
+  ssh -F $SSH_CONFIG ${FLEET}1              a root shell on the first host (${FLEET}2, ${FLEET}3: the others)
   PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=\$(cat $KEY_FILE) \\
     .venv/bin/pdctl status -i $INVENTORY -p deploy/profiles/sim-fleet.yml
   make demo-fleet-down                          remove the fleet

@@ -34,7 +34,8 @@ fi
 demo_secrets  # scripts/demo-lib.sh
 
 step "ansible-playbook site.yml (profile: deploy/profiles/sim.yml)"
-echo "preflight -> PD engines (pair target per prefill/decode) -> gateway -> monitoring (Grafana's"
+echo "preflight -> the coordination store (a one-member etcd, mutual TLS) -> PD engines (pair"
+echo "target per prefill/decode) -> gateway -> monitoring (Grafana's"
 echo "provisioning only: no Grafana package is reachable here); the first run builds"
 echo "the wheelhouse the host installs from (cached in /var/cache/pdstack/wheelhouse)"
 demo_converge "$INVENTORY" "$PROFILE"
@@ -44,7 +45,7 @@ read_topology() {
   on_host /opt/pdstack/venv/bin/python -c "from pdctl import topology; t = topology.read(); $1"
 }
 GATEWAY=$(read_topology 'print(t.router.url)')
-UNITS=$(read_topology 'print(" ".join([p.target for p in t.pairs] + [i.unit for i in t.instances] + [t.router.unit]))')
+UNITS="$(read_topology 'print(" ".join([p.target for p in t.pairs] + [i.unit for i in t.instances] + [t.router.unit]))') pdstack-etcd.service"
 
 step "Waiting for the gateway at $GATEWAY to see a healthy prefill and decode (timeout ${READY_TIMEOUT}s)"
 deadline=$(( $(date +%s) + READY_TIMEOUT ))
@@ -64,6 +65,10 @@ curl -fsS -m 60 "$GATEWAY/v1/chat/completions" \
 
 step "pdctl status on the host (units, engines, the pair's PD path, the gateway's view)"
 on_host env COLUMNS=160 PDSTACK_GATEWAY_API_KEY="$API_KEY" /opt/pdstack/venv/bin/pdctl status || true
+
+step "The coordination store: the etcd member's health over TLS, with the host's client certificate"
+on_host etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/pdstack/etcd/ca.crt \
+  --cert=/etc/pdstack/etcd/client.crt --key=/etc/pdstack/etcd/client.key endpoint status -w table || true
 
 step "Prometheus on the host: scrape targets"
 sleep 5  # let Prometheus finish its first scrape of the new targets

@@ -7,7 +7,7 @@ CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}
 mkdir -p "$CACHE"
 
 APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
-              prometheus prometheus-node-exporter make nftables shellcheck)
+              prometheus prometheus-node-exporter make nftables shellcheck etcd-server etcd-client)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -17,7 +17,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # The distribution starts these on install; tests run their own instances.
-  systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  systemctl disable --now prometheus prometheus-node-exporter etcd >/dev/null 2>&1 || true
 fi
 
 # The project venv: pdctl (editable), dev tools, the pinned gateway, and NIXL for the sim's

@@ -33,7 +33,8 @@ def render_prometheus_config(
     timeout: str,
 ) -> Path:
     """Write root/prometheus.yml, root/targets/*.json and root/rules/; the config's path.
-    hostvars: the [pd_hosts] inventory (name -> vars); ports: exporter, node; interval is both
+    hostvars: the [pd_hosts] inventory (name -> vars); ports: exporter, node and, when the test
+    runs a store member, etcd (its metrics port); interval is both
     the scrape and the rule evaluation interval."""
     env = templates()
     targets, rules_dir = root / "targets", root / "rules"
@@ -46,6 +47,16 @@ def render_prometheus_config(
         ("smg", "gateway.json.j2", {"topology": data}),
         ("pd-exporter", "hosts.json.j2", {**hosts, "target_port": ports["exporter"]}),
         ("node", "hosts.json.j2", {**hosts, "target_port": ports["node"]}),
+        # The store's member when the test runs one (pdctl.testing.etcd), else no target.
+        (
+            "etcd",
+            "hosts.json.j2",
+            {
+                **hosts,
+                "target_hosts": list(hostvars) if "etcd" in ports else [],
+                "target_port": ports.get("etcd", 0),
+            },
+        ),
     ):
         (targets / f"{job}.json").write_text(env.get_template(template).render(**kw))
     (rules_dir / "pdstack.rules.yml").write_text(rules)

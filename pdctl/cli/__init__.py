@@ -25,6 +25,7 @@ COMMANDS = {
     "gateway": "pdctl.cli.ops_commands:gateway",
     "lock": "pdctl.cli.lock_commands:lock",
     "history": "pdctl.cli.lock_commands:history",
+    "etcd": "pdctl.cli.etcd_commands:etcd",
     "bench": "pdctl.cli.bench_commands:bench",
     "analyze": "pdctl.cli.analyze_commands:analyze",
     "capacity": "pdctl.cli.capacity_commands:capacity",

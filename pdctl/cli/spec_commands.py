@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pdctl.cli.options import deployment_options, format_option, instance_option
@@ -135,7 +136,9 @@ def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str,
     table = Table("id", "severity", "where", "message", "fix", show_lines=True)
     for f in findings:
         style = "red" if f.severity is Severity.ERROR else "yellow"
-        table.add_row(f.id, f"[{style}]{f.severity}[/]", f.where, f.message, f.fix)
+        # Findings name inventory groups ([etcd], [router]): text, not rich markup.
+        text = (escape(f.where), escape(f.message), escape(f.fix))
+        table.add_row(f.id, f"[{style}]{f.severity}[/]", *text)
     Console().print(table)
     click.echo(f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})")
 

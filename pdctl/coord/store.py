@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import requests
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import (
     ConnectionFailedError,
@@ -69,15 +70,21 @@ def _client(endpoint: str, coord: TopologyCoord, timeout: Any) -> Etcd3Client:
     if url.scheme not in ("http", "https") or not url.hostname or not url.port:
         raise PdctlError(f"bad etcd endpoint {endpoint!r}: use https://ADDRESS:PORT")
     tls = url.scheme == "https"
+    # etcd3gw puts the CA on its Session, and requests lets REQUESTS_CA_BUNDLE (set system-wide
+    # on many hosts) replace a Session's `verify`: the store's private CA would never be used.
+    # A session that ignores the environment keeps it (and no proxy variable reroutes etcd).
+    session = requests.Session()
+    session.trust_env = False
+    if tls:
+        session.verify = coord.ca_file
+        session.cert = (coord.cert_file, coord.key_file)
     return Etcd3Client(
         host=url.hostname,
         port=url.port,
         protocol=url.scheme,
-        ca_cert=coord.ca_file if tls else None,
-        cert_cert=coord.cert_file if tls else None,
-        cert_key=coord.key_file if tls else None,
         timeout=timeout,
         api_path="/v3/",
+        session=session,
     )
 
 

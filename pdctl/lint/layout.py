@@ -97,10 +97,11 @@ def numa_mismatch(dep: Deployment) -> Iterator[Problem]:
 
 @rule("port-collision", Severity.ERROR, "two listeners on one host share a port")
 def port_collision(dep: Deployment) -> Iterator[Problem]:
-    router = dep.profile.router
-    for host in dep.hosts:
+    router, etcd = dep.profile.router, dep.profile.etcd
+    instances = {h.name: h.instances for h in dep.hosts}
+    for name in dep.inventory_hosts:
         users: dict[int, list[tuple[str, str]]] = {}  # port -> (who, key path)
-        for inst in host.instances:
+        for inst in instances.get(name, []):
             users.setdefault(inst.port, []).append(
                 (f"{inst.name} HTTP", instance_key(dep, inst, "port"))
             )
@@ -108,17 +109,20 @@ def port_collision(dep: Deployment) -> Iterator[Problem]:
                 users.setdefault(inst.bootstrap_port, []).append(
                     (f"{inst.name} bootstrap", instance_key(dep, inst, "bootstrap_port"))
                 )
-        if host.name in {g.name for g in dep.gateways}:
+        if name in {g.name for g in dep.gateways}:
             users.setdefault(router.port, []).append(("router", "router.port"))
             users.setdefault(router.metrics_port, []).append(
                 ("router metrics", "router.metrics_port")
             )
-        if host.name == dep.router_host:
-            users.setdefault(router.lock_port, []).append(("restart lock", "router.lock_port"))
+        if name in {m.name for m in dep.etcd}:
+            for field in ("client_port", "peer_port", "metrics_port"):
+                users.setdefault(getattr(etcd, field), []).append(
+                    (f"etcd {field.removesuffix('_port')}", f"etcd.{field}")
+                )
         for port, who in sorted(users.items()):
             if len(who) > 1:
                 yield Problem(
-                    where=host.name,
+                    where=name,
                     message=f"port {port} is used by {', '.join(w for w, _ in who)}: "
                     "the second listener fails to bind",
                     fix=f"{who[-1][1]}: pick a free port",

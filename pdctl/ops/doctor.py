@@ -3,15 +3,16 @@
 Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
 the seed's incident), decode batches running eager, KV usage that stays up while idle,
 running flags that differ from the rendered ones (drift), units failed or restarting, the fleet
-restart lock unreachable or held by a dead holder.
+restart lock unreachable or held by a dead holder, coordination store members down.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from pdctl import render
+from pdctl import names, render
 from pdctl.analyze.logparse import DecodeBatch, parse_line
+from pdctl.coord import health
 from pdctl.coord.history import History
 from pdctl.coord.store import StoreUnavailable
 from pdctl.errors import PdctlError
@@ -259,10 +260,40 @@ def lock_findings(ops: Ops, s: Status) -> list[Finding]:
     return []
 
 
+def store_findings(ops: Ops) -> list[Finding]:
+    """The coordination store: each member that is down or unhealthy, by its endpoint; an
+    error when the healthy ones are no majority (no lock can be taken), else a warning."""
+    coord = ops.source.topology.coord
+    if coord is None:
+        return []
+    members = health.member_health(coord)
+    bad = [m for m in members if not m.healthy]
+    up = f"{len(members) - len(bad)} of {len(members)} members healthy"
+    fix = f"systemctl status {names.ETCD_UNIT} on that host; docs/runbook.md#pdetcdmemberdown"
+    if not health.quorum(members):
+        return [
+            _error(
+                "live-etcd",
+                m.endpoint,
+                f"etcd member {m.detail}; only {up}, no quorum: pdctl restart and pdctl "
+                "recover cannot take the lock",
+                fix,
+            )
+            for m in bad
+        ]
+    return [
+        _warning(
+            "live-etcd-member", m.endpoint, f"etcd member {m.detail}; {up}: the store runs on", fix
+        )
+        for m in bad
+    ]
+
+
 def doctor(ops: Ops, canary_count: int = 8) -> tuple[list[Finding], Status]:
     dep = ops.source.deployment
     findings = lint(dep) if dep else []
     s = collect(ops, canary_count)
     findings += unit_findings(s) + pair_findings(s) + kv_findings(s)
     findings += eager_findings(ops, s) + drift_findings(ops, s) + lock_findings(ops, s)
+    findings += store_findings(ops)
     return findings, s

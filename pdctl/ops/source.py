@@ -72,11 +72,25 @@ class Source:
         return hits[0]
 
 
+def controller_topology(dep: Deployment) -> Topology:
+    """The deployment's topology as the controller uses it: the store's TLS files from its
+    PKI directory (pdctl etcd pki), not the host paths site.yml installs them at."""
+    # Here only: pki needs `cryptography`, which the controller has (ansible-core's) and a
+    # host's venv need not.
+    from pdctl.coord import pki
+
+    topo = topology.from_deployment(dep)
+    if topo.coord is None:
+        return topo
+    coord = topo.coord.model_copy(update=pki.controller_tls(dep.pki_dir))
+    return topo.model_copy(update={"coord": coord})
+
+
 def load(topology_path: Path, inventory: Path | None, profile: Path | None) -> Source:
     """From -i/-p when given, else the topology file."""
     if inventory is not None:
         dep = load_deployment(inventory, profile)
-        return Source(topology.from_deployment(dep), dep)
+        return Source(controller_topology(dep), dep)
     if not topology_path.exists():
         raise PdctlError(
             f"no topology file at {topology_path}: this host was not converged. Run site.yml "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdctl import names
@@ -61,12 +61,24 @@ class GatewayHost:
 
 
 @dataclass(frozen=True)
+class EtcdMember:
+    """A host of the inventory's [etcd] group: one member of the coordination store."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
 class Deployment:
     profile: Profile
     profile_path: Path
     inventory_path: Path
     hosts: list[HostSpec]
     gateways: list[GatewayHost]  # in inventory order; never empty
+    # In inventory order; empty when the inventory has no [etcd] hosts (lint rule etcd-members).
+    etcd: list[EtcdMember] = field(default_factory=list)
+    # The controller's etcd PKI (CA key included): pdstack_etcd_pki_dir, else <inventory>/pki.
+    pki_dir: Path = Path("pki")
 
     @property
     def router_host(self) -> str:
@@ -98,7 +110,18 @@ class Deployment:
     def gateway_url(self, gateway: GatewayHost) -> str:
         return f"http://{gateway.address}:{self.profile.router.port}"
 
+    def etcd_client_url(self, member: EtcdMember) -> str:
+        return f"https://{member.address}:{self.profile.etcd.client_port}"
+
+    def etcd_peer_url(self, member: EtcdMember) -> str:
+        return f"https://{member.address}:{self.profile.etcd.peer_port}"
+
     @property
-    def lock_url(self) -> str:
-        """The fleet restart lock: on the first gateway's host and address."""
-        return f"http://{self.router_address}:{self.profile.router.lock_port}"
+    def etcd_endpoints(self) -> list[str]:
+        return [self.etcd_client_url(m) for m in self.etcd]
+
+    @property
+    def inventory_hosts(self) -> list[str]:
+        """Every host of the deployment's groups, in inventory order, once."""
+        names = [h.name for h in self.hosts] + [g.name for g in self.gateways]
+        return list(dict.fromkeys(names + [m.name for m in self.etcd]))

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pdctl import names
 from pdctl.errors import SpecError
-from pdctl.spec.deployment import Deployment, GatewayHost, HostSpec, Instance
+from pdctl.spec.deployment import Deployment, EtcdMember, GatewayHost, HostSpec, Instance
 from pdctl.spec.profile import (
     LONG_CONTEXT_ENV,
     InstanceSpec,
@@ -24,6 +24,8 @@ from pdctl.spec.text import control_problem, host_problem
 
 ENGINE_GROUP = "pd_hosts"
 ROUTER_GROUP = "router"
+ETCD_GROUP = "etcd"
+PKI_DIR_VAR = "pdstack_etcd_pki_dir"
 PROFILE_VAR = "pdstack_profile"
 # A profile is a few KiB; the cap answers a wrong file at once instead of parsing megabytes.
 MAX_PROFILE_BYTES = 1 << 20
@@ -232,6 +234,11 @@ class Inventory:
             raise SpecError(str(self.path), f"[{name}]", "group has no hosts")
         return hosts
 
+    def optional_group(self, name: str) -> list[str]:
+        """The group's hosts; none when it is missing or empty (a lint rule says so)."""
+        group = self._inv.groups.get(name)
+        return [h.name for h in group.get_hosts()] if group is not None else []
+
     def host_vars(self, host: str) -> dict[str, Any]:
         return dict(self._inv.get_host(host).get_vars())
 
@@ -275,7 +282,20 @@ def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> D
         inventory_path=inventory_path,
         hosts=hosts,
         gateways=[GatewayHost(name, _address(name, inventory)) for name in router_hosts],
+        etcd=[
+            EtcdMember(name, _address(name, inventory))
+            for name in inventory.optional_group(ETCD_GROUP)
+        ],
+        pki_dir=pki_dir_from(inventory),
     )
+
+
+def pki_dir_from(inventory: Inventory) -> Path:
+    """The controller's etcd PKI: pdstack_etcd_pki_dir (relative: to the inventory's
+    directory), else pki/ next to the inventory."""
+    value = inventory.all_vars().get(PKI_DIR_VAR) or "pki"
+    path = Path(str(value))
+    return path if path.is_absolute() else inventory.path.parent / path
 
 
 def _address(host: str, inventory: Inventory) -> str:

@@ -226,15 +226,62 @@ class Router(Strict):
     host: Host = "0.0.0.0"
     port: Port = 8000
     metrics_port: Port = 29000
-    # The fleet restart lock on the first [router] host (docs/operations.md, "One restart at a
-    # time"): its port, and how long a holder may go without renewing before it counts as dead.
-    lock_port: Port = 8790
-    lock_ttl_s: float = Field(default=30.0, ge=3, le=3600)
     policy: Literal[
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"
     health_check_interval_secs: int = Field(default=10, ge=1)
     extra_args: Args = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lock_moved_to_etcd(cls, data: object) -> object:
+        # The home-made lock server is gone (issue 19): say where its settings went.
+        if isinstance(data, dict):
+            for key, instead in MOVED_ROUTER_KEYS.items():
+                if key in data:
+                    raise ValueError(
+                        f"router.{key} is gone: the restart lock is a lease in etcd now; "
+                        f"remove it ({instead})"
+                    )
+        return data
+
+
+# Router keys of the lock server that issue 19 replaced with the etcd store, and what to use.
+MOVED_ROUTER_KEYS = {
+    "lock_port": "the store listens on etcd.client_port, 2379, on the [etcd] hosts",
+    "lock_ttl_s": "set etcd.lock_ttl_s",
+}
+
+
+class Etcd(Strict):
+    """The coordination store on the inventory's [etcd] hosts (docs/operations.md, "The
+    coordination store"): the restart lock's lease, the gateways' liveness keys, the history."""
+
+    client_port: Port = 2379
+    peer_port: Port = 2380
+    # Plain HTTP, /metrics and /health only: Prometheus scrapes it without a client cert.
+    metrics_port: Port = 2381
+    lock_ttl_s: float = Field(
+        default=15.0, ge=3, le=3600, description="A lock holder that stops renewing loses it."
+    )
+    gateway_ttl_s: float = Field(
+        default=15.0, ge=3, le=3600, description="A gateway whose host stops renewing is gone."
+    )
+    snapshot_interval_s: int = Field(
+        default=3600, ge=60, description="How often each member saves an etcdctl snapshot."
+    )
+    snapshot_keep: int = Field(default=24, ge=1, description="Snapshots kept per member.")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Etcd:
+        ports = {"client_port": self.client_port, "peer_port": self.peer_port,
+                 "metrics_port": self.metrics_port}  # fmt: skip
+        if len(set(ports.values())) < len(ports):
+            raise ValueError(
+                "client_port, peer_port and metrics_port must differ (one etcd listens on all "
+                f"three): got {', '.join(f'{k}={v}' for k, v in ports.items())}"
+            )
+        return self
 
 
 class HostOverride(Strict):
@@ -261,6 +308,7 @@ class Profile(Strict):
     hardware: Hardware
     layout: Layout
     router: Router = Router()
+    etcd: Etcd = Etcd()
     hosts: dict[str, HostOverride] = Field(default_factory=dict)
     planner: Planner = Planner()
     sim: dict[SimKey, str | int | float] = Field(

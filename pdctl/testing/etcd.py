@@ -1,6 +1,8 @@
 """A real etcd (Debian's etcd-server) of one or more members on free local ports, for tests
 and benchmarks that need the coordination store: each member a process of its own, stopped
 and started again by PID (its data directory kept), to lose and regain quorum on purpose.
+With `tls=True`, mutual TLS as roles/pdstack_etcd configures a member, with the certificates
+`pdctl etcd pki` makes (the coord then names the controller's).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Member:
     peer_url: str
     data_dir: Path
     log: Path
+    metrics_url: str = ""  # plain HTTP /metrics and /health (--listen-metrics-urls)
     proc: subprocess.Popen[bytes] | None = None
 
 
@@ -40,6 +43,7 @@ class LocalEtcd:
     cluster: str  # --initial-cluster
     coord: TopologyCoord
     token: str = field(default="pdstack-test")
+    pki: Path | None = None  # with TLS: the PKI directory (pdctl.coord.pki)
 
     def start(self, i: int) -> None:
         m = self.members[i]
@@ -55,6 +59,10 @@ class LocalEtcd:
             f"--initial-cluster-token={self.token}",
             "--log-outputs=stderr",
         ]
+        if m.metrics_url:
+            argv.append(f"--listen-metrics-urls={m.metrics_url}")
+        if self.pki is not None:
+            argv += _tls_args(self.pki, m.name)
         with m.log.open("ab") as out:
             m.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
@@ -76,7 +84,7 @@ class LocalEtcd:
         for m in self.members:
             while m.proc is not None:
                 with contextlib.suppress(requests.RequestException, ValueError):
-                    r = requests.get(f"{m.client_url}/health", timeout=1)
+                    r = requests.get(f"{m.metrics_url or m.client_url}/health", timeout=1)
                     if r.json().get("health") == "true":
                         break
                 if m.proc.poll() is not None or time.monotonic() > deadline:
@@ -90,30 +98,39 @@ def local_etcd(
     size: int = 1,
     lock_ttl_s: float = LOCK_TTL_S,
     gateway_ttl_s: float = LOCK_TTL_S,
+    tls: bool = False,
 ) -> Iterator[LocalEtcd]:
     """An etcd cluster of `size` members in `workdir` (their data and logs), all started."""
     if shutil.which(ETCD) is None:
         raise RuntimeError("no etcd on PATH: apt-get install etcd-server (scripts/setup.sh)")
     workdir.mkdir(parents=True, exist_ok=True)
+    scheme = "https" if tls else "http"
     members = [
         Member(
             f"m{i}",
-            f"http://127.0.0.1:{free_port()}",
-            f"http://127.0.0.1:{free_port()}",
+            f"{scheme}://127.0.0.1:{free_port()}",
+            f"{scheme}://127.0.0.1:{free_port()}",
             workdir / f"m{i}",
             workdir / f"m{i}.log",
+            f"http://127.0.0.1:{free_port()}",
         )
         for i in range(size)
     ]
+    files = {"ca_file": "", "cert_file": "", "key_file": ""}
+    pki_dir = workdir / "pki" if tls else None
+    if pki_dir is not None:
+        from pdctl.coord import pki
+
+        pki.ensure(pki_dir, [pki.Member(m.name, "127.0.0.1") for m in members], ["local"])
+        files = pki.controller_tls(pki_dir)
     coord = TopologyCoord(
         endpoints=[m.client_url for m in members],
-        ca_file="",
-        cert_file="",
-        key_file="",
         lock_ttl_s=lock_ttl_s,
         gateway_ttl_s=gateway_ttl_s,
+        **files,
     )
-    etcd = LocalEtcd(members, ",".join(f"{m.name}={m.peer_url}" for m in members), coord)
+    cluster = ",".join(f"{m.name}={m.peer_url}" for m in members)
+    etcd = LocalEtcd(members, cluster, coord, pki=pki_dir)
     try:
         for i in range(size):
             etcd.start(i)
@@ -122,3 +139,17 @@ def local_etcd(
     finally:
         for i in range(size):
             etcd.stop(i)
+
+
+def _tls_args(pki_dir: Path, name: str) -> list[str]:
+    """Mutual TLS on the client and peer listeners, as pdctl.render.etcd_args gives them."""
+    from pdctl.coord import pki
+
+    cert, key = pki.member_paths(pki_dir, name)
+    ca = pki.ca_paths(pki_dir)[0]
+    return [
+        "--client-cert-auth", f"--cert-file={cert}", f"--key-file={key}",
+        f"--trusted-ca-file={ca}",
+        "--peer-client-cert-auth", f"--peer-cert-file={cert}", f"--peer-key-file={key}",
+        f"--peer-trusted-ca-file={ca}",
+    ]  # fmt: skip

@@ -228,8 +228,8 @@ def testhost_factory() -> Iterator[Callable[..., TestHost]]:
 @dataclass
 class TestFleet:
     """Test hosts NAME1..NAMEn on one bridge (``testhost fleet-up``) with one inventory:
-    [pd_hosts] all, [router] the first two, [monitoring] the first. ``ssh_config`` reaches them
-    all (``ssh -F``, ``PDCTL_SSH_CONFIG``)."""
+    [pd_hosts] all, [router] the first two, [monitoring] the first, [etcd] all (n odd).
+    ``ssh_config`` reaches them all (``ssh -F``, ``PDCTL_SSH_CONFIG``)."""
 
     __test__ = False
 
@@ -269,10 +269,11 @@ def start_fleet(name: str, size: int = 2) -> TestFleet:
     )
 
 
-# Per module: its 8 engines and 2 gateways do not keep running through the other tests.
+# Per module: its 12 engines, 2 gateways and 3 etcd members do not keep running through the
+# other tests. Three hosts: the store's HA layout (a member on each).
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[TestFleet]:
-    f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl"))
+    f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl"), size=3)
     yield f
     if os.environ.get("PDSTACK_TESTHOST_KEEP") != "1":
         f.down()

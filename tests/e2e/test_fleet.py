@@ -1,15 +1,17 @@
-"""site.yml over a fleet: two test hosts on one bridge, one inventory, deploy/profiles/
-sim-fleet.yml (two pairs per host on two pretend NUMA nodes, a gateway on both hosts).
+"""site.yml over a fleet: three test hosts on one bridge, one inventory, deploy/profiles/
+sim-fleet.yml (two pairs per host on two pretend NUMA nodes, a gateway on hosts 1 and 2, an
+etcd member of the coordination store on every host).
 
 In file order: the first converge, the second run (nothing changes on any host), requests
-through the first host's gateway served by every pair of both hosts, `pdctl status` of the
-whole fleet from the controller; then restarts across the fleet: a config change rolled under
-load one pair at a time over both hosts with no failed request, the fleet restart lock
-refusing a second restarter (the controller) while a host restarts, naming the holder, a pair
-whose prefill and decode are on different hosts (KV through NIXL between them), and last the
-second host cut off the bridge in the middle of a roll (site.yml fails naming it, its lease
-goes stale and is taken over with a warning by a restart on host 1, which then stops nothing
-because host 2's gateway cannot be drained; its drained pair stays visible), then put back.
+through the first host's gateway served by every pair of every host, `pdctl status` of the
+whole fleet from the controller, every store member healthy over TLS from the controller; then
+restarts across the fleet: a config change rolled under load one pair at a time over all hosts
+with no failed request, the fleet restart lock (a lease in etcd) refusing a second restarter
+(the controller) while a host restarts, naming the holder, a pair whose prefill and decode are
+on different hosts (KV through NIXL between them), and last the second host cut off the bridge
+in the middle of a roll (site.yml fails naming it; its lease ends with its renewals, and its
+gateway's liveness key with them, so a restart on host 1 goes on without that gateway, naming
+it; host 2's drained pair stays visible), then put back.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 FLEET_PROFILE = ROOT / "deploy" / "profiles" / "sim-fleet.yml"
 PAIRS_PER_HOST = 2
+FLEET_SIZE = 3  # conftest's fleet fixture: three etcd members, gateways on hosts 1 and 2
 REQUESTS_PER_PAIR = 2
 PROBES = ("/metrics", "/health", "/health_generate")
 PAIRS = ("pd0", "pd1")
@@ -92,13 +95,13 @@ def test_second_run_changes_nothing_on_any_host(fleet_site: Site) -> None:
     print(f"second run: {run.seconds:.0f}s")
 
 
-def test_first_gateway_routes_to_every_pair_on_both_hosts(fleet_site: Site) -> None:
+def test_first_gateway_routes_to_every_pair_on_every_host(fleet_site: Site) -> None:
     dep = fleet_site.deployment()
     first = dep["gateway"]["url"]
     wait_ready(first)
     instances = [i["inst"] for h in dep["hosts"].values() for i in h["instances"]]
-    assert len({i["id"].split("/")[0] for i in instances}) == 2
-    assert len(instances) == 2 * PAIRS_PER_HOST * 2
+    assert len({i["id"].split("/")[0] for i in instances}) == FLEET_SIZE
+    assert len(instances) == FLEET_SIZE * PAIRS_PER_HOST * 2
     before = {i["url"]: _served(i["url"]) for i in instances}
     n_pairs = len(instances) // 2
     for n in range(n_pairs * REQUESTS_PER_PAIR):
@@ -115,7 +118,7 @@ def test_first_gateway_routes_to_every_pair_on_both_hosts(fleet_site: Site) -> N
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] == "length"
     served = {i["id"]: _served(i["url"]) - before[i["url"]] for i in instances}
-    # Round robin over equal counts: every prefill and every decode of both hosts served.
+    # Round robin over equal counts: every prefill and every decode of every host served.
     assert all(v >= 1 for v in served.values()), served
 
 
@@ -166,6 +169,22 @@ def test_pdctl_status_from_the_controller_shows_the_fleet(
     )
     assert table.returncode == 0, table.stdout + table.stderr
     assert "2 gateways" in table.stdout and all(h in table.stdout for h in hosts), table.stdout
+
+
+def test_every_store_member_is_healthy_over_tls_from_the_controller(
+    fleet_site: Site, fleet: TestFleet
+) -> None:
+    from pdctl.coord.health import member_health
+    from pdctl.ops.source import controller_topology
+    from pdctl.spec import load_deployment
+
+    coord = controller_topology(load_deployment(fleet.inventory, fleet_site.profile)).coord
+    assert coord is not None and len(coord.endpoints) == FLEET_SIZE
+    members = member_health(coord)
+    assert all(m.healthy for m in members), members
+    assert sum(bool(m.leader) for m in members) == 1, members
+    doctor = controller_pdctl(fleet, fleet_site.profile, "doctor", "--format", "json")
+    assert "live-etcd" not in doctor.stdout, doctor.stdout[-3000:]
 
 
 # ----- restarts across the fleet ------------------------------------------------------------
@@ -253,10 +272,12 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def lease(site: Site) -> dict[str, Any] | None:
-    """The fleet restart lock's lease (its server's GET /lease, open like /readiness)."""
-    url = site.deployment()["gateway"]["lock"]["url"]
-    got: dict[str, Any] | None = requests.get(f"{url}/lease", timeout=5).json()["lease"]
+def lease(host: TestHost) -> dict[str, Any] | None:
+    """The fleet restart lock's holder (`pdctl lock show` on `host`, from etcd), None if free."""
+    r = host.ssh(f"{PDCTL} lock show --format json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    got: dict[str, Any] | None = shown["holder"] if shown["held"] else None
     return got
 
 
@@ -269,7 +290,7 @@ def serving(fleet: TestFleet, *pair_ids: str) -> bool:
 def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
     fleet_site: Site, fleet: TestFleet
 ) -> None:
-    first, second = fleet.hosts
+    first, second = fleet.hosts[:2]
     # Both pairs of the first host: one lease held long enough for the two commands below.
     mine = [f"{first.name}/{p}" for p in PAIRS]
     theirs = f"{second.name}/pd1"
@@ -282,7 +303,7 @@ def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
         stderr=subprocess.PIPE,
     )
     try:
-        held = wait_for(lambda: lease(fleet_site), 60, "the first host's restart to take the lock")
+        held = wait_for(lambda: lease(first), 60, "the first host's restart to take the lock")
         # From the controller, for a pair of the other host, not waiting; and its status.
         with ThreadPoolExecutor(2) as pool:
             refusing = pool.submit(
@@ -297,13 +318,13 @@ def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
         out, err = holder.communicate(timeout=600)
     assert holder.returncode == 0, out[-3000:] + err[-3000:]
     what = f"pdctl restart --both {' '.join(mine)}"
-    assert held["host"] == first.name and held["what"] == what, held
+    assert held["host"] == first.name and held["command"] == what, held
     assert refused.returncode == 3, refused.stdout[-3000:] + refused.stderr[-3000:]
     assert f"{first.name} PID {held['pid']} {what}" in refused.stderr, refused.stderr
     shown = json.loads(status.stdout)["restart_lock"]
-    assert shown["held"] and shown["host"] == first.name and not shown["stale"], shown
+    assert shown["held"] and shown["host"] == first.name, shown
     assert shown["pid"] == held["pid"] and shown["command"] == what, shown
-    assert lease(fleet_site) is None
+    assert lease(first) is None
     assert serving(fleet, *mine, theirs)
     print(f"contended lock: {time.monotonic() - start:.0f}s")
 
@@ -373,10 +394,10 @@ def gateway_urls(gateway: str) -> set[str]:
 
 
 # Last: it cuts the second host off the bridge, then puts it back.
-def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
+def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_visible(
     fleet_site: Site, fleet: TestFleet, tmp_path: Path
 ) -> None:
-    first, second = fleet.hosts
+    first, second = fleet.hosts[:2]
     dep = fleet_site.deployment()
     gateway = dep["gateway"]["url"]
     urls = {
@@ -385,6 +406,7 @@ def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
     lost = f"{second.name}/pd0"  # host 2's first pair in the roll
     lost_urls = {urls[f"{lost}-{r}"] for r in names.ROLES}
     link = f"vb-{second.name}"  # the host side of its veth on the fleet's bridge
+    ttl = yaml.safe_load(FLEET_PROFILE.read_text()).get("etcd", {}).get("lock_ttl_s", 15)
     start = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         roll = pool.submit(fleet_site.run, profile=_profile(tmp_path / "changed.yml", 2048))
@@ -394,57 +416,37 @@ def test_a_host_lost_mid_roll_leaves_a_stale_lock_and_its_pair_visible(
             f"{lost} drained at {gateway}",
         )
         assert not roll.done(), roll.result().output[-4000:]
+        held = lease(first)
+        assert held and held["host"] == second.name and lost in held["command"], held
         subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=30)
         try:
             run = roll.result(timeout=CONVERGE_TIMEOUT + 60)
             print(f"roll with host 2 cut off: {run.seconds:.0f}s")
             assert run.result.returncode != 0, run.output[-4000:]
             assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
-            # host 2's pdctl can renew its lease no more: it goes stale, host 2 still named.
-            held = lease(fleet_site)
-            assert held and held["host"] == second.name and lost in held["what"], held
-            wait_for(
-                lambda: (got := lease(fleet_site)) and got["stale"],
-                held["ttl_s"] + 30,
-                "the lease of host 2's restart to go stale",
-            )
-            shown = host_status(first)["restart_lock"]
-            assert shown["stale"] and shown["host"] == second.name, shown
-            assert lost in shown["command"], shown
-            # The next restarter takes the stale lease over, saying from whom, and then refuses
-            # to stop anything: a gateway (host 2's) cannot be drained.
-            engines = f"systemctl show -p MainPID --value {' '.join(_units(PAIRS))}"
-            pids = first.ssh(engines, check=True).stdout
+            # Hosts 1 and 3 keep the store's quorum; host 2's renewals stop, so its lease (the
+            # lock) ends within the ttl, and so does its gateway's liveness key.
+            wait_for(lambda: lease(first) is None, ttl + 30, "host 2's lease to end")
+            # The next restart goes on without host 2's gateway (no key: gone), naming it.
             took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
-            assert took.returncode != 0, took.stdout[-3000:] + took.stderr[-3000:]
-            assert f"took over the fleet restart lock from {second.name} PID" in took.stderr, (
-                took.stderr
-            )
-            assert "nothing was stopped" in took.stderr, took.stderr[-3000:]
-            assert first.ssh(engines, check=True).stdout == pids
-            assert not lease(fleet_site), "the refused restart left the lease held"
+            assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
+            gone = f"gateway {dep['gateway']['urls'][second.name]} is gone"
+            assert gone in took.stderr, took.stderr[-3000:]
+            assert lease(first) is None, "the restart left the lock held"
             status = host_status(first)
             pairs = {p["id"]: p["gateway"] for p in status["pairs"]}
             assert all(pairs[f"{first.name}/{p}"] == "routed" for p in PAIRS), pairs
-            # host 2's pair out of the gateway is shown, not hidden, and says why.
+            # host 2's pair out of the gateway is shown, not hidden.
             assert pairs[lost] == "not routed", pairs
-            gone = [i for i in status["instances"] if i["id"].startswith(f"{second.name}/")]
-            assert len(gone) == 2 * PAIRS_PER_HOST, status["instances"]
-            assert all(i["health"] != "ok" for i in gone), gone
+            lost_side = [i for i in status["instances"] if i["id"].startswith(f"{second.name}/")]
+            assert len(lost_side) == 2 * PAIRS_PER_HOST, status["instances"]
+            assert all(i["health"] != "ok" for i in lost_side), lost_side
         finally:
             subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=30)
     print(f"host lost mid-roll: {time.monotonic() - start:.0f}s")
-    # Back on the bridge, host 2 reaches host 1's lock server again once its neighbour
-    # entries, failed while it was cut off, resolve anew (a fresh-clone CI run's restart came
-    # a moment too early: "does not answer (ConnectionError)", exit 5).
-    lock = dep["gateway"]["lock"]["url"]
-    wait_for(
-        lambda: second.ssh(f"curl -s -o /dev/null -m 2 {lock}/lease").returncode == 0,
-        60,
-        f"host 2 to reach the lock server at {lock}",
-    )
-    # The drained pair restarts into the gateway (host 2's old pdctl, its lease taken over,
-    # exits first: wait for its host lock).
+    # Back on the bridge, host 2 reaches the store again once its neighbour entries, failed
+    # while it was cut off, resolve anew.
+    wait_for(lambda: second.ssh(f"{PDCTL} lock show").returncode == 0, 60, "host 2 to reach etcd")
     back = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     wait_for(lambda: serving(fleet, lost), 120, f"{lost} serving again")

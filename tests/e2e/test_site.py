@@ -156,6 +156,71 @@ def test_topology_file_reads_back_on_the_host(site: Site) -> None:
     assert read.stdout.split() == [dep.router_url, "1"]
 
 
+ETCDCTL = (
+    f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={names.ETCD_CA} "
+    f"--cert={names.ETCD_CLIENT_CERT} --key={names.ETCD_CLIENT_KEY}"
+)
+
+
+def test_the_store_member_is_healthy_over_tls_with_the_hosts_client_certificate(
+    site: Site,
+) -> None:
+    host = site.host
+    assert host.ssh(f"systemctl is-active {names.ETCD_UNIT}").stdout.strip() == "active"
+    # Debian's own unit stays masked: its member would listen unsecured on 2379.
+    assert host.ssh("systemctl is-enabled etcd.service").stdout.strip() == "masked"
+    health = host.ssh(f"{ETCDCTL} endpoint health", check=True)
+    assert "is healthy" in health.stdout + health.stderr
+    put = host.ssh(
+        f"{ETCDCTL} put /pdstack/e2e ok && {ETCDCTL} get --print-value-only /pdstack/e2e"
+    )
+    assert put.stdout.split() == ["OK", "ok"], put.stderr
+    modes = host.ssh(f"stat -c '%n %a %U' {names.ETCD_TLS_DIR}/*", check=True).stdout.split("\n")
+    keys = [line for line in modes if line.split(" ")[0].endswith(".key")]
+    assert keys and all(line.endswith(" 600 root") for line in keys), modes
+    # The controller, through the firewall, with its own certificate from the PKI directory.
+    from pdctl.coord import health as store_health
+    from pdctl.ops import source
+
+    coord = source.load(topology.PATH, host.inventory, site.profile).topology.coord
+    assert coord is not None
+    (member,) = store_health.member_health(coord)
+    assert member.healthy and member.leader, member
+
+
+def test_the_store_refuses_a_client_without_a_certificate(site: Site) -> None:
+    url = "https://127.0.0.1:2379/health"
+    bare = site.host.ssh(f"curl -sS -m 5 --cacert {names.ETCD_CA} {url}")
+    assert bare.returncode != 0, bare.stdout
+    good = site.host.ssh(
+        f"curl -sS -m 5 --cacert {names.ETCD_CA} --cert {names.ETCD_CLIENT_CERT} "
+        f"--key {names.ETCD_CLIENT_KEY} {url}",
+        check=True,
+    )
+    assert '"health":"true"' in good.stdout
+
+
+def test_the_store_firewall_lets_in_only_the_inventory(site: Site) -> None:
+    table = site.host.ssh("nft list table inet pdstack_etcd", check=True).stdout
+    dep = site.deployment()
+    ports = [dep["etcd"][k] for k in ("client_port", "peer_port", "metrics_port")]
+    assert "elements = { " + ", ".join(map(str, ports)) + " }" in table, table
+    assert dep["etcd"]["addresses"][0] in table
+    assert 'iif "lo" accept' in table and "reject with tcp reset" in table
+
+
+def test_the_snapshot_timer_saves_snapshots(site: Site) -> None:
+    timer = names.ETCD_SNAPSHOT_UNIT.replace(".service", ".timer")
+    assert site.host.ssh(f"systemctl is-active {timer}").stdout.strip() == "active"
+    site.host.ssh(f"systemctl start {names.ETCD_SNAPSHOT_UNIT}", check=True)
+    listed = site.host.ssh(f"ls {names.ETCD_SNAPSHOT_DIR}", check=True).stdout.split()
+    assert listed and all(re.fullmatch(r"snapshot-[0-9]{8}T[0-9]{6}Z\.db", n) for n in listed)
+    status = site.host.ssh(
+        f"etcdctl snapshot status -w json {names.ETCD_SNAPSHOT_DIR}/{listed[-1]}", check=True
+    )
+    assert '"totalKey"' in status.stdout
+
+
 def test_completion_flows_through_the_gateway_over_the_pd_path(site: Site) -> None:
     dep = site.deployment()
     wait_ready(dep["gateway"]["url"])
@@ -275,6 +340,25 @@ def test_preflight_failure_stops_before_the_host_changes(
     assert "pdctl" in run.output and message in run.output, run.output[-4000:]
     assert "TASK [pdstack_engine" not in run.result.stdout, "the play went past preflight"
     assert site.host.ssh(SNAPSHOT).stdout == before
+
+
+def test_preflight_refuses_a_store_data_directory_of_another_cluster(site: Site) -> None:
+    marker = names.ETCD_CLUSTER_MARKER
+    saved = site.host.ssh(f"cat {marker}", check=True).stdout
+    site.host.ssh(f"echo pdstack-someoneelse > {marker}", check=True)
+    try:
+        before = site.host.ssh(SNAPSHOT).stdout
+        run = site.run()
+        assert run.result.returncode != 0
+        assert (
+            f"{site.host.name}: {names.ETCD_DATA_DIR} holds the data of another etcd cluster"
+            in (run.output)
+        ), run.output[-4000:]
+        assert "pdstack-someoneelse" in run.output
+        assert "TASK [pdstack_engine" not in run.result.stdout
+        assert site.host.ssh(SNAPSHOT).stdout == before
+    finally:
+        site.host.ssh(f"printf %s {saved.strip()} > {marker}; echo >> {marker}", check=True)
 
 
 def test_preflight_refuses_ports_held_by_another_service(site: Site) -> None:

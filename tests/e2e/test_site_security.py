@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 # The highest exposure (systemd-analyze security, on the host's own systemd) per unit kind;
 # tests/unit/test_unit_hardening.py checks the same limits offline for every unit.
-LIMITS = {"engine": 4.0, "gateway": 3.0, "recover": 5.0, "firewall": 5.0}
+LIMITS = {"engine": 4.0, "gateway": 3.0, "recover": 5.0, "firewall": 5.0, "store": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,9 @@ def test_firewall_allow_list_and_off_switch(site: Site, converged: dict[str, Any
         site.run("-e", allow).assert_ok()
         assert requests.get(url, timeout=10).status_code == 200
         site.run("-e", "pdstack_engine_firewall=false").assert_ok()
-        assert "pdstack" not in host.ssh("nft list tables", check=True).stdout
+        tables = host.ssh("nft list tables", check=True).stdout
+        # The engines' table is gone; the store's own (inet pdstack_etcd) is another role's.
+        assert not re.search(r"^table inet pdstack$", tables, re.M), tables
         assert requests.get(url, timeout=10).status_code == 200
         gone = host.ssh("ls /etc/systemd/system/pdstack-firewall.service /etc/pdstack/firewall.nft")
         assert gone.stdout == "" and gone.returncode != 0
@@ -117,11 +119,12 @@ def test_hardened_units_run_within_their_exposure(site: Site, converged: dict[st
         converged["gateway"]["unit"]: "gateway",
         f"pdstack-recover@{pair}.service": "recover",
         "pdstack-firewall.service": "firewall",
+        "pdstack-etcd.service": "store",
     }
     scores = {unit: _exposure(host, unit) for unit in units}
     print(json.dumps(scores))
     assert all(scores[u] <= LIMITS[kind] for u, kind in units.items()), scores
-    running = [u for u, kind in units.items() if kind in ("engine", "gateway", "firewall")]
+    running = [u for u, kind in units.items() if kind in ("engine", "gateway", "firewall", "store")]
     active = host.ssh(f"systemctl is-active {' '.join(running)}").stdout.split()
     assert active == ["active"] * len(running)
 

@@ -45,9 +45,9 @@ def test_ssh_rejects_passwords(testhost: TestHost) -> None:
 
 def test_inventory_groups(testhost: TestHost) -> None:
     text = testhost.inventory.read_text()
-    for group in ("[pd_hosts]", "[router]", "[monitoring]"):
+    for group in ("[pd_hosts]", "[router]", "[monitoring]", "[etcd]"):
         assert group in text
-    result = testhost.ansible("pd_hosts:&router:&monitoring", "--list-hosts")
+    result = testhost.ansible("pd_hosts:&router:&monitoring:&etcd", "--list-hosts")
     assert result.returncode == 0, result.stderr
     assert testhost.name in result.stdout
 

@@ -30,6 +30,7 @@ import yaml
 from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.rules_source import render_rules
 from pdctl.sim.scheduler_prefill import forces_prefill_retry
+from pdctl.testing.etcd import local_etcd
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
 from pdctl.topology import dump
 from tests.conftest import require_tool
@@ -225,7 +226,10 @@ def live(
     topo_file = tmp_path / "topology.yaml"
     topo = stack_topology(prefill, decode, gateway, prefill_gpus=(0, 1), decode_gpus=(2, 3))
     topo_file.write_text(dump(topo))
-    ports = {"exporter": free_port(), "node": free_port()}
+    store = contextlib.ExitStack()
+    etcd = store.enter_context(local_etcd(tmp_path / "etcd", tls=True))  # scraped as a member
+    metrics_port = int(etcd.members[0].metrics_url.rsplit(":", 1)[1])
+    ports = {"exporter": free_port(), "node": free_port(), "etcd": metrics_port}
     exporter_log = tmp_path / "exporter.log"
     procs = [
         start_exporter(
@@ -246,11 +250,12 @@ def live(
     ]
     try:
         config = render_prometheus_config(tmp_path / "prom", topo, HOST, ports, RULE_OVERRIDES)
-        with running_prometheus(config, tmp_path, targets_up=5) as prom:
+        with running_prometheus(config, tmp_path, targets_up=6) as prom:
             yield Live(prom, gateway, prefill, decode, procs[0], exporter_log)
     finally:
         for proc in procs:
             stop_pid(proc)
+        store.close()
 
 
 def unseen_names(prom: Prometheus, expr: str) -> set[str]:

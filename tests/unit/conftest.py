@@ -30,9 +30,15 @@ def shipped() -> Callable[[str], dict[str, Any]]:
 
 
 def inventory_text(
-    hosts: list[str], router: str | None = None, profile: str = "profile.yml"
+    hosts: list[str],
+    router: str | None = None,
+    profile: str = "profile.yml",
+    etcd: str | None = None,
 ) -> str:
-    lines = ["[pd_hosts]", *hosts, "", "[router]", router or hosts[0], ""]
+    """[etcd] defaults to the [router] hosts; `etcd=""` leaves the group empty."""
+    router = router or hosts[0]
+    lines = ["[pd_hosts]", *hosts, "", "[router]", router, ""]
+    lines += ["[etcd]", *([router] if etcd is None else [etcd] if etcd else []), ""]
     return "\n".join([*lines, "[all:vars]", f"pdstack_profile={profile}", ""])
 
 
@@ -41,18 +47,21 @@ WriteDeployment = Callable[..., Path]
 
 @pytest.fixture
 def write_deployment(tmp_path: Path) -> WriteDeployment:
-    """write(profile_dict_or_text, hosts=[...], router=None) -> the inventory path.
+    """write(profile_dict_or_text, hosts=[...], router=None, etcd=None) -> the inventory path.
 
     The inventory names profile.yml next to it, so `pdctl validate -i <path>` finds both.
     """
 
     def write(
-        profile: dict[str, Any] | str, hosts: list[str] | None = None, router: str | None = None
+        profile: dict[str, Any] | str,
+        hosts: list[str] | None = None,
+        router: str | None = None,
+        etcd: str | None = None,
     ) -> Path:
         text = profile if isinstance(profile, str) else yaml.safe_dump(profile, sort_keys=False)
         (tmp_path / "profile.yml").write_text(text)
         inventory = tmp_path / "inventory.ini"
-        inventory.write_text(inventory_text(hosts or ["gpu-node-1"], router))
+        inventory.write_text(inventory_text(hosts or ["gpu-node-1"], router, etcd=etcd))
         return inventory
 
     return write

@@ -158,3 +158,31 @@ def test_every_router_host_gets_a_gateway_and_its_own_register_line(tmp_path: Pa
     }
     topo = data["topology"]
     assert "host: gpu-node-2\n  url: http://10.0.0.12:8000" in topo
+
+
+THREE_HOSTS = ROOT / "deploy" / "examples" / "three-hosts-ha.ini"
+
+
+def test_three_hosts_ha_validates_clean_and_names_the_store_for_the_role() -> None:
+    dep = load_deployment(THREE_HOSTS)
+    assert lint(dep) == []
+    etcd = filters.pdstack_deployment(str(THREE_HOSTS), "../profiles/reference.yml")["etcd"]
+    assert list(etcd["members"]) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
+    assert etcd["initial_cluster"] == (
+        "gpu-node-1=https://10.0.0.11:2380,gpu-node-2=https://10.0.0.12:2380,"
+        "gpu-node-3=https://10.0.0.13:2380"
+    )
+    assert etcd["pki_args"] == [
+        "--member=gpu-node-1=10.0.0.11", "--member=gpu-node-2=10.0.0.12",
+        "--member=gpu-node-3=10.0.0.13",
+        "--client=gpu-node-1", "--client=gpu-node-2", "--client=gpu-node-3",
+    ]  # fmt: skip
+    assert etcd["pki_dir"] == str(THREE_HOSTS.parent / "pki")
+    lines = etcd["members"]["gpu-node-2"]["command_lines"]
+    # One flag a line, mutual TLS on both listeners, the member's own advertised URLs.
+    assert lines[0] == "/usr/bin/etcd"
+    for flag in ("--client-cert-auth", "--peer-client-cert-auth"):
+        assert flag in lines
+    assert "--advertise-client-urls https://10.0.0.12:2379" in lines
+    assert "--listen-metrics-urls http://0.0.0.0:2381" in lines
+    assert "--key-file /run/credentials/pdstack-etcd.service/member.key" in lines

@@ -181,14 +181,17 @@ def test_the_plugin_gives_the_roles_every_filter() -> None:
         assert plugin[name] is fn, name
 
 
-def test_listen_ports_of_engine_and_gateway_hosts(tmp_path: Path) -> None:
+def test_listen_ports_of_engine_gateway_and_store_hosts(tmp_path: Path) -> None:
     dep = filter_plugin().pdstack_deployment(str(two_gateways_inventory(tmp_path)), str(REFERENCE))
-    gw = dep["gateway"]
+    gw, etcd = dep["gateway"], dep["etcd"]
     first, second = dep["hosts"]
-    assert set(gw["urls"]) == {first, second}
-    for host in (first, second):
+    assert set(gw["urls"]) == {first, second} and list(etcd["members"]) == [first]
+    store = [etcd["client_port"], etcd["peer_port"], etcd["metrics_port"]]
+    for host, more in ((first, store), (second, [])):
         engines = dep["hosts"][host]["ports"]
-        assert converge.listen_ports(dep, host) == [*engines, gw["port"], gw["metrics_port"]]
+        assert converge.listen_ports(dep, host) == [
+            *engines, gw["port"], gw["metrics_port"], *more,
+        ]  # fmt: skip
     assert converge.listen_ports(dep, "monitoring-1") == []
 
 

@@ -37,13 +37,11 @@ def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
     argv = restart["ansible.builtin.command"]["argv"]
     assert "'restart', '--both', '--yes'" in argv and "/bin/pdctl" in argv
     assert restart["throttle"] == 1  # one host at a time; pdctl: one pair at a time
-    # Through the fleet restart lock, waited for; without it only before its unit exists.
+    # Always through the fleet restart lock in etcd (the store play runs before the engines),
+    # waited for.
     assert "'--lock-wait', pdstack_engine_restart_lock_wait" in argv
-    assert "([] if __pdstack_engine_lock_unit.stat.exists else ['--no-fleet-lock'])" in argv
-    find = _handler("Find the fleet restart lock")
-    assert find["delegate_to"] == "{{ _pdstack_engine_dep.gateway.lock.host }}"
-    assert find["register"] == "__pdstack_engine_lock_unit"
-    assert find["when"] == restart["when"]
+    assert "--no-fleet-lock" not in argv
+    assert not [h for h in _handlers() if "gateway.lock" in str(h)]
     assert _handler("Stop at the first pair")["any_errors_fatal"] is True
 
 

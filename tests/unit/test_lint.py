@@ -43,6 +43,8 @@ class Case:
     router: str | None = None  # inventory [router] host for the good case
     routers: str | None = None  # inventory [router] hosts (one a line) for both cases
     extra: dict[str, Any] = field(default_factory=dict)  # edits applied to both
+    etcd: str | None = None  # inventory [etcd] hosts (one a line) for the bad case
+    etcd_good: str | None = None  # and for the good case
 
 
 RDMA = {"hardware.rdma_nics": ["mlx5_0"]}
@@ -72,8 +74,10 @@ CASES = [
          "layout.pairs[0].decode.numa_node"),
     Case("port-collision", {"router.metrics_port": 30001}, {"router.metrics_port": 30001},
          "router.metrics_port", router="ctl-1"),
-    Case("port-collision", {"router.lock_port": 8000}, {"router.lock_port": 8001},
-         "router.lock_port"),
+    Case("port-collision", {"etcd.client_port": 8000}, {"etcd.client_port": 8001},
+         "etcd.client_port"),
+    Case("port-collision", {"etcd.metrics_port": 30000}, {"etcd.metrics_port": 30000},
+         "etcd.metrics_port", etcd="gpu-node-1", etcd_good="etcd-1"),
     Case("port-collision", {f"{DECODE}.port": 8998}, {f"{DECODE}.port": 8999},
          "layout.pairs[0].decode.port"),
     Case("pair-mismatch", {"engine.decode.page_size": 64}, {"engine.common.page_size": 64},
@@ -149,6 +153,11 @@ CASES = [
          extra={"engine.common.env.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}),
     Case("router-host-shared", {"router.host": "10.0.0.11"}, {"router.host": "0.0.0.0"},
          "router.host: 0.0.0.0", routers="ctl-1\nctl-2"),
+    Case("etcd-members", {}, {}, "add an [etcd] group", etcd="", etcd_good="gpu-node-1"),
+    Case("etcd-members", {}, {}, "[etcd]: 3 or 5 hosts", etcd="e1\ne2\ne3\ne4",
+         etcd_good="e1\ne2\ne3"),
+    Case("etcd-two-members", {}, {}, "[etcd]: add a third host", etcd="e1\ne2",
+         etcd_good="e1\ne2\ne3"),
 ]  # fmt: skip
 
 
@@ -158,7 +167,9 @@ def _findings(dep: Deployment, rule: str) -> list[Finding]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
 def test_rule_trips_on_bad_profile(case: Case, load: Load, shipped: Shipped) -> None:
-    dep = load(edit(edit(shipped(case.base), case.extra), case.bad), router=case.routers)
+    dep = load(
+        edit(edit(shipped(case.base), case.extra), case.bad), router=case.routers, etcd=case.etcd
+    )
     found = _findings(dep, case.rule)
     assert found, f"{case.rule} did not fire; got {[f.id for f in lint(dep)]}"
     severity = next(r.severity for r in RULES if r.id == case.rule)
@@ -170,7 +181,9 @@ def test_rule_trips_on_bad_profile(case: Case, load: Load, shipped: Shipped) -> 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
 def test_rule_passes_near_miss(case: Case, load: Load, shipped: Shipped) -> None:
     dep = load(
-        edit(edit(shipped(case.base), case.extra), case.good), router=case.router or case.routers
+        edit(edit(shipped(case.base), case.extra), case.good),
+        router=case.router or case.routers,
+        etcd=case.etcd_good,
     )
     assert not _findings(dep, case.rule)
 

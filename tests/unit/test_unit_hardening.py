@@ -27,6 +27,8 @@ LIMITS = {
     "pd-exporter.service": 3.0,
     "pdstack-recover@.service": 5.0,
     "pdstack-firewall.service": 5.0,
+    names.ETCD_UNIT: 3.0,
+    names.ETCD_SNAPSHOT_UNIT: 4.0,  # root: it reads the host's client key
 }
 
 
@@ -64,6 +66,33 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
         **common, rules_file=f"{names.CONFIG_DIR}/firewall.nft"
+    )
+    etcd = render.jinja_env(ROLES / "pdstack_etcd" / "templates")
+    files[names.ETCD_UNIT] = etcd.get_template("etcd.service.j2").render(
+        **common,
+        member=dep.etcd[0].name,
+        command_lines=render.etcd_command_lines(dep, dep.etcd[0]),
+        cluster_token="pdstack-0123456789abcdef",
+        cluster_state="new",
+        credentials=render.ETCD_CREDENTIAL_FILES,
+        user="etcd",
+        state_name=Path(names.ETCD_DATA_DIR).name,
+        firewall=True,
+        rules_file=f"{names.CONFIG_DIR}/etcd-firewall.nft",
+        table="pdstack_etcd",
+        documentation=names.documentation(),
+    )
+    files[names.ETCD_SNAPSHOT_UNIT] = etcd.get_template(f"{names.ETCD_SNAPSHOT_UNIT}.j2").render(
+        **common,
+        script="/usr/local/sbin/pdstack-etcd-snapshot",
+        snapshot_dir=names.ETCD_SNAPSHOT_DIR,
+        keep=24,
+        endpoint="https://127.0.0.1:2379",
+        ca=names.ETCD_CA,
+        cert=names.ETCD_CLIENT_CERT,
+        key=names.ETCD_CLIENT_KEY,
+        member_unit=names.ETCD_UNIT,
+        documentation=names.documentation(),
     )
     exporter = render.jinja_env(ROLES / "pdstack_exporter" / "templates")
     files["pd-exporter.service"] = exporter.get_template("pd-exporter.service.j2").render(
@@ -171,8 +200,9 @@ def _unit_tasks() -> list[tuple[Path, dict[str, Any]]]:
 def test_every_unit_file_a_role_writes_is_validated() -> None:
     tasks = _unit_tasks()
     names = {t["name"] for _, t in tasks}
-    # Engines, pair targets, recovery, firewall, gateway, fleet restart lock, pd-exporter.
-    assert len(tasks) == 7, names
+    # Engines, pair targets, recovery, firewall, gateway, fleet restart lock, pd-exporter, the
+    # store's member and its snapshot service and timer.
+    assert len(tasks) == 9, names
     for path, task in tasks:
         args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
         assert "pdstack_unit_verify" in str(args.get("validate", "")), f"{path}: {task['name']}"

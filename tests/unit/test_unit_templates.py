@@ -21,7 +21,7 @@ def _shared_lines() -> set[str]:
 
 
 def test_every_unit_template_calls_the_shared_hardening() -> None:
-    assert len(UNIT_TEMPLATES) == 6
+    assert len(UNIT_TEMPLATES) == 8  # with the store's member and snapshot units
     shared = _shared_lines()
     assert {"NoNewPrivileges=yes", "ProtectSystem=strict", "RestrictRealtime=yes"} <= shared
     for path in UNIT_TEMPLATES:
