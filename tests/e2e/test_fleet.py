@@ -27,6 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.pdclient import pair_canary
+from pdctl.spec.load import load_profile
 from pdctl.testing.stack import wait_until
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 FLEET_PROFILE = ROOT / "deploy" / "profiles" / "sim-fleet.yml"
+LOCK_TTL_S = load_profile(FLEET_PROFILE).etcd.lock_ttl_s
 PAIRS_PER_HOST = 2
 FLEET_SIZE = 3  # conftest's fleet fixture: three etcd members, gateways on hosts 1 and 2
 REQUESTS_PER_PAIR = 2
@@ -301,12 +304,7 @@ def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
     theirs = f"{second.name}/pd1"
     start = time.monotonic()
     pairs = " ".join(f"--pair {p}" for p in mine)
-    holder = subprocess.Popen(
-        first.ssh_argv(f"{PDCTL} restart --both {pairs} --yes"),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    holder = _background(first, f"{PDCTL} restart --both {pairs} --yes")
     try:
         held = wait_for(lambda: lease(first), 60, "the first host's restart to take the lock")
         # From the controller, for a pair of the other host, not waiting; and its status.
@@ -410,8 +408,6 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
     }
     lost = f"{second.name}/pd0"  # host 2's first pair in the roll
     lost_urls = {urls[f"{lost}-{r}"] for r in names.ROLES}
-    link = f"vb-{second.name}"  # the host side of its veth on the fleet's bridge
-    ttl = yaml.safe_load(FLEET_PROFILE.read_text()).get("etcd", {}).get("lock_ttl_s", 15)
     start = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         roll = pool.submit(fleet_site.run, profile=_profile(tmp_path / "changed.yml", 2048))
@@ -423,7 +419,7 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
         assert not roll.done(), roll.result().output[-4000:]
         held = lease(first)
         assert held and held["host"] == second.name and lost in held["command"], held
-        subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=30)
+        _cut(second, up=False)
         try:
             run = roll.result(timeout=CONVERGE_TIMEOUT + 60)
             print(f"roll with host 2 cut off: {run.seconds:.0f}s")
@@ -431,7 +427,7 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
             assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
             # Hosts 1 and 3 keep the store's quorum; host 2's renewals stop, so its lease (the
             # lock) ends within the ttl, and so does its gateway's liveness key.
-            wait_for(lambda: lease(first) is None, ttl + 30, "host 2's lease to end")
+            wait_for(lambda: lease(first) is None, LOCK_TTL_S + 30, "host 2's lease to end")
             # The next restart goes on without host 2's gateway (no key: gone), naming it.
             took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
             assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
@@ -447,11 +443,8 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
             assert len(lost_side) == 2 * PAIRS_PER_HOST, status["instances"]
             assert all(i["health"] != "ok" for i in lost_side), lost_side
         finally:
-            subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=30)
+            _cut(second, up=True)
     print(f"host lost mid-roll: {time.monotonic() - start:.0f}s")
-    # Back on the bridge, host 2 reaches the store again once its neighbour entries, failed
-    # while it was cut off, resolve anew.
-    wait_for(lambda: second.ssh(f"{PDCTL} lock show").returncode == 0, 60, "host 2 to reach etcd")
     back = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     wait_for(lambda: serving(fleet, lost), 120, f"{lost} serving again")
@@ -459,10 +452,27 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
 
 # ----- the store's faults (issue 19): quorum lost, a paused holder ----------------------
 def _cut(*hosts: TestHost, up: bool) -> None:
-    """Take the hosts' links to the fleet's bridge down (cut off) or up again."""
+    """Take the hosts' links to the fleet's bridge (the host side of their veths) down, or up
+    again; back up, wait (bounded) until the controller reaches each host and each host reaches
+    etcd: neighbour entries that failed while a host was cut off, on either side, take a few
+    seconds to resolve anew, and an ssh or a restart in that window fails on "No route to
+    host"."""
     for h in hosts:
         state = "up" if up else "down"
         subprocess.run(["ip", "link", "set", f"vb-{h.name}", state], check=True, timeout=30)
+    for h in hosts if up else ():
+        wait_for(partial(_reaches_etcd, h), 60, f"{h.name} back on the bridge")
+
+
+def _reaches_etcd(host: TestHost) -> bool:
+    return host.ssh(f"{PDCTL} lock show").returncode == 0
+
+
+def _background(host: TestHost, command: str) -> subprocess.Popen[str]:
+    """`command` on `host` over ssh, not waited for (its output kept for communicate())."""
+    return subprocess.Popen(
+        host.ssh_argv(command), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def _unit_state(host: TestHost, unit: str) -> str:
@@ -533,17 +543,15 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
     """SIGSTOP past the ttl: the controller's restart takes the lock; the paused restart,
     resumed while the controller holds it, stops before its next step and says why."""
     first, second, _ = fleet.hosts
-    ttl = yaml.safe_load(FLEET_PROFILE.read_text()).get("etcd", {}).get("lock_ttl_s", 15)
-    paused = subprocess.Popen(
-        first.ssh_argv(f"{PDCTL} restart --both --pair {first.name}/pd1 --yes"),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    paused = _background(first, f"{PDCTL} restart --both --pair {first.name}/pd1 --yes")
     try:
-        held = wait_for(lambda: lease(second), 60, "host 1's restart to take the lock")
+        held = wait_for(
+            lambda: (h := lease(second)) and h["host"] == first.name and h,
+            60,
+            "host 1's restart to take the lock",
+        )
         first.ssh(f"kill -STOP {held['pid']}", check=True)
-        wait_for(lambda: lease(second) is None, ttl + 30, "the paused holder's lease to end")
+        wait_for(lambda: lease(second) is None, LOCK_TTL_S + 30, "the paused holder's lease to end")
         with ThreadPoolExecutor(1) as pool:
             other = pool.submit(
                 controller_pdctl, fleet, fleet_site.profile,
