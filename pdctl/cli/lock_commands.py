@@ -9,19 +9,17 @@ from pathlib import Path
 
 import click
 
-from pdctl.cli.ops_commands import _ops, source_options
+from pdctl.cli.ops_commands import _source, source_options
 from pdctl.cli.options import format_option
 from pdctl.coord.history import History, Record
 from pdctl.coord.lock import Holder, RestartLock, holder_json
-from pdctl.coord.store import StoreUnavailable
 from pdctl.errors import PdctlError
+from pdctl.ops.context import store_of
 
 
 def _fleet_lock(topology_path: Path, inventory: Path, profile: Path | None) -> RestartLock:
-    ops = _ops(topology_path, inventory, profile)
-    if ops.fleet_lock is None:
-        raise StoreUnavailable("the topology names no etcd store (it predates it): run site.yml")
-    return ops.fleet_lock
+    store, c = store_of(_source(topology_path, inventory, profile))
+    return RestartLock(store, c.lock_ttl_s)
 
 
 def _clock(t: float) -> str:

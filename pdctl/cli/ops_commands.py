@@ -502,13 +502,12 @@ def heartbeat(topology_path: Path, inventory: Path, profile: Path | None, host: 
     import threading
 
     from pdctl.coord.gateways import heartbeat as keep_alive
+    from pdctl.ops.context import store_of
 
-    ops = _ops(topology_path, inventory, profile)
-    coord = ops.source.topology.coord
-    if ops.store is None or coord is None:
-        raise PdctlError("the topology names no etcd store (it predates it): run site.yml")
-    url = ops.source.topology.gateway(host).url
+    src = _source(topology_path, inventory, profile)
+    store, coord = store_of(src)
+    url = src.topology.gateway(host).url
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    keep_alive(ops.store, host, url, coord.gateway_ttl_s, stop, lambda line: click.echo(line))
+    keep_alive(store, host, url, coord.gateway_ttl_s, stop, lambda line: click.echo(line))

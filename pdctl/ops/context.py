@@ -82,6 +82,18 @@ def coord(source: Source) -> TopologyCoord | None:
     return c.model_copy(update=update) if update else c
 
 
+NO_STORE = "the topology names no etcd store (it predates it): run site.yml"
+
+
+def store_of(source: Source) -> tuple[Store, TopologyCoord]:
+    """The topology's store and its settings, for the commands that need nothing else (no
+    gateway key, no systemd); a topology written before etcd is refused like a store down."""
+    c = coord(source)
+    if c is None:
+        raise StoreUnavailable(NO_STORE)
+    return Store(c), c
+
+
 def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> RestartLock | None:
     """The fleet lock a restart must hold; None with --no-fleet-lock (`off`), said loudly.
     A topology without a store (written before etcd) is refused like an unreachable store."""
@@ -94,8 +106,8 @@ def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> RestartLoc
         return None
     if ops.fleet_lock is None:
         raise StoreUnavailable(
-            "the topology names no etcd store (it predates it): run site.yml, which installs "
-            "etcd on the [etcd] hosts and writes it; --no-fleet-lock restarts without it"
+            f"{NO_STORE}, which installs etcd on the [etcd] hosts and writes it; "
+            "--no-fleet-lock restarts without it"
         )
     return ops.fleet_lock
 
