@@ -104,14 +104,15 @@ def pair_findings(s: Status) -> list[Finding]:
         for g in s.gateways
         if not g.ready
     ]
-    for i in s.instances if s.gateway.ready else []:  # else the gateway's view is unknown
+    for i in s.instances if s.viewed_from else []:  # else no gateway's view is known
         pair = f"{i.instance.host}/{i.instance.pair}"
         if i.probe.healthy and i.gateway is None:
             out.append(
                 _warning(
                     "live-unregistered",
                     i.instance.id,
-                    "healthy but not registered with the gateway (no traffic)",
+                    f"healthy but not registered with the gateway at {s.viewed_from} (no "
+                    "traffic from it)",
                     f"pdctl restart --both --pair {pair}",
                 )
             )

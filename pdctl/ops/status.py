@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -36,7 +36,7 @@ class InstanceStatus:
     unit: UnitStatus | None
     unit_error: str | None
     probe: EngineProbe
-    gateway: GatewayWorker | None  # None: not registered
+    gateway: GatewayWorker | None  # at Status.viewed_from; None: not registered there
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,9 @@ class PairStatus:
     id: str
     target: str
     canary: CanaryResult
-    # routed: both sides ready in the gateway; drained: both engines answer /health but the
-    # gateway does not route to the pair (an interrupted restart, a failed one);
-    # not routed: out of the gateway with an engine down; None: the gateway did not answer.
+    # routed: both sides ready in every gateway that answers; drained: both engines answer
+    # /health but a gateway does not route to the pair (an interrupted restart, a failed one);
+    # not routed: out of a gateway with an engine down; None: no gateway answered.
     gateway: str | None = None
     pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
     recovery: str | None = None  # "recovery waiting: <why>" while its recovery waits
@@ -74,15 +74,13 @@ class GatewayStatus:
 class Status:
     instances: list[InstanceStatus]
     pairs: list[PairStatus]
-    gateway: GatewayStatus  # the first; the instance and pair views are its
+    gateways: list[GatewayStatus]  # in the topology's order
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
     lock_store: str | None = None  # where the fleet restart lock lives; None: this host's lock
-    others: list[GatewayStatus] = field(default_factory=list)  # every other gateway
-
-    @property
-    def gateways(self) -> list[GatewayStatus]:
-        return [self.gateway, *self.others]
+    # The gateway whose worker list the instances show (the first that listed its workers);
+    # None: no gateway listed them, so registration is unknown.
+    viewed_from: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -119,8 +117,11 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
         calls[f"gateway:{n}"] = lambda g=g, a=admin: _gateway(g.url, a, pairs)
     calls["lock"] = partial(_lock, ops)
     got = concurrently(calls, PROBE_WORKERS)
-    gw_status, workers = got["gateway:0"]
-    by_url = {w.url: w for w in workers or []}
+    gateways = [got[f"gateway:{n}"] for n in range(len(topo.gateways))]
+    # Each answering gateway's workers by URL: a pair is routed when every one routes it, and
+    # a gateway that is down (its host lost) leaves the others' view.
+    views = [(g.url, {w.url: w for w in workers}) for g, workers in gateways if workers is not None]
+    by_url = views[0][1] if views else {}
     instances = []
     for i in topo.instances:
         unit, unit_error = got[f"unit:{i.id}"]
@@ -134,17 +135,17 @@ def collect(ops: Ops, canary_count: int = 3) -> Status:
                 p.id,
                 p.spec.target,
                 got[f"canary:{p.id}"],
-                None if workers is None else _routing(p, by_url, got),
+                _routing(p, [v for _, v in views], got) if views else None,
                 pending.describe(*got[f"pending:{p.id}"]),
                 got[f"recover:{p.id}"],
             )
             for p in pairs
         ],
-        gateway=gw_status,
-        others=[got[f"gateway:{n}"][0] for n in range(1, len(topo.gateways))],
+        gateways=[g for g, _ in gateways],
         lock=got["lock"][0],
         lock_error=got["lock"][1],
         lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
+        viewed_from=views[0][0] if views else None,
     )
 
 
@@ -166,8 +167,10 @@ def _lock(ops: Ops) -> tuple[lock.Holder | None, str | None]:
         return None, str(e)
 
 
-def _routing(pair: Pair, by_url: dict[str, GatewayWorker], got: dict[str, Any]) -> str:
-    if all((w := by_url.get(i.url)) and w.status == "ready" for i in pair.instances):
+def _routing(pair: Pair, views: list[dict[str, GatewayWorker]], got: dict[str, Any]) -> str:
+    if all(
+        (w := by_url.get(i.url)) and w.status == "ready" for by_url in views for i in pair.instances
+    ):
         return "routed"
     up = all(got[f"probe:{i.id}"].healthy for i in pair.instances)
     return "drained" if up else "not routed"
@@ -231,7 +234,7 @@ def to_json(s: Status) -> dict[str, Any]:
             }
             for p in s.pairs
         ],
-        "gateway": asdict(s.gateway),
+        "gateway": asdict(s.gateways[0]),  # the first gateway, as before the list (scripts)
         "gateways": [asdict(g) for g in s.gateways],
         "restart_lock": {
             "held": s.lock is not None,

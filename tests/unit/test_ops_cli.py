@@ -216,7 +216,8 @@ def _status(ok: bool) -> Status:
     return Status(
         [InstanceStatus(inst, unit, None, probe, None)],
         [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
-        GatewayStatus("http://gw:8000", True, '{"status":"ready"}', CanaryResult(True, 1, 0, 0.01)),
+        [GatewayStatus("http://gw:8000", True, "ready", CanaryResult(True, 1, 0, 0.01))],
+        viewed_from="http://gw:8000",
     )
 
 

@@ -572,7 +572,8 @@ def _status(
     return Status(
         insts,
         [PairStatus(f"node-a/{p}", f"pdstack-{p}.target", canary) for p in pairs],
-        GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01)),
+        [GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01))],
+        viewed_from="http://gw",
     )
 
 
@@ -912,6 +913,52 @@ def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
     assert [p["drained"] for p in pairs] == [False, True, False]
 
 
+def test_collect_reads_routing_from_every_gateway_that_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first gateway's host lost: routing comes from the others, not None; a pair that
+    one answering gateway does not route is drained there, whatever another says."""
+    from pdctl.ops import status
+
+    t = topo(hosts=("node-a", "node-b"), pairs=("pd0",))
+    everyone = [i.url for i in t.instances]
+    routes = {"http://10.0.1.1:8000": everyone, "http://10.0.2.1:8000": everyone[2:]}
+
+    class Down(FakeGateway):
+        headers: ClassVar[dict[str, str]] = {}
+
+        def readiness(self) -> tuple[bool, str]:
+            raise gateway.GatewayError("connection timed out")
+
+    class Listing(Down):
+        def readiness(self) -> tuple[bool, str]:
+            return True, "ready"
+
+        def workers(self) -> list[GatewayWorker]:
+            return [GatewayWorker(u, u, "?", "ready", True, 0) for u in routes[self.url]]
+
+    def collect(*others: str) -> status.Status:
+        router = t.router.model_dump()
+        more = [{**router, "host": f"gw{n}", "url": u} for n, u in enumerate(others)]
+        fleet = Topology.model_validate({**t.model_dump(), "gateways": [router, *more]})
+        ops = Ops(Source(fleet, None), lambda _h: FakeSystemd(), Down(t.router.url))  # type: ignore[arg-type]
+        ops.other_gateways = [Listing(u) for u in others]  # type: ignore[misc]
+        return status.collect(ops, 1)
+
+    ok = CanaryResult(True, 1, 0, 0.01)
+    monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
+    s = collect("http://10.0.1.1:8000")
+    assert s.viewed_from == "http://10.0.1.1:8000"
+    assert [g.ready for g in s.gateways] == [False, True]
+    assert [p.gateway for p in s.pairs] == ["routed", "routed"]
+    assert all(i.gateway is not None for i in s.instances)
+    # A third gateway routes only node-b's pair: node-a's pair is drained.
+    s = collect("http://10.0.1.1:8000", "http://10.0.2.1:8000")
+    assert [p.gateway for p in s.pairs] == ["drained", "routed"]
+
+
 def test_an_engine_answering_html_is_probed_without_a_crash(
     fake_http: Callable[..., Any],
 ) -> None:
@@ -1049,7 +1096,7 @@ def _fleet_status(lock_holder: lock.Holder | None = None) -> Status:
         for n, p in enumerate(t.pairs)
     ]
     gw = GatewayStatus("http://gateway.dc1.example.com:8000", True, "ready", ok)
-    return Status(insts, pairs, gw, lock_holder)
+    return Status(insts, pairs, [gw], lock_holder, viewed_from=gw.url)
 
 
 def _render(s: Status, width: int) -> list[str]:
