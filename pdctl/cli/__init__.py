@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from pdctl import __version__, errors
+from pdctl import __version__, program
 
 # command name -> "module:attribute" of its click command.
 COMMANDS = {
@@ -72,4 +72,4 @@ def cli() -> None:
 
 
 def main() -> None:
-    errors.run(cli, "pdctl")
+    program.run(cli, "pdctl")

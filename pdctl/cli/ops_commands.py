@@ -412,7 +412,13 @@ def recover(
     ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
     (pair,) = ops.source.select((pair_name,), False)
     limit = RateLimit(max_recoveries, window)
-    rep = run_recover(ops, pair, limit, RecoveryLog(state_path), lock_wait=lock_wait)
+    rep = run_recover(
+        ops,
+        pair,
+        limit,
+        RecoveryLog(state_path, warn=lambda line: _warn(f"Warning: {line}")),
+        lock_wait=lock_wait,
+    )
     _print_reports([rep], "table")
     sys.exit(0 if rep.ok else 1)
 

@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIServer
 import click
 from prometheus_client import CollectorRegistry, start_http_server
 
-from pdctl import errors, topology
+from pdctl import program, topology
 from pdctl.errors import PdctlError
 from pdctl.exporter.canary import Canary
 from pdctl.exporter.collector import PdCollector
@@ -141,4 +141,4 @@ def exporter(
 
 
 def main() -> None:
-    errors.run(exporter, "pd-exporter")
+    program.run(exporter, "pd-exporter")

@@ -4,11 +4,10 @@ restart lock, time limits."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
-
-import click
 
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
@@ -27,8 +26,9 @@ class Timeouts:
     poll: float = 0.5
 
 
-def _echo(line: str) -> None:
-    click.echo(line, err=True)
+def to_stderr(line: str) -> None:
+    """Progress and warnings: stderr, so that --format json on stdout stays clean."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Ops:
     gateway: GatewayAdmin  # the first gateway (topology.router)
     timeouts: Timeouts = field(default_factory=Timeouts)
     canary_count: int = 5
-    say: Callable[[str], None] = _echo  # progress lines (stderr, so --format json stays clean)
+    say: Callable[[str], None] = to_stderr  # progress lines (stderr, so --format json stays clean)
     other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
     # The coordination store (topology.coord) and the fleet restart lock in it; None:
     # restarts take only this host's lock.

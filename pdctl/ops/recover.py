@@ -25,13 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
 from pydantic import FiniteFloat, TypeAdapter, ValidationError
 
 from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
-from pdctl.ops.context import Ops
+from pdctl.ops.context import Ops, to_stderr
 from pdctl.ops.restart import Report, outcome, restart_pair
 from pdctl.ops.source import Pair
 
@@ -59,7 +58,7 @@ class RateLimit:
 
 
 def _warn(line: str) -> None:
-    click.secho(f"Warning: {line}", fg="yellow", err=True)
+    to_stderr(f"Warning: {line}")
 
 
 @contextlib.contextmanager

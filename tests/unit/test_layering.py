@@ -41,3 +41,14 @@ def test_runtime_module_imports_no_harness_or_sim(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+OPS = [m for m in RUNTIME if m.startswith(("pdctl.ops", "pdctl.coord"))]
+
+
+@pytest.mark.parametrize("module", OPS)
+def test_the_ops_layer_imports_no_cli_toolkit(module: str) -> None:
+    """ops takes plain values and raises pdctl's errors: prompts, colours and echo are cli's."""
+    code = f"import sys, {module}\nprint('click' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", f"{module} imports click"
