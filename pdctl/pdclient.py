@@ -68,6 +68,13 @@ def _pair_request(
     return error
 
 
+# Requests per pair canary, by purpose (docs/operations.md, "The pair canary"): a degraded pair
+# fails only a share of requests, so the more at stake, the more requests.
+CANARIES_STATUS = 3  # a view refreshed every few seconds: cheap
+CANARIES_VERIFY = 5  # after a restart's first passing one, before the pair takes traffic
+CANARIES_DOCTOR = 8  # a diagnosis: enough to find a pair failing one request in a few
+
+
 def pair_canary(
     prefill_url: str,
     decode_url: str,

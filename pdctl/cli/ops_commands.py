@@ -43,6 +43,7 @@ from pdctl.ops.restart import (
     restart_router,
 )
 from pdctl.ops.status import collect, to_json, view
+from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
 from pdctl.spec import Role
 from pdctl.topology import PATH as TOPOLOGY_PATH
 
@@ -112,7 +113,7 @@ def _ops(
 @click.option(
     "--canaries",
     type=click.IntRange(min=1),
-    default=3,
+    default=CANARIES_STATUS,
     show_default=True,
     help="Requests per pair canary (a degraded pair fails only a share).",
 )
@@ -316,7 +317,7 @@ def _confirm(yes: bool, targets: list[str], question: str) -> None:
 @click.option(
     "--canaries",
     type=click.IntRange(min=1),
-    default=8,
+    default=CANARIES_DOCTOR,
     show_default=True,
     help="Requests per pair canary; a degraded pair fails a share of them.",
 )

@@ -14,6 +14,7 @@ from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops.gateway import GatewayAdmin, api_key
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
+from pdctl.pdclient import CANARIES_VERIFY
 from pdctl.topology import TopologyCoord
 
 
@@ -37,7 +38,7 @@ class Ops:
     systemd_for: Callable[[str], Systemd]
     gateway: GatewayAdmin  # the first gateway (topology.router)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    canary_count: int = 5
+    canary_count: int = CANARIES_VERIFY
     say: Callable[[str], None] = to_stderr  # progress lines (stderr, so --format json stays clean)
     other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
     # The coordination store (topology.coord) and the fleet restart lock in it; None:

@@ -20,6 +20,7 @@ from pdctl.lint import Finding, Severity, lint
 from pdctl.ops.context import Ops
 from pdctl.ops.health import concurrently
 from pdctl.ops.status import InstanceStatus, Status, collect
+from pdctl.pdclient import CANARIES_DOCTOR
 from pdctl.spec import Role
 
 IDLE_KV_USAGE = 0.05  # KV share still held with nothing running or queued
@@ -290,7 +291,7 @@ def store_findings(ops: Ops) -> list[Finding]:
     ]
 
 
-def doctor(ops: Ops, canary_count: int = 8) -> tuple[list[Finding], Status]:
+def doctor(ops: Ops, canary_count: int = CANARIES_DOCTOR) -> tuple[list[Finding], Status]:
     dep = ops.source.deployment
     findings = lint(dep) if dep else []
     s = collect(ops, canary_count)

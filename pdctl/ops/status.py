@@ -21,7 +21,7 @@ from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
-from pdctl.pdclient import CanaryResult, gateway_canary, pair_canary
+from pdctl.pdclient import CANARIES_STATUS, CanaryResult, gateway_canary, pair_canary
 from pdctl.topology import TopologyInstance
 
 # Probes in flight at once. Status makes 2 per instance (unit, engine), 1 per pair (canary),
@@ -100,7 +100,7 @@ def _unit(ops: Ops, inst: TopologyInstance) -> tuple[UnitStatus | None, str | No
         return None, str(e)
 
 
-def collect(ops: Ops, canary_count: int = 3) -> Status:
+def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
     topo = ops.source.topology
     pairs = ops.source.pairs()
     calls: dict[str, Any] = {}
