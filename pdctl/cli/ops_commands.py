@@ -180,7 +180,9 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--prefill", is_flag=True, help="Prefill alone: refused without --force.")
 @click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
 @click.option(
-    "--router",
+    "--gateways",
+    "--router",  # its name before the gateways were many
+    "gateways",
     is_flag=True,
     help="Restart only the gateways, one at a time (they hold no state).",
 )
@@ -210,7 +212,7 @@ def restart(
     both: bool,
     prefill: bool,
     decode: bool,
-    router: bool,
+    gateways: bool,
     pairs: tuple[str, ...],
     all_pairs: bool,
     yes: bool,
@@ -245,13 +247,12 @@ def restart(
     Examples:
       pdctl restart --both --pair pd0
       pdctl restart --both --all --yes
-      pdctl restart --router
+      pdctl restart --gateways
     """
     sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
-    if sum([both, bool(sides), router]) != 1:
+    if sum([both, bool(sides), gateways]) != 1:
         raise PdctlError(
-            "say what to restart: --both (pairs), --router (the gateway), "
-            "or --prefill/--decode with --force"
+            "say what to restart: --both (pairs), --gateways, or --prefill/--decode with --force"
         )
     if sides and not force:
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
@@ -262,13 +263,13 @@ def restart(
     def locked(what: str) -> AbstractContextManager[lock.Acquired]:
         return lock.held(what, wait=lock_wait, say=ops.say, poll=ops.timeouts.poll, fleet=fleet)
 
-    if router:
+    if gateways:
         _confirm(
             yes,
             [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
             "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
-        with locked("pdctl restart --router") as got:
+        with locked("pdctl restart --gateways") as got:
             reports = restart_router(ops)
             got.record(outcome(reports))
     else:

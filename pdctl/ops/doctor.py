@@ -101,7 +101,7 @@ def pair_findings(s: Status) -> list[Finding]:
                 )
             )
     out += [
-        _error("live-gateway", g.url, f"gateway not ready: {g.detail}", "pdctl restart --router")
+        _error("live-gateway", g.url, f"gateway not ready: {g.detail}", "pdctl restart --gateways")
         for g in s.gateways
         if not g.ready
     ]

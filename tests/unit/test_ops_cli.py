@@ -143,8 +143,9 @@ def test_restart_both_confirms_listing_the_targets(
         assert "Aborted" in r.stderr
 
 
-def test_router_restarts_only_the_gateway(topo_file: Path, calls: Calls) -> None:
-    r = run("restart", "--router", "--yes", "--topology", str(topo_file))
+@pytest.mark.parametrize("flag", ["--gateways", "--router"])  # --router: its former name
+def test_gateways_restarts_only_the_gateways(topo_file: Path, calls: Calls, flag: str) -> None:
+    r = run("restart", flag, "--yes", "--topology", str(topo_file))
     assert r.exit_code == 0, r.stderr
     assert (calls.routers, calls.restarted, calls.singles) == (1, [], [])
 
@@ -155,7 +156,7 @@ def test_router_restarts_only_the_gateway(topo_file: Path, calls: Calls) -> None
         (["--both", "--pair", "pd9"], "unknown pair 'pd9'; valid pairs: node-a/pd0, node-a/pd1"),
         (["--both"], "name a pair with --pair NAME, or use --all"),
         (["--pair", "pd0"], "say what to restart: --both"),
-        (["--both", "--router", "--all"], "say what to restart"),
+        (["--both", "--gateways", "--all"], "say what to restart"),
     ],
 )
 def test_bad_selections_say_what_is_valid(
