@@ -117,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     topo, gw_url, servers = fleet(args.delay)
     systemd = SlowSystemd(args.delay)
-    ops = Ops(Source(topo, None), lambda _h: systemd, GatewayAdmin(gw_url))  # type: ignore[arg-type,return-value]
+    ops = Ops(Source(topo, None), lambda _h: systemd, [GatewayAdmin(gw_url)])  # type: ignore[arg-type,return-value]
     n = len(topo.instances)
     print(f"{n} engines, {len(topo.pairs)} pairs, every probe answer {args.delay:g} s")
     shipped = status.PROBE_WORKERS

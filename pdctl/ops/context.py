@@ -36,20 +36,14 @@ def to_stderr(line: str) -> None:
 class Ops:
     source: Source
     systemd_for: Callable[[str], Systemd]
-    gateway: GatewayAdmin  # the first gateway (topology.router)
+    gateways: list[GatewayAdmin]  # every gateway, in the topology's order: drain and register
     timeouts: Timeouts = field(default_factory=Timeouts)
     canary_count: int = CANARIES_VERIFY
     say: Callable[[str], None] = to_stderr  # progress lines (stderr, so --format json stays clean)
-    other_gateways: list[GatewayAdmin] = field(default_factory=list)  # topology.gateways[1:]
     # The coordination store (topology.coord) and the fleet restart lock in it; None:
     # restarts take only this host's lock.
     store: Store | None = None
     fleet_lock: RestartLock | None = None
-
-    @property
-    def gateways(self) -> list[GatewayAdmin]:
-        """Every gateway: drain and register act on all of them."""
-        return [self.gateway, *self.other_gateways]
 
     def systemd(self, host: str) -> Systemd:
         return self.systemd_for(host)
@@ -124,15 +118,13 @@ def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
         return cache[host]
 
     key = api_key()
-    first, *others = (GatewayAdmin(g.url, key) for g in source.topology.gateways)
     c = coord(source)
     st = Store(c) if c else None
     return Ops(
         source,
         systemd_for,
-        first,
+        [GatewayAdmin(g.url, key) for g in source.topology.gateways],
         timeouts or Timeouts(),
-        other_gateways=others,
         store=st,
         fleet_lock=RestartLock(st, c.lock_ttl_s) if st and c else None,
     )

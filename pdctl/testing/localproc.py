@@ -183,9 +183,8 @@ def local_ops(
     ops = Ops(
         Source(topo, None),
         lambda _host: systemd,
-        GatewayAdmin(gateway.url),
+        [GatewayAdmin(g.url) for g in (gateway, *others)],
         timeouts or Timeouts(health=60, canary=30),
-        other_gateways=[GatewayAdmin(g.url) for g in others],
         store=store,
         fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )

@@ -101,7 +101,7 @@ def two_pairs(
 
 
 def _registered(ops: Ops) -> set[str]:
-    return {w.url for w in ops.gateway.workers() if w.healthy and w.status == "ready"}
+    return {w.url for w in ops.gateways[0].workers() if w.healthy and w.status == "ready"}
 
 
 @pytest.fixture

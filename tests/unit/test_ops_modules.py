@@ -292,10 +292,9 @@ def fake_ops(sd: FakeSystemd, gw: FakeGateway, *others: FakeGateway) -> Ops:
     return Ops(
         Source(t, None),
         lambda _h: sd,
-        gw,  # type: ignore[arg-type]
+        [gw, *others],  # type: ignore[list-item]
         Timeouts(health=0.3, canary=0.3, poll=0.01),
         say=lambda _l: None,
-        other_gateways=list(others),  # type: ignore[arg-type]
     )
 
 
@@ -901,7 +900,7 @@ def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
     )
     monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
-    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), Listing())  # type: ignore[arg-type]
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), [Listing()])  # type: ignore[list-item]
     s = status.collect(ops, 1)
     assert [(p.id, p.gateway, p.drained) for p in s.pairs] == [
         ("node-a/pd0", "routed", False),
@@ -941,8 +940,8 @@ def test_collect_reads_routing_from_every_gateway_that_answers(
         router = t.router.model_dump()
         more = [{**router, "host": f"gw{n}", "url": u} for n, u in enumerate(others)]
         fleet = Topology.model_validate({**t.model_dump(), "gateways": [router, *more]})
-        ops = Ops(Source(fleet, None), lambda _h: FakeSystemd(), Down(t.router.url))  # type: ignore[arg-type]
-        ops.other_gateways = [Listing(u) for u in others]  # type: ignore[misc]
+        admins = [Down(t.router.url), *(Listing(u) for u in others)]
+        ops = Ops(Source(fleet, None), lambda _h: FakeSystemd(), admins)  # type: ignore[arg-type]
         return status.collect(ops, 1)
 
     ok = CanaryResult(True, 1, 0, 0.01)
@@ -1052,7 +1051,7 @@ def test_status_probes_run_at_once_and_bounded(
     engines = [fake_http(routes, delay=0.2, in_flight=in_flight) for _ in range(8)]
     gw = fake_http(routes, delay=0.2, in_flight=in_flight)
     t = _fleet_topology([e.url for e in engines], gw.url)
-    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), _ListingGateway())  # type: ignore[arg-type]
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), [_ListingGateway()])  # type: ignore[list-item]
     s = status.collect(ops, 1)
     assert s.lock is None and s.lock_error is None
     assert all(i.probe.healthy for i in s.instances) and all(p.canary.ok for p in s.pairs)
@@ -1063,7 +1062,7 @@ def test_status_probes_run_at_once_and_bounded(
     bounded = InFlight()
     engines = [fake_http(routes, delay=0.2, in_flight=bounded) for _ in range(8)]
     t = _fleet_topology([e.url for e in engines], gw.url)
-    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), _ListingGateway())  # type: ignore[arg-type]
+    ops = Ops(Source(t, None), lambda _h: FakeSystemd(), [_ListingGateway()])  # type: ignore[list-item]
     status.collect(ops, 1)
     assert 1 < bounded.peak <= 3 * 2
     assert sum(len(e.seen) for e in engines) == 8 * 2 + 4 * 2  # health+metrics, canary legs
@@ -1172,7 +1171,7 @@ def test_doctor_says_etcd_cannot_serve_the_lock_or_its_last_holder_lost_it(
     ops = Ops(
         Source(t, None),
         lambda _host: FakeSystemd(),
-        gateway.GatewayAdmin("http://gw"),
+        [gateway.GatewayAdmin("http://gw")],
         store=store,
         fleet_lock=RestartLock(store, 30),
     )

@@ -95,7 +95,7 @@ def test_status_shows_pending_in_table_and_json(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
     sd = FakeSystemd()
     sd.files[PD1] = MARKER
-    ops = Ops(Source(topo(), None), lambda _h: sd, Listing())  # type: ignore[arg-type]
+    ops = Ops(Source(topo(), None), lambda _h: sd, [Listing()])  # type: ignore[list-item]
     s = status.collect(ops, 1)
     assert s.healthy  # pending is news, not a fault: the pair serves on its old files
     pairs = status.to_json(s)["pairs"]
