@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.lint.keys import instance_key
 from pdctl.lint.launch_line import flag_values
 from pdctl.render import environment, launch_args, router_args
 from pdctl.spec import Deployment, Instance
@@ -116,3 +117,29 @@ def pair_routing(dep: Deployment) -> Iterator[Problem]:
         fix="router.policy: round_robin; drop --policy, --prefill-policy, --decode-policy, "
         "--prefill and --decode from router.extra_args",
     )
+
+
+@rule(
+    "group-tp-ratio",
+    Severity.ERROR,
+    "a prefill's and a decode's tp of one group that are not multiples of one another",
+)
+def group_tp_ratio(dep: Deployment) -> Iterator[Problem]:
+    # SGLang 0.5.23 lets a group's prefills and decodes differ in TP size: the decode maps its
+    # ranks onto the prefill's in CommonKVReceiver._resolve_rank_mapping
+    # (srt/disaggregation/common/conn.py) by integer division of the larger attention TP size
+    # by the smaller, so the two must divide. Members of one role may differ freely: a decode
+    # resolves each prefill's layout separately (prefill_info_table per bootstrap address).
+    for group in dep.groups():
+        for p in group.prefills:
+            for d in group.decodes:
+                big, small = max(p.tp, d.tp), min(p.tp, d.tp)
+                if big % small:
+                    yield Problem(
+                        where=group.id,
+                        message=f"{p.name} runs tp {p.tp} and {d.name} tp {d.tp}: SGLang maps "
+                        "a decode's TP ranks onto a prefill's by dividing one size by the "
+                        "other, so KV from one cannot land on the other",
+                        fix=f"{instance_key(dep, d, 'gpus')} or {instance_key(dep, p, 'gpus')}"
+                        ": make one tp a multiple of the other (equal is simplest)",
+                    )

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pdctl import names, topology
 from pdctl.render import environment, launch_args, render_instance
 from pdctl.spec import Deployment, Role
@@ -115,3 +117,58 @@ def test_roles_are_numbered_apart(load: Load, shipped: Shipped) -> None:
     group = dep.groups()[1]
     assert [i.member for i in group.prefills] == [0, 1]
     assert [(i.role, i.member) for i in group.decodes] == [(Role.DECODE, 0)]
+
+
+# ----- refused at load: one line naming the group, the member and the fix, nothing written -----
+def _group(**changes: Any) -> dict[str, Any]:
+    group = two_p_one_d({"hardware": {}, "layout": {}})["layout"]["groups"][0]
+    return {**group, **changes}
+
+
+P0 = {"numa_node": 0, "gpus": [2], "port": 30010, "bootstrap_port": 9010}
+D0 = {"numa_node": 0, "gpus": [4], "port": 30011}
+REFUSED = {
+    "no prefill": (
+        {"groups": [_group(prefill=[])]},
+        "layout.groups[0]: group 'g0' has no prefill: a group needs at least one prefill and one "
+        "decode; add one under prefill",
+    ),
+    "no decode": ({"groups": [_group(decode=[])]}, "group 'g0' has no decode"),
+    "duplicate group name": (
+        {"groups": [_group(), _group()]},
+        "layout.groups: duplicate group name 'g0'",
+    ),
+    "pair and group share a name": (
+        {"groups": [_group(name="pd0")]},
+        "layout: 'pd0' names both a pair and a group: rename one",
+    ),
+    "no pairs and no groups": ({"pairs": [], "groups": []}, "layout: no pairs and no groups"),
+    "prefill without bootstrap port": (
+        {"groups": [_group(prefill=[P0, {**P0, "bootstrap_port": None}])]},
+        "group 'g0' prefill[1]: bootstrap_port is required",
+    ),
+    "decode with bootstrap port": (
+        {"groups": [_group(decode=[{**D0, "bootstrap_port": 9000}])]},
+        "group 'g0' decode[0]: bootstrap_port is not used: only a prefill serves bootstrap",
+    ),
+    "member on another host": (
+        {"groups": [_group(decode=[{**D0, "host": "node-2"}])]},
+        "group 'g0' decode[0]: host 'node-2': groups across hosts are not supported yet; remove "
+        "host",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=str)
+def test_bad_group_is_refused_in_one_line(
+    case: str, pdctl: Callable[..., Any], write_deployment: Callable[..., Path], shipped: Shipped
+) -> None:
+    layout, expected = REFUSED[case]
+    profile = two_p_one_d(shipped("sim"))
+    profile["layout"] |= layout
+    inventory = write_deployment(profile)
+    run = pdctl("render", "-i", str(inventory))
+    assert run.exit_code == 2 and run.stdout == ""
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {inventory.parent / 'profile.yml'}: ")
+    assert expected in line, line
