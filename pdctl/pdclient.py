@@ -93,6 +93,30 @@ def pair_canary(
     )
 
 
+def group_canary(
+    legs: list[tuple[str, str, int]], count: int = 1, timeout: float = 10.0
+) -> CanaryResult:
+    """`count` requests through each (prefill URL, decode URL, bootstrap port) leg, one
+    result for all: a group's legs put every prefill and decode on a PD path (a pair has one
+    leg). With several legs the first failure names its leg."""
+    results = [pair_canary(p, d, port, count, timeout) for p, d, port in legs]
+    if len(results) == 1:
+        return results[0]
+    errors = [
+        f"{p} -> {d}: {r.error}" for (p, d, _), r in zip(legs, results, strict=True) if r.error
+    ]
+    latencies = [r.latency_s for r in results if r.latency_s is not None]
+    return CanaryResult(
+        all(r.ok for r in results),
+        sum(r.sent for r in results),
+        sum(r.failed for r in results),
+        max(latencies) if latencies else None,
+        errors[0] if errors else None,
+        sum(r.duration_s for r in results),
+        max(r.finished_at for r in results),
+    )
+
+
 def gateway_canary(
     gateway_url: str, headers: dict[str, str], timeout: float = 10.0
 ) -> CanaryResult:

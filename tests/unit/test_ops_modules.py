@@ -898,7 +898,7 @@ def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
     monkeypatch.setattr(
         status, "probe_engine", lambda url: EngineProbe(url, "HTTP 503" if url == down else "ok")
     )
-    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
     ops = Ops(Source(t, None), lambda _h: FakeSystemd(), Listing())  # type: ignore[arg-type]
     s = status.collect(ops, 1)
@@ -922,9 +922,9 @@ def test_an_engine_answering_html_is_probed_without_a_crash(
     # the restart's health wait takes it as healthy (/health is 200) and moves on
     ops = fake_ops(FakeSystemd(), FakeGateway())
     pair = ops.source.pairs()[0]
-    inst = pair.prefill.model_copy(update={"url": engine.url})
-    dec = pair.decode.model_copy(update={"url": engine.url})
-    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefill=inst, decode=dec))
+    inst = pair.prefills[0].model_copy(update={"url": engine.url})
+    dec = pair.decodes[0].model_copy(update={"url": engine.url})
+    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefills=(inst,), decodes=(dec,)))
 
 
 @pytest.mark.parametrize(
