@@ -14,7 +14,7 @@ import pytest
 from pdctl import pdclient
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
-from pdctl.ops.restart import plan_lines, register_pair, restart_pairs
+from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
@@ -65,6 +65,9 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
     assert [i.name for i in g0.instances] == ["g0-prefill0", "g0-prefill1", "g0-decode0"]
     bound = {w.url: w.pairing for w in ops.gateway.workers()}
     assert bound == {i.url: u.id for u in (pd0, g0) for i in u.instances}
+    # What the gateway unit runs at each start (pdctl gateway register) finds them bound.
+    (again,) = register_gateways(ops, (), 10)
+    assert set(again.workers.values()) == {"bound"} and len(again.workers) == 5
     assert "group local/g0" in "\n".join(plan_lines(ops, [g0]))
 
     legs: list[tuple[str, str]] = []

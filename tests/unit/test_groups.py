@@ -12,6 +12,7 @@ import pytest
 from pdctl import names, topology
 from pdctl.render import environment, launch_args, render_instance
 from pdctl.spec import Deployment, Role
+from tests.conftest import filter_plugin
 
 Load = Callable[..., Deployment]
 Shipped = Callable[[str], dict[str, Any]]
@@ -172,3 +173,24 @@ def test_bad_group_is_refused_in_one_line(
     (line,) = run.stderr.strip().splitlines()
     assert line.startswith(f"Error: {inventory.parent / 'profile.yml'}: ")
     assert expected in line, line
+
+
+def test_the_roles_get_a_group_as_one_unit(
+    write_deployment: Callable[..., Path], shipped: Shipped
+) -> None:
+    """filter_plugins/pdstack.py: one target with every member's unit (the roll, the stale
+    units, the recovery unit take it as they take a pair), every member's ports."""
+    inventory = write_deployment(two_p_one_d(shipped("sim")))
+    host = filter_plugin().pdstack_deployment(str(inventory), "profile.yml")["hosts"]["gpu-node-1"]
+    assert host["pairs"][1] == {
+        "pair": "g0",
+        "target": "pdstack-g0.target",
+        "units": [
+            names.engine_unit("g0", r, n)
+            for r, n in (("prefill", 0), ("prefill", 1), ("decode", 0))
+        ],
+    }
+    assert {9010, 9012, 30010, 30011, 30012} <= set(host["ports"])
+    (member,) = [i for i in host["instances"] if i["inst"]["name"] == "g0-prefill1"]
+    assert (member["inst"]["kind"], member["inst"]["group"]) == ("group", "g0")
+    assert member["env_file"] == "/etc/pdstack/g0-prefill1.env"
