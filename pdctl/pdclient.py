@@ -13,11 +13,15 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import requests
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -93,13 +97,24 @@ def pair_canary(
     )
 
 
+def legs(prefills: Sequence[T], decodes: Sequence[T]) -> list[tuple[T, T]]:
+    """(prefill, decode) couples that put every member of a pair or group on a PD path at
+    least once, one per member of the larger role: a pair's one; a 2P1D group's two, each
+    prefill with the decode."""
+    p, d = prefills, decodes
+    return [(p[n % len(p)], d[n % len(d)]) for n in range(max(len(p), len(d)))]
+
+
 def group_canary(
-    legs: list[tuple[str, str, int]], count: int = 1, timeout: float = 10.0
+    legs: list[tuple[str, str, int]],
+    count: int = 1,
+    timeout: float = 10.0,
+    session: requests.Session | None = None,
 ) -> CanaryResult:
     """`count` requests through each (prefill URL, decode URL, bootstrap port) leg, one
     result for all: a group's legs put every prefill and decode on a PD path (a pair has one
     leg). With several legs the first failure names its leg."""
-    results = [pair_canary(p, d, port, count, timeout) for p, d, port in legs]
+    results = [pair_canary(p, d, port, count, timeout, session) for p, d, port in legs]
     if len(results) == 1:
         return results[0]
     errors = [

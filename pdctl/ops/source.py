@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import topology
+from pdctl import pdclient, topology
 from pdctl.errors import PdctlError
 from pdctl.spec import Deployment, load_deployment
 from pdctl.topology import Topology, TopologyGroup, TopologyInstance, TopologyPair
@@ -34,10 +34,8 @@ class Pair:
         return (*self.prefills, *self.decodes)
 
     def legs(self) -> list[tuple[TopologyInstance, TopologyInstance]]:
-        """(prefill, decode) couples that put every member on a PD path at least once: a
-        pair's one; a 2P1D group's two, each prefill with the decode."""
-        p, d = self.prefills, self.decodes
-        return [(p[n % len(p)], d[n % len(d)]) for n in range(max(len(p), len(d)))]
+        """pdclient.legs: every prefill and every decode on one at least."""
+        return pdclient.legs(self.prefills, self.decodes)
 
     def canary_legs(self) -> list[tuple[str, str, int]]:
         """`legs` as pdclient.group_canary takes them."""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pdctl import names, topology
+from pdctl.exporter.targets import host_targets
 from pdctl.render import environment, launch_args, render_instance
 from pdctl.spec import Deployment, Role
 from tests.conftest import filter_plugin
@@ -194,3 +195,12 @@ def test_the_roles_get_a_group_as_one_unit(
     (member,) = [i for i in host["instances"] if i["inst"]["name"] == "g0-prefill1"]
     assert (member["inst"]["kind"], member["inst"]["group"]) == ("group", "g0")
     assert member["env_file"] == "/etc/pdstack/g0-prefill1.env"
+
+
+def test_the_exporter_canaries_every_member_of_a_group(load: Load, shipped: Shipped) -> None:
+    dep = load(two_p_one_d(shipped("sim")))
+    pair, group = host_targets(topology.from_deployment(dep), "gpu-node-1", {}).pairs
+    (p0, p1, d0) = (i.url for i in dep.groups()[1].instances)
+    assert pair.pair == "gpu-node-1/pd0" and len(pair.legs) == 1
+    assert group.pair == "gpu-node-1/g0"
+    assert group.legs == ((p0, d0, 9010), (p1, d0, 9012))
