@@ -31,7 +31,7 @@ from typing import Any
 from pdctl.ops.context import Timeouts
 from pdctl.ops.restart import register_pair, restart_pair, restart_pairs
 from pdctl.ops.source import Pair
-from pdctl.pdclient import pair_canary
+from pdctl.pdclient import group_canary
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -51,9 +51,7 @@ def first_success(pair: Pair, timeout: float = 120.0) -> float:
     """Monotonic time of the first request that passes through the pair's PD path."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pair_canary(
-            pair.prefill.url, pair.decode.url, pair.prefill.bootstrap_port or 0, timeout=10
-        ).ok:
+        if group_canary(pair.canary_legs(), timeout=10).ok:
             return time.monotonic()
         time.sleep(0.05)
     raise TimeoutError("the pair never served a request")
@@ -122,9 +120,9 @@ def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         (pair,) = ops.source.pairs()
         t0 = time.monotonic()
         units.stop(pair.spec.target)
-        units.start(pair.prefill.unit)
+        units.start(pair.prefills[0].unit)
         pairs[0].prefill.wait_healthy(120)
-        units.start(pair.decode.unit)
+        units.start(pair.decodes[0].unit)
         pairs[0].decode.wait_healthy(120)
         gw.stop()
         binary = smg_binary()

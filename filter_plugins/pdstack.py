@@ -33,7 +33,9 @@ def _instance(inst: Instance) -> dict[str, Any]:
         "id": inst.id,
         "name": inst.name,
         "role": inst.role.value,
-        "pair": inst.pair,
+        "pair": inst.group,  # the pair's or group's name: the roles' unit of restart
+        "group": inst.group,
+        "kind": inst.kind,
         "numa_node": inst.numa_node,
         "gpus": list(inst.gpus),
         "port": inst.port,
@@ -95,7 +97,7 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
     pairs: dict[str, dict[str, Any]] = {}
     for inst in host.instances:
         pair = pairs.setdefault(
-            inst.pair, {"pair": inst.pair, "target": inst.pair_target, "units": []}
+            inst.group, {"pair": inst.group, "target": inst.pair_target, "units": []}
         )
         pair["units"].append(inst.unit)
     return {

@@ -61,9 +61,13 @@ OPS_ENV_FILE = f"{CONFIG_DIR}/ops.env"
 # changed pair, the coordinated restart removes it. Root's folder: restarts delete in it as root.
 RESTART_PENDING_DIR = f"/var/lib/{PREFIX}-pending"
 
-# Globs over UNIT_DIR that catch every engine unit and pair target, ours or a former pair's.
-PAIR_UNIT_GLOBS = (*(f"{PREFIX}-*-{r}.service" for r in ROLES), f"{PREFIX}-*.target")
-_PAIR_UNIT = re.compile(rf"^{PREFIX}-(?P<pair>.+?)(?:-(?:{'|'.join(ROLES)})\.service|\.target)$")
+# Globs over UNIT_DIR that catch every engine unit and pair or group target, ours or a former
+# one's (a group member's unit carries its number after the role).
+PAIR_UNIT_GLOBS = (*(f"{PREFIX}-*-{r}*.service" for r in ROLES), f"{PREFIX}-*.target")
+_PAIR_UNIT = re.compile(
+    rf"^{PREFIX}-(?P<pair>.+?)"
+    rf"(?:-(?P<role>{'|'.join(ROLES)})(?P<member>[0-9]*)\.service|\.target)$"
+)
 
 
 def documentation() -> str:
@@ -71,15 +75,18 @@ def documentation() -> str:
     return " ".join(f"file://{INSTALL_DIR}/{doc}" for doc in DOCS)
 
 
-def instance_name(pair: str, role: str) -> str:
-    return f"{pair}-{role}"
+def instance_name(pair: str, role: str, member: int | None = None) -> str:
+    """`pd0-decode` for a pair's side (`member` None); `g0-prefill1` for a group's members,
+    numbered from 0 per role in the profile's order."""
+    return f"{pair}-{role}" if member is None else f"{pair}-{role}{member}"
 
 
-def engine_unit(pair: str, role: str) -> str:
-    return f"{PREFIX}-{instance_name(pair, role)}.service"
+def engine_unit(pair: str, role: str, member: int | None = None) -> str:
+    return f"{PREFIX}-{instance_name(pair, role, member)}.service"
 
 
 def pair_target(pair: str) -> str:
+    """A pair's or a group's target: every member is PartOf= it."""
     return f"{PREFIX}-{pair}.target"
 
 
@@ -93,8 +100,8 @@ def restart_pending(pair: str) -> str:
     return f"{RESTART_PENDING_DIR}/{pair}.json"
 
 
-def env_file(pair: str, role: str) -> str:
-    return f"{CONFIG_DIR}/{instance_name(pair, role)}.env"
+def env_file(pair: str, role: str, member: int | None = None) -> str:
+    return f"{CONFIG_DIR}/{instance_name(pair, role, member)}.env"
 
 
 def pair_files(pair: str) -> list[str]:
@@ -106,7 +113,7 @@ def pair_files(pair: str) -> list[str]:
 
 
 def pair_of_unit(unit: str) -> str | None:
-    """The pair an engine unit or pair target belongs to; None for any other unit."""
+    """The pair or group an engine unit or target belongs to; None for any other unit."""
     m = _PAIR_UNIT.match(unit)
     return m["pair"] if m else None
 
@@ -115,8 +122,9 @@ def stale_pairs(found_units: Iterable[str], keep: Iterable[str]) -> dict[str, li
     """Pairs with units on a host that the deployment no longer places there.
 
     `found_units`: unit file names found under UNIT_DIR (PAIR_UNIT_GLOBS); `keep`: the host's
-    pairs. Returns the stale `pairs`, the units to `stop` (targets first: PartOf= stops both
-    engines; then any engine still running) and the `files` to remove.
+    pairs and groups. Returns the stale `pairs` (and groups), the units to `stop` (targets
+    first: PartOf= stops their engines; then any engine still running) and the `files` to
+    remove: a pair's every file, and a group member's unit and env file as found.
     """
     found = list(dict.fromkeys(found_units))
     kept = set(keep)
@@ -128,5 +136,15 @@ def stale_pairs(found_units: Iterable[str], keep: Iterable[str]) -> dict[str, li
     return {
         "pairs": pairs,
         "stop": targets + engines,
-        "files": [f for p in pairs for f in pair_files(p)],
+        "files": [f for p in pairs for f in pair_files(p)] + _member_files(engines),
     }
+
+
+def _member_files(units: list[str]) -> list[str]:
+    """The unit and env file of each group member among `units` (pair_files has a pair's)."""
+    out = []
+    for unit in units:
+        m = _PAIR_UNIT.match(unit)
+        if m and m["member"]:
+            out += [f"{UNIT_DIR}/{unit}", env_file(m["pair"], m["role"], int(m["member"]))]
+    return out

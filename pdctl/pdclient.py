@@ -13,11 +13,15 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import requests
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,41 @@ def pair_canary(
                 error = error or err
     return CanaryResult(
         failed == 0, count, failed, worst, error, time.monotonic() - start, time.time()
+    )
+
+
+def legs(prefills: Sequence[T], decodes: Sequence[T]) -> list[tuple[T, T]]:
+    """(prefill, decode) couples that put every member of a pair or group on a PD path at
+    least once, one per member of the larger role: a pair's one; a 2P1D group's two, each
+    prefill with the decode."""
+    p, d = prefills, decodes
+    return [(p[n % len(p)], d[n % len(d)]) for n in range(max(len(p), len(d)))]
+
+
+def group_canary(
+    legs: list[tuple[str, str, int]],
+    count: int = 1,
+    timeout: float = 10.0,
+    session: requests.Session | None = None,
+) -> CanaryResult:
+    """`count` requests through each (prefill URL, decode URL, bootstrap port) leg, one
+    result for all: a group's legs put every prefill and decode on a PD path (a pair has one
+    leg). With several legs the first failure names its leg."""
+    results = [pair_canary(p, d, port, count, timeout, session) for p, d, port in legs]
+    if len(results) == 1:
+        return results[0]
+    errors = [
+        f"{p} -> {d}: {r.error}" for (p, d, _), r in zip(legs, results, strict=True) if r.error
+    ]
+    latencies = [r.latency_s for r in results if r.latency_s is not None]
+    return CanaryResult(
+        all(r.ok for r in results),
+        sum(r.sent for r in results),
+        sum(r.failed for r in results),
+        max(latencies) if latencies else None,
+        errors[0] if errors else None,
+        sum(r.duration_s for r in results),
+        max(r.finished_at for r in results),
     )
 
 

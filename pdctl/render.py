@@ -108,9 +108,12 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
             PDSIM_KV_BYTES_PER_TOKEN=str(model.kv_bytes_per_token),
         )
         if inst.role is Role.DECODE:
-            # The decode counts KV taken from any other prefill (docs/sim.md, cross-pair).
-            prefill = next(p for p, d in dep.pairs() if d == inst)
-            env["PDSIM_PAIR_PARTNER"] = f"{prefill.address}:{prefill.bootstrap_port}"
+            # The decode counts KV taken from a prefill outside its pair or group (docs/sim.md,
+            # cross-pair): a pair's one prefill, a group's every prefill, comma-separated.
+            group = next(g for g in dep.groups() if inst in g.decodes)
+            env["PDSIM_PAIR_PARTNER"] = ",".join(
+                f"{p.address}:{p.bootstrap_port}" for p in group.prefills
+            )
         env.update({k: str(v) for k, v in dep.profile.sim.items()})
     return env
 
@@ -240,8 +243,8 @@ def unit_context(inst: Instance, dep: Deployment) -> dict[str, Any]:
         "command": command(inst, dep),
         "command_lines": command_lines(inst, dep),
         "env": environment(inst, dep),
-        "env_file": names.env_file(inst.pair, inst.role.value),
-        "recover_unit": names.recover_unit(inst.pair),
+        "env_file": inst.env_file,
+        "recover_unit": names.recover_unit(inst.group),
         "documentation": names.documentation(),
         "state_dir": names.STATE_DIR,
         "user": names.SERVICE_USER,

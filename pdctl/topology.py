@@ -50,6 +50,16 @@ class TopologyPair(_Frozen):
     decode: str
 
 
+class TopologyGroup(_Frozen):
+    """A group with more than one prefill or decode (a 1P1D one is listed under `pairs`)."""
+
+    host: str
+    name: str
+    target: str
+    prefill: list[str]  # instance ids
+    decode: list[str]
+
+
 class TopologyRouter(_Frozen):
     host: str
     url: str
@@ -76,6 +86,8 @@ class Topology(_Frozen):
     engine: str  # sglang | sim
     instances: list[TopologyInstance]
     pairs: list[TopologyPair]
+    # Left out of the file when empty, so a pairs-only deployment writes what it always did.
+    groups: list[TopologyGroup] = []
     router: TopologyRouter
     gateways: list[TopologyRouter] = []  # router first; left out: [router]
     coord: TopologyCoord | None = None  # the etcd store; left out by pdstack before it
@@ -119,7 +131,7 @@ def _instance(inst: Instance) -> TopologyInstance:
         id=inst.id,
         host=inst.host,
         name=inst.name,
-        pair=inst.pair,
+        pair=inst.group,
         role=inst.role,
         unit=inst.unit,
         url=inst.url,
@@ -140,13 +152,32 @@ def from_deployment(dep: Deployment) -> Topology:
         )
         for g in dep.gateways
     ]
+    groups = dep.groups()
     return Topology(
         model=dep.profile.model.served_name,
         engine=dep.profile.engine.kind.value,
         instances=[_instance(i) for i in dep.instances],
         pairs=[
-            TopologyPair(host=p.host, name=p.pair, target=p.pair_target, prefill=p.id, decode=d.id)
-            for p, d in dep.pairs()
+            TopologyPair(
+                host=g.host,
+                name=g.name,
+                target=g.target,
+                prefill=g.prefills[0].id,
+                decode=g.decodes[0].id,
+            )
+            for g in groups
+            if g.is_1p1d
+        ],
+        groups=[
+            TopologyGroup(
+                host=g.host,
+                name=g.name,
+                target=g.target,
+                prefill=[i.id for i in g.prefills],
+                decode=[i.id for i in g.decodes],
+            )
+            for g in groups
+            if not g.is_1p1d
         ],
         router=gateways[0],
         gateways=gateways,
@@ -172,7 +203,8 @@ def _coord(dep: Deployment) -> TopologyCoord | None:
 
 def dump(topo: Topology) -> str:
     header = "# Written by site.yml (pdstack); read by pdctl on this host. Do not edit.\n"
-    return header + yaml.safe_dump(topo.model_dump(mode="json"), sort_keys=False)
+    data = topo.model_dump(mode="json", exclude=set() if topo.groups else {"groups"})
+    return header + yaml.safe_dump(data, sort_keys=False)
 
 
 def read(path: Path = PATH) -> Topology:
@@ -208,20 +240,26 @@ def read(path: Path = PATH) -> Topology:
 
 
 def _check_pairs(topo: Topology, file: str) -> None:
-    """Each pair names two instances of the file, with the roles it gives them."""
+    """Each pair and group names instances of the file, with the roles it gives them."""
     by_id = {i.id: i for i in topo.instances}
-    for n, p in enumerate(topo.pairs):
-        for role in (Role.PREFILL, Role.DECODE):
-            ref = getattr(p, role.value)
-            inst = by_id.get(ref)
-            if inst is None:
-                raise SpecError(
-                    file,
-                    f"pairs[{n}].{role.value}",
-                    f"names instance {ref!r}, which is not under instances "
-                    f"(instances: {', '.join(by_id) or 'none'})",
-                )
-            if inst.role is not role:
-                raise SpecError(
-                    file, f"pairs[{n}].{role.value}", f"{ref!r} is a {inst.role.value} instance"
-                )
+    refs = [
+        (f"pairs[{n}].{role.value}", role, getattr(p, role.value))
+        for n, p in enumerate(topo.pairs)
+        for role in (Role.PREFILL, Role.DECODE)
+    ] + [
+        (f"groups[{n}].{role.value}[{m}]", role, ref)
+        for n, g in enumerate(topo.groups)
+        for role in (Role.PREFILL, Role.DECODE)
+        for m, ref in enumerate(getattr(g, role.value))
+    ]
+    for where, role, ref in refs:
+        inst = by_id.get(ref)
+        if inst is None:
+            raise SpecError(
+                file,
+                where,
+                f"names instance {ref!r}, which is not under instances "
+                f"(instances: {', '.join(by_id) or 'none'})",
+            )
+        if inst.role is not role:
+            raise SpecError(file, where, f"{ref!r} is a {inst.role.value} instance")

@@ -275,7 +275,7 @@ def restart(
     else:
         chosen = ops.source.select(pairs, all_pairs)
         if sides:
-            insts = [getattr(p, s.value) for p in chosen for s in sides]
+            insts = [i for p in chosen for s in sides for i in p.instances if i.role is s]
             _confirm(
                 yes,
                 [f"{i.id} ({i.unit})" for i in insts],
@@ -294,7 +294,7 @@ def restart(
                 click.echo(line, err=True)
             _confirm(
                 yes,
-                [f"{p.id}: {p.prefill.unit} + {p.decode.unit}" for p in chosen],
+                [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
                 f"Restart {len(chosen)} pair(s) as above?",
             )
             with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:

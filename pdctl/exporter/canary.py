@@ -1,5 +1,5 @@
-"""The exporter's pair canary: every pair of this host probed in the background through its
-PD path (pdctl.pdclient.pair_canary, the probe pdctl status and restart use too)."""
+"""The exporter's pair canary: every pair and group of this host probed in the background
+through its PD paths (pdctl.pdclient.group_canary, the probe pdctl status uses too)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ from dataclasses import dataclass
 import requests
 
 from pdctl.exporter.statelog import StateLog
-from pdctl.pdclient import CanaryResult, pair_canary
+from pdctl.pdclient import CanaryResult, group_canary
 
 
 @dataclass(frozen=True)
 class PairTarget:
-    pair: str  # HOST/PAIR, the `pair` label everywhere
-    prefill_url: str
-    decode_url: str
-    bootstrap_port: int
+    pair: str  # HOST/PAIR (or HOST/GROUP), the `pair` label everywhere
+    # (prefill URL, decode URL, bootstrap port) per leg (pdclient.legs): a pair has one.
+    legs: tuple[tuple[str, str, int], ...]
 
 
 class Canary:
@@ -45,13 +44,7 @@ class Canary:
         with self._lock:
             targets = list(self.targets)
         for target in targets:
-            result = pair_canary(
-                target.prefill_url,
-                target.decode_url,
-                target.bootstrap_port,
-                timeout=self.timeout_s,
-                session=self._session,
-            )
+            result = group_canary(list(target.legs), timeout=self.timeout_s, session=self._session)
             # One line per failed canary, as pdstack_pair_canary_failures_total counts them.
             self.log.report(f"canary {target.pair}", result.error, every=True)
             with self._lock:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pdctl.errors import SpecError
 from pdctl.exporter.canary import PairTarget
 from pdctl.exporter.journal import JournalTarget
+from pdctl.pdclient import legs
 from pdctl.spec import Role
 from pdctl.topology import Topology, read
 
@@ -55,14 +56,21 @@ def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> H
             out.journals.append(
                 JournalTarget(inst.id, pair, inst.unit, journal_files.get(inst.name))
             )
-    for p in topo.pairs:
-        prefill, decode = by_id.get(p.prefill), by_id.get(p.decode)
-        if p.host != host or prefill is None or decode is None:
+    units = [(p.host, p.name, [p.prefill], [p.decode]) for p in topo.pairs] + [
+        (g.host, g.name, g.prefill, g.decode) for g in topo.groups
+    ]
+    for unit_host, name, prefill_ids, decode_ids in units:
+        prefills = [by_id[i] for i in prefill_ids if i in by_id]
+        decodes = [by_id[i] for i in decode_ids if i in by_id]
+        if unit_host != host or not prefills or not decodes:
             continue
-        if prefill.bootstrap_port is None:
+        if any(p.bootstrap_port is None for p in prefills):
             continue
         out.pairs.append(
-            PairTarget(pair_label(p.host, p.name), prefill.url, decode.url, prefill.bootstrap_port)
+            PairTarget(
+                pair_label(unit_host, name),
+                tuple((p.url, d.url, p.bootstrap_port or 0) for p, d in legs(prefills, decodes)),
+            )
         )
     return out
 

@@ -15,8 +15,11 @@ def instance_key(dep: Deployment, inst: Instance, field: str) -> str:
     prefix, layout = "layout", dep.profile.layout
     if override and override.layout:
         prefix, layout = f"hosts.{inst.host}.layout", override.layout
-    index = next(i for i, p in enumerate(layout.pairs) if p.name == inst.pair)
-    return f"{prefix}.pairs[{index}].{inst.role.value}.{field}"
+    if inst.member is None:
+        index = next(i for i, p in enumerate(layout.pairs) if p.name == inst.group)
+        return f"{prefix}.pairs[{index}].{inst.role.value}.{field}"
+    index = next(i for i, g in enumerate(layout.groups) if g.name == inst.group)
+    return f"{prefix}.groups[{index}].{inst.role.value}[{inst.member}].{field}"
 
 
 def hardware_key(dep: Deployment, host: str, field: str) -> str:

@@ -1,14 +1,16 @@
-"""A pair is a unit: its prefill and decode agree on everything the KV handover depends on,
-and the gateway keeps every request inside one pair."""
+"""A pair or group is a unit: its prefills and decodes agree on everything the KV handover
+depends on, and the gateway keeps every request inside one pair or group."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from pdctl.lint.finding import Problem, Severity, rule
+from pdctl.lint.keys import instance_key
 from pdctl.lint.launch_line import flag_values
 from pdctl.render import environment, launch_args, router_args
-from pdctl.spec import Deployment
+from pdctl.spec import Deployment, Instance
+from pdctl.spec.deployment import Group
 
 # Decode checks page size and kv dtype against prefill's registration and raises; a context
 # cap on one side only made decodes wait forever in a public report.
@@ -23,20 +25,36 @@ SHARED_FLAGS = {
 TIMEOUT_ENV_PREFIX = "SGLANG_DISAGGREGATION_"
 
 
+def _handovers(
+    dep: Deployment,
+) -> Iterator[tuple[Group, tuple[str, Instance], tuple[str, Instance]]]:
+    """Per pair or group, every other member against its first prefill, each with the label a
+    message gives it. The tuning is per role, so one reference finds any member that differs."""
+    for group in dep.groups():
+        first, *rest = group.instances
+        for other in rest:
+            yield group, (_label(group, first), first), (_label(group, other), other)
+
+
+def _label(group: Group, inst: Instance) -> str:
+    """A pair's sides are `prefill` and `decode`; a group's members go by their names."""
+    return inst.role.value if group.is_pair else inst.name
+
+
 @rule(
     "pair-mismatch",
     Severity.ERROR,
     "prefill and decode differ in model, page size, kv dtype, context or backend",
 )
 def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
-    for prefill, decode in dep.pairs():
-        p, d = flag_values(launch_args(prefill, dep)), flag_values(launch_args(decode, dep))
+    for group, (a, first), (b, other) in _handovers(dep):
+        p, d = flag_values(launch_args(first, dep)), flag_values(launch_args(other, dep))
         for flag, key in SHARED_FLAGS.items():
             if p.get(flag) != d.get(flag):
                 shown = [" ".join(v[flag]) if flag in v else "(unset)" for v in (p, d)]
                 yield Problem(
-                    where=f"{prefill.host}/{prefill.pair}",
-                    message=f"{flag} is {shown[0]} on prefill but {shown[1]} on decode: "
+                    where=group.id,
+                    message=f"{flag} is {shown[0]} on {a} but {shown[1]} on {b}: "
                     "the KV handover needs both sides equal",
                     fix=f"{key}: set it once there; drop {flag} from engine.prefill / "
                     "engine.decode (their keys and extra_args)",
@@ -49,15 +67,15 @@ def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
     "prefill and decode differ in SGLANG_DISAGGREGATION_* env",
 )
 def pair_timeout_mismatch(dep: Deployment) -> Iterator[Problem]:
-    for prefill, decode in dep.pairs():
-        p, d = environment(prefill, dep), environment(decode, dep)
+    for group, (a, first), (b, other) in _handovers(dep):
+        p, d = environment(first, dep), environment(other, dep)
         names = sorted(k for k in p.keys() | d.keys() if k.startswith(TIMEOUT_ENV_PREFIX))
         for name in names:
             if p.get(name) != d.get(name):
                 yield Problem(
-                    where=f"{prefill.host}/{prefill.pair}",
-                    message=f"{name} is {p.get(name, '(default)')} on prefill but "
-                    f"{d.get(name, '(default)')} on decode: one side gives up on a handover "
+                    where=group.id,
+                    message=f"{name} is {p.get(name, '(default)')} on {a} but "
+                    f"{d.get(name, '(default)')} on {b}: one side gives up on a handover "
                     "the other still waits for, and a stuck request holds KV until the longer one",
                     fix=f"engine.common.env.{name}: set it once for both roles",
                 )
@@ -72,8 +90,10 @@ POLICY_FLAGS = {"prefill": "--prefill-policy", "decode": "--decode-policy"}
     "several pairs behind a gateway whose routing does not keep requests inside pairs",
 )
 def pair_routing(dep: Deployment) -> Iterator[Problem]:
-    pairs = dep.pairs()
-    if len(pairs) < 2:
+    pairs = dep.groups()
+    # A group with several members of a role relies on the pairing protocol alone: no
+    # rotation lines its members up, and counts of 1P1D units are what this rule compares.
+    if len(pairs) < 2 or not all(g.is_1p1d for g in pairs):
         return
     args = router_args(dep)
     flags = flag_values(args)
@@ -97,3 +117,29 @@ def pair_routing(dep: Deployment) -> Iterator[Problem]:
         fix="router.policy: round_robin; drop --policy, --prefill-policy, --decode-policy, "
         "--prefill and --decode from router.extra_args",
     )
+
+
+@rule(
+    "group-tp-ratio",
+    Severity.ERROR,
+    "a prefill's and a decode's tp of one group that are not multiples of one another",
+)
+def group_tp_ratio(dep: Deployment) -> Iterator[Problem]:
+    # SGLang 0.5.23 lets a group's prefills and decodes differ in TP size: the decode maps its
+    # ranks onto the prefill's in CommonKVReceiver._resolve_rank_mapping
+    # (srt/disaggregation/common/conn.py) by integer division of the larger attention TP size
+    # by the smaller, so the two must divide. Members of one role may differ freely: a decode
+    # resolves each prefill's layout separately (prefill_info_table per bootstrap address).
+    for group in dep.groups():
+        for p in group.prefills:
+            for d in group.decodes:
+                big, small = max(p.tp, d.tp), min(p.tp, d.tp)
+                if big % small:
+                    yield Problem(
+                        where=group.id,
+                        message=f"{p.name} runs tp {p.tp} and {d.name} tp {d.tp}: SGLang maps "
+                        "a decode's TP ranks onto a prefill's by dividing one size by the "
+                        "other, so KV from one cannot land on the other",
+                        fix=f"{instance_key(dep, d, 'gpus')} or {instance_key(dep, p, 'gpus')}"
+                        ": make one tp a multiple of the other (equal is simplest)",
+                    )

@@ -1,10 +1,10 @@
-"""The coordinated restart: the pair is the unit of restart.
+"""The coordinated restart: the pair (or group) is the unit of restart.
 
 drain (the gateway stops routing to the pair; in-flight requests finish, bounded) -> stop
-both engines through the pair target -> start both -> wait for /health -> canary through the
-pair's own PD path, then verify with more -> re-register with the gateway. A pair that fails
-stays out of the gateway, so clients never meet it; rolling restarts stop at the first
-failed pair.
+every engine through the pair target -> start them -> wait for /health -> canary through the
+pair's own PD path (a group's: through every prefill and every decode), then verify with
+more -> re-register with the gateway. A pair that fails stays out of the gateway, so clients
+never meet it; rolling restarts stop at the first failed pair.
 """
 
 from __future__ import annotations
@@ -82,16 +82,19 @@ def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
     each = "each gateway" if len(ops.gateways) > 1 else "the gateway"
     out: list[str] = []
     for n, p in enumerate(pairs, 1):
+        kind, members = ("group", "all") if len(p.instances) > 2 else ("pair", "both")
+        paths = "every prefill and decode" if kind == "group" else "this pair's PD path"
         out += [
-            f"{n}. pair {p.id} ({p.spec.target}): {p.prefill.url} + {p.decode.url}",
-            f"   drain     remove both from {each} ({gw}), wait <= {t.drain:.0f}s for "
+            f"{n}. {kind} {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
+            f"   drain     remove {members} from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
-            f"   stop      systemctl stop {p.spec.target} on {p.spec.host} (both engines)",
+            f"   stop      systemctl stop {p.spec.target} on {p.spec.host} ({members} engines)",
             f"   start     systemctl start {p.spec.target}",
-            f"   health    wait <= {t.health:.0f}s for /health on both",
-            "   canary    a request through this pair's PD path (retried until it passes)",
-            f"   verify    {ops.canary_count} more; every one must pass",
-            f"   register  add both back to {each}, bound to each other (pairing "
+            f"   health    wait <= {t.health:.0f}s for /health on {members}",
+            f"   canary    a request through {paths} (retried until it passes)",
+            f"   verify    {ops.canary_count} more{' each' if kind == 'group' else ''}; "
+            "every one must pass",
+            f"   register  add {members} back to {each}, bound to each other (pairing "
             f"protocol {p.id}), wait until it routes to them",
         ]
     if len(pairs) > 1:
@@ -147,27 +150,35 @@ def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
 
 
 def _first_canary(ops: Ops, pair: Pair) -> None:
-    """Retry single requests until one passes (the first one pays the KV-path cold start)."""
+    """Per leg (a group's: every prefill and decode on one at least), retry single requests
+    until one passes (the first one pays the KV-path cold start)."""
     deadline = time.monotonic() + ops.timeouts.canary
-    port = pair.prefill.bootstrap_port or 0
-    while True:
-        left = max(deadline - time.monotonic(), 1.0)
-        first = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, 1, min(left, 30.0))
-        if first.ok:
-            break
-        if time.monotonic() >= deadline:
-            raise StepFailed(
-                "canary", f"no request passed in {ops.timeouts.canary:.0f}s: {first.error}"
-            )
-        time.sleep(ops.timeouts.poll)
+    for prefill, decode in pair.legs():
+        port = prefill.bootstrap_port or 0
+        while True:
+            left = max(deadline - time.monotonic(), 1.0)
+            first = pdclient.pair_canary(prefill.url, decode.url, port, 1, min(left, 30.0))
+            if first.ok:
+                break
+            if time.monotonic() >= deadline:
+                raise StepFailed(
+                    "canary",
+                    f"no request passed {_leg(pair, prefill, decode)}in "
+                    f"{ops.timeouts.canary:.0f}s: {first.error}",
+                )
+            time.sleep(ops.timeouts.poll)
 
 
 def _verify(ops: Ops, pair: Pair) -> None:
-    """`canary_count` requests must all pass: a degraded pair fails only a share of them."""
-    port = pair.prefill.bootstrap_port or 0
-    res = pdclient.pair_canary(pair.prefill.url, pair.decode.url, port, ops.canary_count)
+    """`canary_count` requests per leg must all pass: a degraded pair fails only a share."""
+    res = pdclient.group_canary(pair.canary_legs(), ops.canary_count)
     if not res.ok:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
+
+
+def _leg(pair: Pair, prefill: TopologyInstance, decode: TopologyInstance) -> str:
+    """`from P to D ` in a group's messages; a pair's have one leg and say nothing."""
+    return "" if len(pair.instances) == 2 else f"from {prefill.name} to {decode.name} "
 
 
 def registrations(pairs: list[Pair]) -> list[gateway.Registration]:

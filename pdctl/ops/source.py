@@ -1,4 +1,4 @@
-"""Where the ops commands learn the deployment, and how pair names resolve.
+"""Where the ops commands learn the deployment, and how pair and group names resolve.
 
 On a host: the topology file site.yml writes (/etc/pdstack/topology.yaml). On a controller:
 the inventory and profile (-i/-p), which also allow the checks that need the profile
@@ -10,27 +10,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import topology
+from pdctl import pdclient, topology
 from pdctl.errors import PdctlError
 from pdctl.spec import Deployment, load_deployment
-from pdctl.topology import Topology, TopologyInstance, TopologyPair
+from pdctl.topology import Topology, TopologyGroup, TopologyInstance, TopologyPair
 
 
 @dataclass(frozen=True)
 class Pair:
-    """A pair with its two instances resolved."""
+    """A pair or a group with its instances resolved: the unit of restart and of routing
+    (`--pair NAME` names either; a pair has one prefill and one decode)."""
 
-    spec: TopologyPair
-    prefill: TopologyInstance
-    decode: TopologyInstance
+    spec: TopologyPair | TopologyGroup
+    prefills: tuple[TopologyInstance, ...]
+    decodes: tuple[TopologyInstance, ...]
 
     @property
     def id(self) -> str:
         return f"{self.spec.host}/{self.spec.name}"
 
     @property
-    def instances(self) -> tuple[TopologyInstance, TopologyInstance]:
-        return self.prefill, self.decode
+    def instances(self) -> tuple[TopologyInstance, ...]:
+        return (*self.prefills, *self.decodes)
+
+    def legs(self) -> list[tuple[TopologyInstance, TopologyInstance]]:
+        """pdclient.legs: every prefill and every decode on one at least."""
+        return pdclient.legs(self.prefills, self.decodes)
+
+    def canary_legs(self) -> list[tuple[str, str, int]]:
+        """`legs` as pdclient.group_canary takes them."""
+        return [(p.url, d.url, p.bootstrap_port or 0) for p, d in self.legs()]
 
 
 @dataclass(frozen=True)
@@ -39,8 +48,15 @@ class Source:
     deployment: Deployment | None  # only from -i/-p
 
     def pairs(self) -> list[Pair]:
-        by_id = {i.id: i for i in self.topology.instances}
-        return [Pair(p, by_id[p.prefill], by_id[p.decode]) for p in self.topology.pairs]
+        """Every pair and group, in the topology's instance order (host by host)."""
+        topo = self.topology
+        by_id = {i.id: i for i in topo.instances}
+        units = [Pair(p, (by_id[p.prefill],), (by_id[p.decode],)) for p in topo.pairs] + [
+            Pair(g, tuple(by_id[i] for i in g.prefill), tuple(by_id[i] for i in g.decode))
+            for g in topo.groups
+        ]
+        order = {i.id: n for n, i in enumerate(topo.instances)}
+        return sorted(units, key=lambda u: order[u.prefills[0].id])
 
     def select(self, names: tuple[str, ...], all_pairs: bool) -> list[Pair]:
         """The named pairs (NAME or HOST/NAME) in deployment order, or all of them."""

@@ -21,7 +21,7 @@ from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
 from pdctl.ops.health import EngineProbe, concurrently, probe_engine
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
-from pdctl.pdclient import CANARIES_STATUS, CanaryResult, gateway_canary, pair_canary
+from pdctl.pdclient import CANARIES_STATUS, CanaryResult, gateway_canary, group_canary
 from pdctl.topology import TopologyInstance
 
 # Probes in flight at once. Status makes 2 per instance (unit, engine), 1 per pair (canary),
@@ -108,9 +108,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         calls[f"unit:{inst.id}"] = lambda i=inst: _unit(ops, i)
         calls[f"probe:{inst.id}"] = lambda i=inst: probe_engine(i.url)
     for p in pairs:
-        calls[f"canary:{p.id}"] = lambda p=p: pair_canary(
-            p.prefill.url, p.decode.url, p.prefill.bootstrap_port or 0, canary_count
-        )
+        calls[f"canary:{p.id}"] = lambda p=p: group_canary(p.canary_legs(), canary_count)
         calls[f"pending:{p.id}"] = lambda p=p: pending.safe_read(ops.systemd(p.spec.host), p)
         calls[f"recover:{p.id}"] = lambda p=p: _recovery(ops, p)
     for n, (g, admin) in enumerate(zip(topo.gateways, ops.gateways, strict=True)):

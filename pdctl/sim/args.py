@@ -18,8 +18,8 @@ lone-restart failure NIXL over host memory cannot show, docs/sim.md),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
 wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
 (mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
-the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefill as bootstrap host:port; unset =
-no cross-pair accounting).
+the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefills as bootstrap host:port,
+comma-separated: its pair's one, its group's every one; unset = no cross-pair accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
@@ -174,7 +174,7 @@ class Knobs:
     time_scale: float = 1.0
     shutdown_timeout_s: float = 30.0
     spec_accept_len: float | None = None  # with --speculative-algorithm; see resolve()
-    pair_partner: str | None = None
+    pair_partners: frozenset[str] = frozenset()
     # SGLang's own variables
     force_prefill_retry_prob: float = 0.0
     bootstrap_timeout_s: float = 300.0
@@ -231,7 +231,9 @@ class Knobs:
                 if env.get("PDSIM_SPEC_ACCEPT_LEN")
                 else None
             ),
-            pair_partner=env.get("PDSIM_PAIR_PARTNER") or None,
+            pair_partners=frozenset(
+                a.strip() for a in env.get("PDSIM_PAIR_PARTNER", "").split(",") if a.strip()
+            ),
             force_prefill_retry_prob=_env_float(
                 env, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB", d.force_prefill_retry_prob
             ),

@@ -13,8 +13,11 @@ from pdctl.spec.profile import Hardware, Profile, Role, Tuning
 class Instance:
     host: str
     address: str
-    pair: str
+    group: str  # its pair's or group's name: the unit of restart and of routing
     role: Role
+    # Its number among its group's members of its role; None for a pair's side, which keeps
+    # the names pairs always had (pd0-decode).
+    member: int | None
     numa_node: int
     gpus: tuple[int, ...]
     port: int
@@ -23,8 +26,13 @@ class Instance:
     tuning: Tuning
 
     @property
+    def kind(self) -> str:
+        """`pair` or `group`: what its unit file calls the thing it belongs to."""
+        return "pair" if self.member is None else "group"
+
+    @property
     def name(self) -> str:
-        return names.instance_name(self.pair, self.role.value)
+        return names.instance_name(self.group, self.role.value, self.member)
 
     @property
     def id(self) -> str:
@@ -33,15 +41,52 @@ class Instance:
 
     @property
     def unit(self) -> str:
-        return names.engine_unit(self.pair, self.role.value)
+        return names.engine_unit(self.group, self.role.value, self.member)
 
     @property
     def pair_target(self) -> str:
-        return names.pair_target(self.pair)
+        return names.pair_target(self.group)
+
+    @property
+    def env_file(self) -> str:
+        return names.env_file(self.group, self.role.value, self.member)
 
     @property
     def url(self) -> str:
         return f"http://{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """The prefills and decodes of one pair or group on one host (a pair: one of each)."""
+
+    host: str
+    name: str
+    prefills: tuple[Instance, ...]
+    decodes: tuple[Instance, ...]
+
+    @property
+    def id(self) -> str:
+        """The gateway's pairing protocol for its members (pdctl.ops.gateway)."""
+        return f"{self.host}/{self.name}"
+
+    @property
+    def is_pair(self) -> bool:
+        """Written as a pair (its members keep the pair names)."""
+        return self.prefills[0].member is None
+
+    @property
+    def is_1p1d(self) -> bool:
+        """One prefill and one decode: a pair, or a group written with one of each."""
+        return len(self.prefills) == len(self.decodes) == 1
+
+    @property
+    def target(self) -> str:
+        return names.pair_target(self.name)
+
+    @property
+    def instances(self) -> tuple[Instance, ...]:
+        return (*self.prefills, *self.decodes)
 
 
 @dataclass(frozen=True)
@@ -96,12 +141,16 @@ class Deployment:
     def host(self, name: str) -> HostSpec:
         return next(h for h in self.hosts if h.name == name)
 
-    def pairs(self) -> list[tuple[Instance, Instance]]:
-        """(prefill, decode) per pair, in inventory then layout order."""
-        by_pair: dict[tuple[str, str], dict[Role, Instance]] = {}
+    def groups(self) -> list[Group]:
+        """Every pair and group on every host, in inventory then layout order."""
+        by_group: dict[tuple[str, str], dict[Role, list[Instance]]] = {}
         for inst in self.instances:
-            by_pair.setdefault((inst.host, inst.pair), {})[inst.role] = inst
-        return [(p[Role.PREFILL], p[Role.DECODE]) for p in by_pair.values()]
+            roles = by_group.setdefault((inst.host, inst.group), {r: [] for r in Role})
+            roles[inst.role].append(inst)
+        return [
+            Group(host, name, tuple(m[Role.PREFILL]), tuple(m[Role.DECODE]))
+            for (host, name), m in by_group.items()
+        ]
 
     @property
     def router_url(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from pdctl.spec.deployment import Deployment, EtcdMember, GatewayHost, HostSpec,
 from pdctl.spec.profile import (
     LONG_CONTEXT_ENV,
     InstanceSpec,
-    PairSpec,
+    Layout,
     Profile,
     Role,
     long_context_allowed,
@@ -314,20 +315,40 @@ def _resolve_host(name: str, profile: Profile, inventory: Inventory) -> HostSpec
     layout = (override and override.layout) or profile.layout
     address = _address(name, inventory)
     instances = [
-        _instance(name, address, pair, role, profile)
-        for pair in layout.pairs
-        for role in (Role.PREFILL, Role.DECODE)
+        _instance(name, address, group, role, member, spec, profile)
+        for group, role, member, spec in members(layout)
     ]
     return HostSpec(name=name, address=address, hardware=hardware, instances=instances)
 
 
-def _instance(host: str, address: str, pair: PairSpec, role: Role, profile: Profile) -> Instance:
-    spec: InstanceSpec = getattr(pair, role.value)
+def members(layout: Layout) -> Iterator[tuple[str, Role, int | None, InstanceSpec]]:
+    """Every member of the layout as (group, role, member number, spec): pairs first, each a
+    1P1D group whose sides keep a pair's names (number None), then the groups, prefills
+    before decodes, numbered from 0 per role. The one place pairs become groups."""
+    for pair in layout.pairs:
+        for role in Role:
+            yield pair.name, role, None, getattr(pair, role.value)
+    for group in layout.groups:
+        for role in Role:
+            for n, spec in enumerate(group.members(role)):
+                yield group.name, role, n, spec
+
+
+def _instance(
+    host: str,
+    address: str,
+    group: str,
+    role: Role,
+    member: int | None,
+    spec: InstanceSpec,
+    profile: Profile,
+) -> Instance:
     return Instance(
         host=host,
         address=address,
-        pair=pair.name,
+        group=group,
         role=role,
+        member=member,
         numa_node=spec.numa_node,
         gpus=tuple(spec.gpus),
         port=spec.port,

@@ -192,6 +192,14 @@ class InstanceSpec(Strict):
     tp: int | None = Field(default=None, ge=1, description="Defaults to the number of GPUs.")
 
 
+def _bootstrap_problem(role: Role, spec: InstanceSpec) -> str | None:
+    if role is Role.PREFILL and spec.bootstrap_port is None:
+        return "bootstrap_port is required (the decode fetches KV routes there)"
+    if role is Role.DECODE and spec.bootstrap_port is not None:
+        return "bootstrap_port is not used: only a prefill serves bootstrap"
+    return None
+
+
 class PairSpec(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     prefill: InstanceSpec
@@ -199,27 +207,90 @@ class PairSpec(Strict):
 
     @model_validator(mode="after")
     def _prefill_needs_bootstrap(self) -> PairSpec:
-        if self.prefill.bootstrap_port is None:
-            raise ValueError(
-                "prefill.bootstrap_port is required (the decode fetches KV routes there)"
-            )
-        if self.decode.bootstrap_port is not None:
-            raise ValueError("decode.bootstrap_port is not used: only a prefill serves bootstrap")
+        for role in Role:
+            if problem := _bootstrap_problem(role, getattr(self, role.value)):
+                raise ValueError(f"{role.value}.{problem}")
         return self
 
 
+class MemberSpec(InstanceSpec):
+    """One prefill or decode of a group: a pair's side, plus the host it lives on."""
+
+    host: Host | None = Field(
+        default=None, description="An inventory host; groups across hosts are not supported yet."
+    )
+
+
+class GroupSpec(Strict):
+    """Any number of prefills and decodes that serve as one unit (xPyD): the gateway may pair
+    any prefill of the group with any decode of it, and none outside (docs/spec.md)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    prefill: list[MemberSpec] = Field(default_factory=list)
+    decode: list[MemberSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _members(self) -> GroupSpec:
+        for role in Role:
+            members: list[MemberSpec] = getattr(self, role.value)
+            if not members:
+                raise ValueError(
+                    f"group {self.name!r} has no {role.value}: a group needs at least one "
+                    f"prefill and one decode; add one under {role.value}"
+                )
+            for n, m in enumerate(members):
+                where = f"group {self.name!r} {role.value}[{n}]"
+                if problem := _bootstrap_problem(role, m):
+                    raise ValueError(f"{where}: {problem}")
+                if m.host is not None:
+                    raise ValueError(
+                        f"{where}: host {m.host!r}: groups across hosts are not supported yet; "
+                        "remove host (the group then runs on every [pd_hosts] host)"
+                    )
+        return self
+
+    def members(self, role: Role) -> list[MemberSpec]:
+        return list(getattr(self, role.value))
+
+
+def _unique(kind: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate {kind} name {name!r}")
+        seen.add(name)
+
+
 class Layout(Strict):
-    pairs: list[PairSpec] = Field(min_length=1)
+    """`pairs` are the shorthand for 1P1D groups; pair and group names share one namespace
+    (they name the units). pdctl.spec.groups resolves both into groups."""
+
+    pairs: list[PairSpec] = Field(default_factory=list)
+    groups: list[GroupSpec] = Field(default_factory=list)
 
     @field_validator("pairs")
     @classmethod
-    def _unique_names(cls, pairs: list[PairSpec]) -> list[PairSpec]:
-        seen: set[str] = set()
-        for p in pairs:
-            if p.name in seen:
-                raise ValueError(f"duplicate pair name {p.name!r}")
-            seen.add(p.name)
+    def _unique_pairs(cls, pairs: list[PairSpec]) -> list[PairSpec]:
+        _unique("pair", [p.name for p in pairs])
         return pairs
+
+    @field_validator("groups")
+    @classmethod
+    def _unique_groups(cls, groups: list[GroupSpec]) -> list[GroupSpec]:
+        _unique("group", [g.name for g in groups])
+        return groups
+
+    @model_validator(mode="after")
+    def _some_and_distinct(self) -> Layout:
+        if not self.pairs and not self.groups:
+            raise ValueError("no pairs and no groups: give layout.pairs or layout.groups")
+        shared = {p.name for p in self.pairs} & {g.name for g in self.groups}
+        if shared:
+            raise ValueError(
+                f"{', '.join(map(repr, sorted(shared)))} names both a pair and a group: "
+                "rename one (pair and group names name the units)"
+            )
+        return self
 
 
 class Router(Strict):

@@ -2,7 +2,7 @@
 integration tests and benchmarks/restart_*.py.
 
 `LocalUnits` implements the Systemd interface over pdctl.testing.stack processes (started and
-stopped by PID); a pair target names its two units, as `PartOf=`/`Wants=` do on a host.
+stopped by PID); a pair's or group's target names its units, as `PartOf=`/`Wants=` do on a host.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pdctl.testing.stack import Gateway, SimProc
 from pdctl.topology import (
     Topology,
     TopologyCoord,
+    TopologyGroup,
     TopologyInstance,
     TopologyPair,
     TopologyRouter,
@@ -37,24 +38,45 @@ class LocalPair:
     prefill: SimProc
     decode: SimProc
 
-    def unit(self, role: Role) -> str:
-        return names.engine_unit(self.name, role.value)
+    def members(self) -> list[tuple[Role, int | None, SimProc]]:
+        """(role, member number, process); a pair's sides have no number (pdctl.names)."""
+        return [(Role.PREFILL, None, self.prefill), (Role.DECODE, None, self.decode)]
 
     @property
     def target(self) -> str:
         return names.pair_target(self.name)
 
 
+@dataclass
+class LocalGroup:
+    """A host-local xPyD group: its members are named g0-prefill0, g0-prefill1, ..."""
+
+    name: str
+    prefills: list[SimProc]
+    decodes: list[SimProc]
+
+    def members(self) -> list[tuple[Role, int | None, SimProc]]:
+        roles = ((Role.PREFILL, self.prefills), (Role.DECODE, self.decodes))
+        return [(role, n, sim) for role, sims in roles for n, sim in enumerate(sims)]
+
+    @property
+    def target(self) -> str:
+        return names.pair_target(self.name)
+
+
+Local = LocalPair | LocalGroup
+
+
 class LocalUnits:
     host = HOST
 
-    def __init__(self, pairs: Sequence[LocalPair]) -> None:
+    def __init__(self, pairs: Sequence[Local]) -> None:
         self.procs: dict[str, SimProc] = {}
         self.targets: dict[str, list[str]] = {}
         for p in pairs:
-            self.procs[p.unit(Role.PREFILL)] = p.prefill
-            self.procs[p.unit(Role.DECODE)] = p.decode
-            self.targets[p.target] = [p.unit(Role.PREFILL), p.unit(Role.DECODE)]
+            units = {names.engine_unit(p.name, r.value, n): sim for r, n, sim in p.members()}
+            self.procs |= units
+            self.targets[p.target] = list(units)
         self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
         self.jobs: list[tuple[str, str]] = []  # (verb, unit), for tests to inspect
         self.files: dict[str, str] = {}  # the host's files pdctl reads (restart-pending markers)
@@ -111,21 +133,22 @@ class LocalUnits:
         self.files.pop(path, None)
 
 
-def _instance(p: LocalPair, role: Role) -> TopologyInstance:
-    sim = p.prefill if role is Role.PREFILL else p.decode
-    name = names.instance_name(p.name, role.value)
-    return TopologyInstance(
-        id=f"{HOST}/{name}",
-        host=HOST,
-        name=name,
-        pair=p.name,
-        role=role,
-        unit=p.unit(role),
-        url=sim.url,
-        numa_node=0,
-        gpus=[0],
-        bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
-    )
+def _instances(p: Local) -> list[TopologyInstance]:
+    return [
+        TopologyInstance(
+            id=f"{HOST}/{names.instance_name(p.name, role.value, n)}",
+            host=HOST,
+            name=names.instance_name(p.name, role.value, n),
+            pair=p.name,
+            role=role,
+            unit=names.engine_unit(p.name, role.value, n),
+            url=sim.url,
+            numa_node=0,
+            gpus=[0],
+            bootstrap_port=sim.bootstrap_port if role is Role.PREFILL else None,
+        )
+        for role, n, sim in p.members()
+    ]
 
 
 def _gateway(gateway: Gateway, host: str) -> TopologyRouter:
@@ -138,26 +161,43 @@ def _gateway(gateway: Gateway, host: str) -> TopologyRouter:
 
 
 def local_topology(
-    pairs: Sequence[LocalPair], gateway: Gateway, others: Sequence[Gateway] = ()
+    pairs: Sequence[Local], gateway: Gateway, others: Sequence[Gateway] = ()
 ) -> Topology:
     """One host; `others` are more gateways (hosts local-2, local-3, ...)."""
     gateways = [
         _gateway(gateway, HOST),
         *(_gateway(g, f"{HOST}-{n}") for n, g in enumerate(others, 2)),
     ]
+    members = {p.name: _instances(p) for p in pairs}
+
+    def ids(p: Local, role: Role) -> list[str]:
+        return [i.id for i in members[p.name] if i.role is role]
+
     return Topology(
         model="sim",
         engine="sim",
-        instances=[_instance(p, r) for p in pairs for r in (Role.PREFILL, Role.DECODE)],
+        instances=[i for p in pairs for i in members[p.name]],
         pairs=[
             TopologyPair(
                 host=HOST,
                 name=p.name,
                 target=p.target,
-                prefill=f"{HOST}/{names.instance_name(p.name, Role.PREFILL.value)}",
-                decode=f"{HOST}/{names.instance_name(p.name, Role.DECODE.value)}",
+                prefill=ids(p, Role.PREFILL)[0],
+                decode=ids(p, Role.DECODE)[0],
             )
             for p in pairs
+            if isinstance(p, LocalPair)
+        ],
+        groups=[
+            TopologyGroup(
+                host=HOST,
+                name=p.name,
+                target=p.target,
+                prefill=ids(p, Role.PREFILL),
+                decode=ids(p, Role.DECODE),
+            )
+            for p in pairs
+            if isinstance(p, LocalGroup)
         ],
         router=gateways[0],
         gateways=gateways,
@@ -165,7 +205,7 @@ def local_topology(
 
 
 def local_ops(
-    pairs: Sequence[LocalPair],
+    pairs: Sequence[Local],
     gateway: Gateway,
     timeouts: Timeouts | None = None,
     others: Sequence[Gateway] = (),

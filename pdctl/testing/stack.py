@@ -163,9 +163,10 @@ class SimProc:
 CROSS_PAIR_METRIC = "pdsim_cross_pair_transfers_total"
 
 
-def partner_env(prefill: SimProc) -> dict[str, str]:
-    """The knob that tells a decode its pair's prefill (cross-pair accounting)."""
-    return {"PDSIM_PAIR_PARTNER": f"127.0.0.1:{prefill.bootstrap_port}"}
+def partner_env(*prefills: SimProc) -> dict[str, str]:
+    """The knob that tells a decode its pair's prefill, or its group's prefills (cross-pair
+    accounting)."""
+    return {"PDSIM_PAIR_PARTNER": ",".join(f"127.0.0.1:{p.bootstrap_port}" for p in prefills)}
 
 
 def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:

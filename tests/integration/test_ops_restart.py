@@ -140,7 +140,7 @@ def test_restart_both_drains_restarts_and_reregisters(
     assert pd0_urls | {i.url for i in pd1.instances} <= _registered(ops)
     # pd1 was never touched.
     assert all(u not in {i.unit for i in pd1.instances} for _, u in units.jobs)
-    assert ("stop", pd0.decode.unit) in units.jobs
+    assert ("stop", pd0.decodes[0].unit) in units.jobs
 
 
 def test_doctor_finds_degraded_pair_after_lone_decode_restart(
@@ -149,7 +149,7 @@ def test_doctor_finds_degraded_pair_after_lone_decode_restart(
     ops, _ = two_pairs
     pd0 = ops.source.pairs()[0]
     assert not [f for f in doctor(ops)[0] if f.id.startswith("live-")]
-    assert restart_instance(ops, pd0.decode).ok
+    assert restart_instance(ops, pd0.decodes[0]).ok
     findings, status = doctor(ops)
     degraded = [f for f in findings if f.id == "live-degraded-pair"]
     assert [f.where for f in degraded] == [pd0.id], findings
@@ -283,12 +283,12 @@ def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalU
     }
     assert all(i.gateway is not None and i.gateway.status == "ready" for i in s.instances)
     pd1 = ops.source.pairs()[1]
-    units.stop(pd1.decode.unit)
+    units.stop(pd1.decodes[0].unit)
     s = collect(ops)
     assert not s.healthy
     (bad,) = [p for p in s.pairs if not p.canary.ok]
     assert bad.id == pd1.id
-    down = {i.instance.id: i for i in s.instances}[pd1.decode.id]
+    down = {i.instance.id: i for i in s.instances}[pd1.decodes[0].id]
     assert down.unit is not None and down.unit.active == "inactive"
     assert down.probe.health.startswith("unreachable")
 
@@ -379,7 +379,7 @@ def test_recover_waits_for_a_running_restart_then_recovers(
     t = threading.Thread(target=operator_restart)
     t.start()
     holding.wait(10)
-    units.stop(pd0.decode.unit)  # pd0's decode dies while pd1's restart holds the lock
+    units.stop(pd0.decodes[0].unit)  # pd0's decode dies while pd1's restart holds the lock
     log = RecoveryLog(tmp_path / "state" / "recover.json")
     rep = recover(ops, pd0, RateLimit(), log, lock_wait=300)
     t.join(120)
@@ -402,7 +402,7 @@ def test_recover_without_etcd_contains_its_pair_then_recovers_once_etcd_is_back(
     pd0, pd1 = ops.source.pairs()
     said: list[str] = []
     ops.say = said.append
-    units.stop(pd0.decode.unit)
+    units.stop(pd0.decodes[0].unit)
     etcd.stop(0)
     done: list[Report] = []
     log = RecoveryLog(tmp_path / "state" / "recover.json")
@@ -414,7 +414,7 @@ def test_recover_without_etcd_contains_its_pair_then_recovers_once_etcd_is_back(
         lambda: any("out of every gateway that answers" in line for line in said), 30, "containment"
     )
     assert not _registered(ops) & {i.url for i in pd0.instances}
-    assert units.show(pd0.prefill.unit).active != "active"  # no live half left
+    assert units.show(pd0.prefills[0].unit).active != "active"  # no live half left
     assert {i.url for i in pd1.instances} <= _registered(ops)  # the other pair serves on
     assert not done  # still waiting for etcd
     etcd.start(0)

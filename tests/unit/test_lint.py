@@ -61,6 +61,18 @@ TWO_PAIRS = {
          "decode": {"numa_node": 0, "gpus": [3], "port": 30011}},
     ],
 }  # fmt: skip
+# The sim profile's pair and a host-local 2P1D group g0 beside it (TP 1 and 2 prefills).
+GROUP = {
+    "hardware.gpu_count": 8,
+    "hardware.numa_gpus": {0: [0, 1, 2, 3, 4, 5, 6, 7]},
+    "layout.groups": [
+        {"name": "g0",
+         "prefill": [{"numa_node": 0, "gpus": [2], "port": 30010, "bootstrap_port": 9010},
+                     {"numa_node": 0, "gpus": [3, 4], "port": 30012, "bootstrap_port": 9012}],
+         "decode": [{"numa_node": 0, "gpus": [5, 6], "port": 30011}]},
+    ],
+}  # fmt: skip
+G0 = "layout.groups.0"
 CASES = [
     Case("gpu-overlap", {f"{DECODE}.gpus": [3, 4, 5, 6]}, {f"{DECODE}.gpus": [4, 5, 6, 7]},
          "layout.pairs[0].decode.gpus"),
@@ -96,6 +108,15 @@ CASES = [
          {"engine.decode.env": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 600}},
          {"engine.common.env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 600},
          "engine.common.env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+    Case("gpu-overlap", {f"{G0}.decode.0.gpus": [4, 5]}, {f"{G0}.decode.0.gpus": [6, 7]},
+         "layout.groups[0].decode[0].gpus", base="sim", extra=GROUP),
+    Case("port-collision", {f"{G0}.prefill.1.bootstrap_port": 9010},
+         {f"{G0}.prefill.1.bootstrap_port": 9011}, "layout.groups[0].prefill[1].bootstrap_port",
+         base="sim", extra=GROUP),
+    Case("pair-mismatch", {"engine.decode.page_size": 16}, {"engine.common.page_size": 16},
+         "engine.common.page_size", base="sim", extra=GROUP),
+    Case("group-tp-ratio", {f"{G0}.decode.0.gpus": [5, 6, 7]}, {f"{G0}.decode.0.gpus": [5]},
+         "layout.groups[0].decode[0].gpus", base="sim", extra=GROUP),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": 128},
          {"engine.decode.max_running_requests": 96}, "engine.decode.max_running_requests"),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": DELETE},

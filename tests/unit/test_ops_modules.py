@@ -898,7 +898,7 @@ def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
     monkeypatch.setattr(
         status, "probe_engine", lambda url: EngineProbe(url, "HTTP 503" if url == down else "ok")
     )
-    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
     ops = Ops(Source(t, None), lambda _h: FakeSystemd(), [Listing()])  # type: ignore[list-item]
     s = status.collect(ops, 1)
@@ -946,7 +946,7 @@ def test_collect_reads_routing_from_every_gateway_that_answers(
 
     ok = CanaryResult(True, 1, 0, 0.01)
     monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
     s = collect("http://10.0.1.1:8000")
     assert s.viewed_from == "http://10.0.1.1:8000"
@@ -968,9 +968,9 @@ def test_an_engine_answering_html_is_probed_without_a_crash(
     # the restart's health wait takes it as healthy (/health is 200) and moves on
     ops = fake_ops(FakeSystemd(), FakeGateway())
     pair = ops.source.pairs()[0]
-    inst = pair.prefill.model_copy(update={"url": engine.url})
-    dec = pair.decode.model_copy(update={"url": engine.url})
-    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefill=inst, decode=dec))
+    inst = pair.prefills[0].model_copy(update={"url": engine.url})
+    dec = pair.decodes[0].model_copy(update={"url": engine.url})
+    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefills=(inst,), decodes=(dec,)))
 
 
 @pytest.mark.parametrize(

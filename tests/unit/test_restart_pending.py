@@ -91,7 +91,7 @@ def test_status_shows_pending_in_table_and_json(monkeypatch: pytest.MonkeyPatch)
 
     ok = CanaryResult(True, 1, 0, 0.01)
     monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    monkeypatch.setattr(status, "pair_canary", lambda *a, **k: ok)
+    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
     sd = FakeSystemd()
     sd.files[PD1] = MARKER

@@ -272,7 +272,8 @@ def test_the_sim_profile_env_moves_kv_over_loopback(
     """The demo profile's rendered env files (no UCX variables; the test fleet adds
     UCX_TLS=tcp) bring NIXL up on a CPU-only host and a request's KV moves."""
     dep = load(shipped("sim"))
-    prefill_inst, decode_inst = dep.pairs()[0]
+    pair = dep.groups()[0]
+    prefill_inst, decode_inst = pair.instances
     base = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "PDSIM_"))}
     procs = []
     try:

@@ -66,9 +66,10 @@ def test_render_gives_each_sim_decode_its_own_prefill(
     load: Callable[..., Deployment], shipped: Callable[[str], dict[str, Any]]
 ) -> None:
     dep = load(shipped("sim"), hosts=["node-1", "node-2"])
-    pairs = dep.pairs()
+    pairs = dep.groups()
     assert len(pairs) == 2
-    for prefill, decode in pairs:
+    for pair in pairs:
+        prefill, decode = pair.instances
         env = environment(decode, dep)
         assert env["PDSIM_PAIR_PARTNER"] == f"{prefill.address}:{prefill.bootstrap_port}"
         assert "PDSIM_PAIR_PARTNER" not in environment(prefill, dep)
