@@ -63,7 +63,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
     pd0, g0 = ops.source.pairs()
     assert (pd0.id, g0.id) == ("local/pd0", "local/g0")
     assert [i.name for i in g0.instances] == ["g0-prefill0", "g0-prefill1", "g0-decode0"]
-    bound = {w.url: w.pairing for w in ops.gateway.workers()}
+    bound = {w.url: w.pairing for w in ops.gateways[0].workers()}
     assert bound == {i.url: u.id for u in (pd0, g0) for i in u.instances}
     # What the gateway unit runs at each start (pdctl gateway register) finds them bound.
     (again,) = register_gateways(ops, (), 10)
@@ -103,7 +103,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
     assert not crossed, f"KV transfers between the group and the pair: {crossed}"
     failed = [o.failure for o in outcomes if not o.ok]
     assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
-    assert {w.url: w.pairing for w in ops.gateway.workers()} == bound
+    assert {w.url: w.pairing for w in ops.gateways[0].workers()} == bound
 
 
 def test_status_canaries_every_member_of_the_group(
