@@ -322,8 +322,9 @@ def stop_pair(sd: Systemd, pair: Pair) -> None:
     alone, systemctl returns while an engine is still in its graceful SIGTERM shutdown (it
     finishes in-flight requests, up to TimeoutStopSec): the next start then brings the new
     decode up beside the old prefill, whose bootstrap server still answers. The first request
-    that reaches the new decode then (a pd-exporter canary, a gateway) registers its KV with
-    the old prefill; the decode caches that per bootstrap address (SGLang does) and never
+    that reaches the new decode then (any pair canary: `pdctl status` or `doctor`, the
+    pd-exporter) registers its KV with the old prefill; the decode caches that per bootstrap
+    address (SGLang does) and never
     registers again with the new prefill, which is back within the decode's heartbeat window,
     so every transfer fails ("KV transfer failed") until both restart again."""
     sd.stop(pair.spec.target, *(i.unit for i in pair.instances))
