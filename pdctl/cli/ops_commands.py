@@ -28,6 +28,7 @@ from pdctl.ops.doctor import doctor as run_doctor
 from pdctl.ops.recover import (
     DEFAULT_STATE,
     LOCK_WAIT_S,
+    RESTART_FAILED,
     RateLimit,
     RecoveryLog,
     default_state,
@@ -407,8 +408,9 @@ def recover(
     state file is started afresh with a warning.
 
     \b
-    Exit codes: 0 recovered; 1 the restart failed (journal lines follow); 2 bad input or an
-    unsafe state folder; 3 the lock stayed held; 4 rate-limited; 5 etcd cannot serve.
+    Exit codes: 0 recovered; 2 bad input or an unsafe state folder; 3 the lock stayed
+    held; 4 rate-limited; 5 etcd cannot serve; 6 the restart failed (journal lines follow;
+    systemd tries again, within the rate limit).
     """
     ops = _ops(topology_path, inventory, profile)
     ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
@@ -422,7 +424,7 @@ def recover(
         lock_wait=lock_wait,
     )
     _print_reports([rep], "table")
-    sys.exit(0 if rep.ok else 1)
+    sys.exit(0 if rep.ok else RESTART_FAILED)
 
 
 @click.group()

@@ -31,7 +31,7 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
-from pdctl.ops.restart import Report, outcome, restart_pair
+from pdctl.ops.restart import Report, outcome, restart_pair, stop_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)
@@ -41,6 +41,13 @@ MAX_STATE_BYTES = 1 << 20  # a few timestamps per pair; anything larger is not o
 LOCK_WAIT_S = 600.0
 
 _STATE = TypeAdapter(dict[str, list[FiniteFloat]])
+# The pair's restart after the crash failed (it stays out of the gateway): systemd starts the
+# recovery again (the unit's Restart=on-failure does not exclude it), as often as the rate
+# limit allows, then exit 4 leaves the unit failed for the alert. A failure right after a
+# crash is often transient (a peer still shutting down, a slow first KV path); retrying costs
+# clients nothing, since the pair is out of every gateway until it passes its canaries.
+# Exit 1 stays for what pdctl did not expect (a traceback): that is not retried.
+RESTART_FAILED = 6
 
 
 def default_state() -> Path:
@@ -217,7 +224,7 @@ class _Containment:
             except PdctlError as e:
                 ops.say(f"{pair.id}: cannot take it out of gateway {gw.url} ({e})")
         try:
-            ops.systemd(pair.spec.host).stop(pair.spec.target)
+            stop_pair(ops.systemd(pair.spec.host), pair)
         except PdctlError as e:
             ops.say(f"{pair.id}: cannot stop its live side ({e})")
             return

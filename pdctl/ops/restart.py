@@ -88,7 +88,8 @@ def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
             f"{n}. {kind} {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
             f"   drain     remove {members} from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
-            f"   stop      systemctl stop {p.spec.target} on {p.spec.host} ({members} engines)",
+            f"   stop      systemctl stop {p.spec.target} {' '.join(i.unit for i in p.instances)} "
+            f"on {p.spec.host} (returns once {members} engines are down)",
             f"   start     systemctl start {p.spec.target}",
             f"   health    wait <= {t.health:.0f}s for /health on {members}",
             f"   canary    a request through {paths} (retried until it passes)",
@@ -323,6 +324,23 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
         )
 
 
+def stop_pair(sd: Systemd, pair: Pair) -> None:
+    """Stop the pair's (or group's) target and wait until all its engines are down.
+
+    The engine units are named beside the target: systemctl waits only for the jobs of the
+    units it is given, and a target is ordered After= the units it Wants=, so on a stop its
+    own job is done first, while PartOf= has only queued the engines' stops. With the target
+    alone, systemctl returns while an engine is still in its graceful SIGTERM shutdown (it
+    finishes in-flight requests, up to TimeoutStopSec): the next start then brings the new
+    decode up beside the old prefill, whose bootstrap server still answers. The first request
+    that reaches the new decode then (any pair canary: `pdctl status` or `doctor`, the
+    pd-exporter) registers its KV with the old prefill; the decode caches that per bootstrap
+    address (SGLang does) and never registers again with the new prefill, which is back within
+    the decode's heartbeat window, so every transfer fails ("KV transfer failed") until both
+    restart again."""
+    sd.stop(pair.spec.target, *(i.unit for i in pair.instances))
+
+
 def _start(sd: Systemd, pair: Pair) -> None:
     sd.reset_failed(*(i.unit for i in pair.instances))  # a crashed side starts clean
     sd.start(pair.spec.target)
@@ -357,7 +375,7 @@ def restart_pair(
     rep = Report(pair.id)
     steps: list[tuple[str, Callable[[], None]]] = [
         ("drain", lambda: _drain(ops, pair, drain_required)),
-        ("stop", lambda: sd.stop(pair.spec.target)),
+        ("stop", lambda: stop_pair(sd, pair)),
         ("start", lambda: _start(sd, pair)),
         ("health", lambda: _wait_healthy(ops, sd, pair)),
         ("canary", lambda: _first_canary(ops, pair)),

@@ -2,11 +2,15 @@
 integration tests and benchmarks/restart_*.py.
 
 `LocalUnits` implements the Systemd interface over pdctl.testing.stack processes (started and
-stopped by PID); a pair's or group's target names its units, as `PartOf=`/`Wants=` do on a host.
+stopped by PID); a pair's or group's target names its units, as `PartOf=`/`Wants=` do on a
+host. As systemctl does, a stop waits only for the units it names: a target named alone returns
+at once while its units go on stopping (a target is ordered After= the units it wants, so its
+own stop job is done first), and a start of a unit still stopping waits for that stop.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +34,9 @@ from pdctl.topology import (
 )
 
 HOST = "local"
+# SIGKILL after this long, as systemd does after TimeoutStopSec (120 s on the engine units):
+# long enough for an engine's graceful stop to run out its own timeout first.
+STOP_GRACE_S = 30.0
 
 
 @dataclass
@@ -78,11 +85,14 @@ class LocalUnits:
             self.procs |= units
             self.targets[p.target] = list(units)
         self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
+        # Stops a target's stop left running (PartOf=): a start of the unit waits for them.
+        self.stopping: dict[str, threading.Thread] = {}
         self.jobs: list[tuple[str, str]] = []  # (verb, unit), for tests to inspect
         self.files: dict[str, str] = {}  # the host's files pdctl reads (restart-pending markers)
 
     def _expand(self, units: tuple[str, ...]) -> list[str]:
-        return [u for name in units for u in self.targets.get(name, [name])]
+        """The units named, a target as its two units; each once (one job per unit)."""
+        return list(dict.fromkeys(u for name in units for u in self.targets.get(name, [name])))
 
     def _each(self, verb: str, units: tuple[str, ...], fn: Callable[[SimProc], object]) -> None:
         names = self._expand(units)
@@ -96,22 +106,50 @@ class LocalUnits:
         proc = self.procs[unit]
         p = proc.proc
         if p is not None and p.poll() is None:
+            if self._still_stopping(unit):
+                return UnitStatus(unit, "loaded", "deactivating", "stop-sigterm", p.pid, None, 0)
             return UnitStatus(unit, "loaded", "active", "running", p.pid, None, 0, proc.argv)
         failed = p is not None and unit not in self.stopped
         state = ("failed", "failed") if failed else ("inactive", "dead")
         return UnitStatus(unit, "loaded", *state, 0, None, 0, proc.argv)
 
+    def _still_stopping(self, unit: str) -> bool:
+        t = self.stopping.get(unit)
+        return t is not None and t.is_alive()
+
+    def _start_one(self, unit: str) -> None:
+        behind = self.stopping.pop(unit, None)
+        if behind is not None:
+            behind.join()  # systemd runs a start queued behind a running stop after it
+        s = self.procs[unit]
+        if s.proc is None or s.proc.poll() is not None:
+            s.start()
+
     def start(self, *units: str) -> None:
-        self.stopped -= set(self._expand(units))
-        self._each(
-            "start",
-            units,
-            lambda s: s.start() if s.proc is None or s.proc.poll() is not None else None,
-        )
+        names = self._expand(units)
+        self.stopped -= set(names)
+        self.jobs += [("start", u) for u in names]
+        with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+            list(pool.map(self._start_one, names))
 
     def stop(self, *units: str) -> None:
-        self.stopped |= set(self._expand(units))
-        self._each("stop", units, SimProc.stop)
+        expanded = self._expand(units)
+        self.stopped |= set(expanded)
+        named = tuple(u for u in units if u not in self.targets)
+        for unit in expanded:
+            if unit not in named and not self._still_stopping(unit):
+                # Only PartOf= of a target named alone: stopped behind systemctl's back.
+                t = threading.Thread(
+                    target=self.procs[unit].stop, args=(STOP_GRACE_S,), daemon=True
+                )
+                self.stopping[unit] = t
+                self.jobs.append(("stop", unit))
+                t.start()
+        self._each("stop", named, lambda s: s.stop(STOP_GRACE_S))
+        for unit in named:
+            behind = self.stopping.pop(unit, None)
+            if behind is not None:
+                behind.join()
 
     def restart(self, *units: str) -> None:
         self.stop(*units)

@@ -148,9 +148,10 @@ class SimProc:
         os.kill(self.proc.pid, sig)
         return self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (a unit's TimeoutStopSec)."""
         if self.proc is not None:
-            stop_pid(self.proc)
+            stop_pid(self.proc, grace)
 
     def restart(self) -> SimProc:
         self.stop()

@@ -14,8 +14,10 @@ gateway's liveness key with them, so a restart on host 1 goes on without that ga
 it; host 2's drained pair stays visible), then put back. Then the store's faults: hosts 1 and
 3 cut off (no quorum: a restart refuses in one line, a decode killed on host 2 has its pair
 taken out of gateway 2 and its prefill stopped while the recovery waits, then recovered once
-quorum is back), and a restart paused with SIGSTOP past the ttl (the controller's restart
-takes the lock; the paused one, resumed, stops before its next step).
+quorum is back), a restart paused with SIGSTOP past the ttl (the controller's restart
+takes the lock; the paused one, resumed, stops before its next step), and last host 1 powered
+off (a restart from the controller goes on without its gateway, and a decode killed on host 3
+under streaming load through gateway 2 is recovered automatically at the first try).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.pdclient import pair_canary
 from pdctl.spec.load import load_profile
-from pdctl.testing.stack import wait_until
+from pdctl.testing.stack import constant_load, wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -483,6 +485,24 @@ def _main_pid(host: TestHost, unit: str) -> int:
     return int(host.ssh(f"systemctl show -p MainPID --value {unit}", check=True).stdout)
 
 
+CLIENTS = 4  # constant_load's streaming clients: at most this many requests in flight
+
+
+def serving_at(host: TestHost, gateway: str, pair_id: str) -> bool:
+    """The pair's canary passes (`pdctl status` on `host`) and `gateway` routes to both of
+    its engines (status reads the first gateway's view, which may be the one that is gone)."""
+    st = host_status(host)
+    ids = {names.instance_name(pair_id, r) for r in names.ROLES}
+    urls = {i["url"] for i in st["instances"] if i["id"] in ids}
+    (pair,) = [p for p in st["pairs"] if p["id"] == pair_id]
+    try:
+        workers = GatewayAdmin(gateway, API_KEY).workers()
+    except PdctlError:
+        return False
+    ready = {w.url for w in workers if w.healthy and w.status == "ready"}
+    return bool(pair["canary"]["ok"]) and len(urls) == 2 and urls <= ready
+
+
 def _gateway_workers(url: str) -> set[str]:
     """The worker URLs a gateway holds (any state), or none when it does not answer."""
     try:
@@ -583,3 +603,58 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
         ).stdout
     )
     assert [r["result"] for r in history["restarts"][:3]] == ["ok", "ok", "failed"], history
+
+
+# Last of all: host 1 is powered off for good.
+def test_with_host_1_powered_off_restarts_and_recoveries_go_on(
+    fleet_site: Site, fleet: TestFleet
+) -> None:
+    """Host 1 (an etcd member, the first gateway, monitoring) powered off: a restart from the
+    controller of a pair on host 2 succeeds (gateway 1 is gone: no key), and a decode killed
+    on host 3 is recovered automatically at the first try, under streaming load through
+    gateway 2, with no failed request but the killed pair's own in-flight ones. (Under load
+    the live prefill takes its time to stop: the recovery's stop must wait for it, or the new
+    decode registers with the old prefill and every KV transfer fails.)"""
+    first, second, third = fleet.hosts
+    dep = fleet_site.deployment()
+    gateway2 = dep["gateway"]["urls"][second.name]
+    host1_urls = {i["inst"]["url"] for i in dep["hosts"][first.name]["instances"]}
+    first.down()
+    wait_for(
+        lambda: all(
+            not w.healthy for w in GatewayAdmin(gateway2, API_KEY).workers() if w.url in host1_urls
+        ),
+        60,
+        "gateway 2 to mark host 1's engines unhealthy",
+    )
+    decode = names.engine_unit("pd1", "decode")
+    recover_unit = names.recover_unit("pd1")
+    killed = f"{third.name}/pd1"
+    with constant_load(gateway2, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+        time.sleep(3)
+        restarted = controller_pdctl(
+            fleet, fleet_site.profile, "restart", "--both", "--pair", f"{second.name}/pd0", "--yes",
+            timeout=600,
+        )  # fmt: skip
+        before_kill = len(outcomes)
+        since = third.ssh("date +%s", check=True).stdout.strip()
+        t_kill = time.monotonic()
+        third.ssh(f"kill -9 {_main_pid(third, decode)}", check=True)
+        wait_for(lambda: serving_at(second, gateway2, killed), 300, f"{killed} recovered")
+        recovered_s = time.monotonic() - t_kill
+        time.sleep(3)
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    assert "is gone (no key of its host in etcd" in restarted.stderr, restarted.stderr[-3000:]
+    journal = third.ssh(
+        f"journalctl -u {recover_unit} --since @{since} -o cat --no-pager", check=True
+    ).stdout
+    assert journal.count(f"{killed}: restarting") == 1, journal[-3000:]  # no second try
+    assert f"{killed}: recovered: restarted prefill and decode together" in journal, journal
+    failed_before = [o.failure for o in outcomes[:before_kill] if not o.ok]
+    failed_after = [o.failure for o in outcomes[before_kill:] if not o.ok]
+    print(
+        f"host 1 off: kill -9 to {killed} serving {recovered_s:.0f}s; {len(outcomes)} requests, "
+        f"{len(failed_before)} failed before the kill, {len(failed_after)} after"
+    )
+    assert not failed_before, failed_before[:10]
+    assert len(failed_after) <= CLIENTS, failed_after  # at most the killed pair's in-flight ones

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from pdctl import topology
 from pdctl.coord.history import History
-from pdctl.ops import lock
-from pdctl.ops.context import Ops
+from pdctl.ops import lock, restart
+from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.doctor import doctor
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import (
@@ -35,6 +36,7 @@ from pdctl.ops.restart import (
     restart_pairs,
 )
 from pdctl.ops.status import collect
+from pdctl.pdclient import pair_canary
 from pdctl.testing.etcd import LocalEtcd, local_etcd
 from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
@@ -424,3 +426,85 @@ def test_recover_without_etcd_contains_its_pair_then_recovers_once_etcd_is_back(
     waits = [line for line in said if line.startswith("waiting for the fleet restart lock, etcd")]
     assert waits and "no etcd member answers" in waits[0]
     assert collect(ops, 1).healthy
+
+
+# The prefill's graceful stop waits up to 300 simulated seconds (15 s at FAST_SIM_ENV's time
+# scale) for a request whose decode leg never comes, longer than a new decode takes to come
+# up (as the sim's 30 s do on a host, at time scale 1). The decode's heartbeat (every 20 s
+# here, dropped after two misses) never sees the prefill's swap, as SGLang's 5 s do not on a
+# host where the new prefill answers within a second or two of the old one's exit.
+SLOW_STOP = {
+    "PDSIM_SHUTDOWN_TIMEOUT_S": "300",
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "400",
+}
+
+
+@pytest.fixture
+def busy_pair(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
+) -> tuple[Ops, LocalUnits]:
+    prefill = sim_factory("prefill", env=SLOW_STOP)
+    decode = sim_factory("decode", env={**SLOW_STOP, **partner_env(prefill)})
+    prefill.wait_healthy()
+    decode.wait_healthy()
+    gw = gateway_factory([], [], "--policy", "round_robin")
+    ops, units = local_ops(
+        [LocalPair("pd0", prefill, decode)], gw, Timeouts(health=60, canary=8, poll=0.2)
+    )
+    (pair,) = ops.source.pairs()
+    register_pair(ops, pair)
+    gw.wait_ready()
+    ops.say = lambda line: print(line, file=sys.stderr)
+    return ops, units
+
+
+@pytest.mark.parametrize("stop", ["target and engines", "target alone"])
+def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_waits(
+    busy_pair: tuple[Ops, LocalUnits], monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """Issue 19's power-off rehearsal, on one host: a decode killed while its prefill holds a
+    request, and the pd-exporter's canaries going on. The restart's stop must wait for the
+    old prefill: with `systemctl stop TARGET` alone (what it did) systemctl returns while the
+    prefill is still in its graceful stop, the new decode comes up beside it, a canary makes
+    it register with the old prefill's bootstrap server, and the new prefill never hears of
+    it: every transfer fails ("KV transfer failed") until both restart again."""
+    ops, units = busy_pair
+    (pair,) = ops.source.pairs()
+    port = pair.prefill.bootstrap_port or 0
+    if stop == "target alone":
+        monkeypatch.setattr(restart, "stop_pair", lambda sd, p: sd.stop(p.spec.target))
+    body = {
+        "text": "held",
+        "sampling_params": {"max_new_tokens": 1},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": port,
+        "bootstrap_room": 424242,
+    }
+    held = threading.Thread(
+        target=lambda: requests.post(f"{pair.prefill.url}/generate", json=body, timeout=60),
+        daemon=True,
+    )
+    held.start()  # the prefill leg of a request whose decode leg never comes
+    time.sleep(0.5)
+    units.procs[pair.decode.unit].kill()  # kill -9
+    done = threading.Event()
+
+    def exporter() -> None:
+        while not done.is_set():
+            pair_canary(pair.prefill.url, pair.decode.url, port, 1, timeout=2)
+            done.wait(0.2)
+
+    canaries = threading.Thread(target=exporter, daemon=True)
+    canaries.start()
+    try:
+        rep = restart_pair(ops, pair, drain_required=False)
+    finally:
+        done.set()
+        canaries.join(10)
+    if stop == "target alone":
+        assert not rep.ok and (rep.error or "").startswith("canary: no request passed in 8s")
+        assert "KV transfer failed" in "\n".join(rep.journal[pair.prefill.unit])
+        return
+    assert rep.ok, (rep.error, rep.journal)
+    assert units.show(pair.prefill.unit).active == "active"

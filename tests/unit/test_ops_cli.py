@@ -134,7 +134,10 @@ def test_restart_both_confirms_listing_the_targets(
     assert r.exit_code == code, r.stderr
     assert calls.restarted == restarted
     assert "node-a/pd1: pdstack-pd1-prefill.service + pdstack-pd1-decode.service" in r.stderr
-    assert "systemctl stop pdstack-pd1.target on node-a (both engines)" in r.stderr
+    assert (
+        "systemctl stop pdstack-pd1.target pdstack-pd1-prefill.service "
+        "pdstack-pd1-decode.service on node-a (returns once both engines are down)"
+    ) in r.stderr
     if input is not None:
         assert "Restart 1 pair(s) as above? [y/N]" in r.stderr
     if code == 0:
@@ -569,6 +572,26 @@ def test_recover_creates_a_missing_state_folder_or_says_why_not(
     r = _recover(topo_file, tmp_path / "no" / "such" / "recover.json")
     _one_error_line(r, 2, "state folder", "cannot create it (No such file or directory)")
     assert recovered == ["node-a/pd0"]
+
+
+def test_a_failed_recovery_exits_6_which_systemd_tries_again_within_the_rate_limit(
+    topo_file: Path, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recover unit's RestartPreventExitStatus= holds 1 2 4, not 6: a restart that
+    failed after a crash is tried again, each try counted, until the rate limit (exit 4)."""
+
+    def failed(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
+        return Report(pair.id, ok=False, error="canary: no request passed in 120s")
+
+    monkeypatch.setattr("pdctl.ops.recover.restart_pair", failed)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    state = state_dir / "recover.json"
+    codes = [_recover(topo_file, state, "--max-recoveries", "2").exit_code for _ in range(3)]
+    assert codes == [6, 6, 4]
+    unit = (ROOT / "roles/pdstack_engine/templates/recover@.service.j2").read_text()
+    (prevent,) = [ln for ln in unit.splitlines() if ln.startswith("RestartPreventExitStatus=")]
+    assert "6" not in prevent.split("=")[1].split() and "4" in prevent
 
 
 @pytest.mark.parametrize("unsafe", ["group-writable", "other owner", "symlink"])

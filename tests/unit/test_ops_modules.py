@@ -307,7 +307,10 @@ def test_plan_lines_name_every_step() -> None:
     ops = fake_ops(FakeSystemd(), FakeGateway())
     text = "\n".join(restart.plan_lines(ops, ops.source.pairs()))
     assert "1. pair node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
-    assert "systemctl stop pdstack-pd1.target on node-a (both engines)" in text
+    assert (
+        "systemctl stop pdstack-pd1.target pdstack-pd1-prefill.service "
+        "pdstack-pd1-decode.service on node-a (returns once both engines are down)"
+    ) in text
     assert "verify    5 more; every one must pass" in text
     assert "Pairs restart one at a time" in text
 
@@ -326,9 +329,29 @@ def test_a_unit_failing_to_start_stops_the_roll(monkeypatch: pytest.MonkeyPatch)
         "pdstack-pd0-decode.service: RuntimeError: CUDA out of memory"
     ]
     assert [line.split(":")[0] for line in reports[0].lines] == ["FAILED", "FAILED"]
-    assert ("stop", ("pdstack-pd0.target",)) in sd.jobs
+    assert ("stop", PD0_STOP) in sd.jobs
     assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
     assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
+
+
+# systemctl waits only for the jobs of the units it names, and a target's own stop job ends
+# before the stops PartOf= queued for its engines: the stop names them, so it returns once
+# both are down, and the start never brings a new engine up beside an old one still stopping.
+PD0_STOP = ("pdstack-pd0.target", "pdstack-pd0-prefill.service", "pdstack-pd0-decode.service")
+
+
+def test_the_stop_waits_for_both_engines_not_only_the_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _steps_pass(monkeypatch)
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    rep = restart.restart_pair(ops, ops.source.pairs()[0])
+    assert rep.ok, rep.error
+    assert [j for j in sd.jobs if j[0] in ("stop", "start")] == [
+        ("stop", PD0_STOP),
+        ("start", ("pdstack-pd0.target",)),
+    ]
 
 
 LOST = "its lease expired and pdf2 PID 7 pdctl restart --all, since 12:00:00 holds the lock now"
