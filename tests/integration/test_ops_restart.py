@@ -471,7 +471,8 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
     it: every transfer fails ("KV transfer failed") until both restart again."""
     ops, units = busy_pair
     (pair,) = ops.source.pairs()
-    port = pair.prefill.bootstrap_port or 0
+    (prefill,), (decode,) = pair.prefills, pair.decodes
+    port = prefill.bootstrap_port or 0
     if stop == "target alone":
         monkeypatch.setattr(restart, "stop_pair", lambda sd, p: sd.stop(p.spec.target))
     body = {
@@ -482,17 +483,17 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
         "bootstrap_room": 424242,
     }
     held = threading.Thread(
-        target=lambda: requests.post(f"{pair.prefill.url}/generate", json=body, timeout=60),
+        target=lambda: requests.post(f"{prefill.url}/generate", json=body, timeout=60),
         daemon=True,
     )
     held.start()  # the prefill leg of a request whose decode leg never comes
     time.sleep(0.5)
-    units.procs[pair.decode.unit].kill()  # kill -9
+    units.procs[decode.unit].kill()  # kill -9
     done = threading.Event()
 
     def exporter() -> None:
         while not done.is_set():
-            pair_canary(pair.prefill.url, pair.decode.url, port, 1, timeout=2)
+            pair_canary(prefill.url, decode.url, port, 1, timeout=2)
             done.wait(0.2)
 
     canaries = threading.Thread(target=exporter, daemon=True)
@@ -504,7 +505,7 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
         canaries.join(10)
     if stop == "target alone":
         assert not rep.ok and (rep.error or "").startswith("canary: no request passed in 8s")
-        assert "KV transfer failed" in "\n".join(rep.journal[pair.prefill.unit])
+        assert "KV transfer failed" in "\n".join(rep.journal[prefill.unit])
         return
     assert rep.ok, (rep.error, rep.journal)
-    assert units.show(pair.prefill.unit).active == "active"
+    assert units.show(prefill.unit).active == "active"

@@ -816,9 +816,16 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
     recover_unit = (
         render.jinja_env(ROOT / "roles/pdstack_engine/templates")
         .get_template("recover@.service.j2")
-        .render(ansible_managed=render.MANAGED, venv=names.VENV, host="node-a")
+        .render(
+            ansible_managed=render.MANAGED,
+            venv=names.VENV,
+            host="node-a",
+            pending_dir=names.RESTART_PENDING_DIR,
+        )
     )
     assert f"\nExecStart={names.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
+    # ProtectSystem=strict: the recovery removes the pair's restart-pending marker there.
+    assert f"\nReadWritePaths=-{names.RESTART_PENDING_DIR}\n" in recover_unit
     assert "\nType=oneshot\n" in recover_unit
 
 

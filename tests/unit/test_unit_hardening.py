@@ -62,7 +62,7 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
-        **common, venv=names.VENV, host=dep.hosts[0].name
+        **common, venv=names.VENV, host=dep.hosts[0].name, pending_dir=names.RESTART_PENDING_DIR
     )
     files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
         **common, rules_file=f"{names.CONFIG_DIR}/firewall.nft"
@@ -160,12 +160,13 @@ def test_engines_reach_only_gpu_and_rdma_devices(units: dict[str, Path]) -> None
 
 def test_recovery_writes_only_its_own_state_folder(units: dict[str, Path]) -> None:
     """Root without capabilities: its state folder is systemd's, root's alone, and the one
-    pdctl recover uses."""
+    pdctl recover uses; besides it, only the restart-pending markers a recovery clears."""
     text = units[names.RECOVER_UNIT].read_text().splitlines()
     state = Path(names.RECOVER_STATE).parent
     assert f"StateDirectory={state.relative_to('/var/lib')}" in text
     assert "StateDirectoryMode=0700" in text and "CapabilityBoundingSet=" in text
-    assert not [line for line in text if line.startswith("ReadWritePaths=")]
+    writable = [line for line in text if line.startswith("ReadWritePaths=")]
+    assert writable == [f"ReadWritePaths=-{names.RESTART_PENDING_DIR}"]
 
 
 def test_the_gateway_lease_lives_and_ends_with_its_gateway(units: dict[str, Path]) -> None:
