@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -38,15 +41,23 @@ from pdctl.analyze.report import analyze_stream
 from pdctl.analyze.synth import SynthJournal, SynthPrefill, journal_lines, prefill_journal_lines
 from pdctl.bench.client import RequestOutput, stream_request
 from pdctl.bench.metrics import calculate
-from pdctl.bench.prompts import random_prompts
+from pdctl.bench.prompts import Prompt, random_prompts
 from pdctl.capacity.laws import load_laws
-from pdctl.capacity.search import Option, Shape, Targets, plan
+from pdctl.capacity.prefill import Handoff
+from pdctl.capacity.search import Engines, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
+from pdctl.sim.args import Knobs
+from pdctl.sim.conn import KV_TRANSFER_GB_S
 from pdctl.testing.stack import Gateway, SimProc, served_model, smg_binary, start_gateway
 
 LAW = {"PDSIM_STEP_A_MS": 18.0, "PDSIM_STEP_B_MS": 1.05,
        "PDSIM_PREFILL_BASE_MS": 5.0, "PDSIM_PREFILL_MS_PER_TOKEN": 0.05}  # fmt: skip
-ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192")
+CHUNK = 8192
+ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192",
+               "--chunked-prefill-size", str(CHUNK))  # fmt: skip
+CALIBRATION_REQUESTS = 20
+# The sim moves KV_BYTES_PER_TOKEN per prompt token at KV_TRANSFER_GB_S (conn.py).
+TRANSFER = Handoff.of(0.0, Knobs().kv_bytes_per_token, KV_TRANSFER_GB_S)
 
 
 @dataclass(frozen=True)
@@ -122,39 +133,65 @@ def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> floa
     return tokens / (end - start)
 
 
-def run_case(
-    case: Case, laws: list[Path], logs: Path, binary: str, scale: float
-) -> dict[str, float]:
-    load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
-    targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
-    best: Option = plan(load_laws(laws), load, targets, Shape(4, 4)).recommended
+@contextlib.contextmanager
+def layout(
+    binary: str, logs: Path, scale: float, prefills: int, decodes: int, decode_args: Sequence[str]
+) -> Iterator[tuple[str, str]]:
+    """Sim engines behind smg; (gateway URL, model). Stopped by PID on the way out."""
     env = {"PDSIM_STARTUP_DELAY_S": "1", "PDSIM_TIME_SCALE": str(scale)} | {
         k: str(v) for k, v in LAW.items()
     }
-    decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
-                   "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
-    prefills = [
-        SimProc.create("prefill", logs, env, extra=ENGINE_ARGS)
-        for _ in range(best.prefill_instances)
-    ]
-    decodes = [
-        SimProc.create("decode", logs, env, extra=decode_args) for _ in range(best.decode_instances)
-    ]
+    sims = [SimProc.create("prefill", logs, env, extra=ENGINE_ARGS) for _ in range(prefills)]
+    decode_sims = [SimProc.create("decode", logs, env, extra=decode_args) for _ in range(decodes)]
     gateway: Gateway | None = None
     try:
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.start()
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.wait_healthy(60)
-        gateway = start_gateway(binary, prefills, decodes, logs, "--disable-retries")
+        # round_robin: the profile's router policy, and what the planner assumes
+        gateway = start_gateway(
+            binary, sims, decode_sims, logs, "--disable-retries", "--policy", "round_robin"
+        )
         gateway.wait_ready()
-        model = served_model(gateway.url)
-        outputs, last_arrival = asyncio.run(open_loop(gateway.url, model, case, 7, scale))
+        yield gateway.url, served_model(gateway.url)
     finally:
         if gateway is not None:
             gateway.stop()
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.stop()
+
+
+async def one_by_one(url: str, model: str, prompts: list[Prompt]) -> list[RequestOutput]:
+    async with aiohttp.ClientSession() as session:
+        return [await stream_request(session, url, "chat", model, p) for p in prompts]
+
+
+def calibrate_handoff(binary: str, logs: Path, scale: float) -> float:
+    """The fixed handoff as an operator would measure it (docs/bench.md): requests one at a
+    time through one idle pair, mean TTFT less the prefill law and the KV transfer at their
+    prompt length."""
+    input_len = 128
+    prompts = random_prompts(CALIBRATION_REQUESTS + 1, input_len, 8, 1.0, 3)
+    with layout(binary, logs, scale, 1, 1, ENGINE_ARGS) as (url, model):
+        outputs = asyncio.run(one_by_one(url, model, prompts))[1:]  # the first warms up
+    ttft = [o.ttft * 1000 / scale for o in outputs if o.success]
+    prefill = LAW["PDSIM_PREFILL_BASE_MS"] + LAW["PDSIM_PREFILL_MS_PER_TOKEN"] * input_len
+    return max(statistics.mean(ttft) - prefill - TRANSFER.ms(input_len), 0.0)
+
+
+def run_case(
+    case: Case, laws: list[Path], logs: Path, binary: str, scale: float, handoff_ms: float
+) -> dict[str, float]:
+    load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
+    targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
+    engines = Engines(CHUNK, Handoff(handoff_ms, TRANSFER.ms_per_token))
+    best: Option = plan(load_laws(laws), load, targets, Shape(4, 4), None, engines).recommended
+    decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
+                   "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
+    with layout(binary, logs, scale, best.prefill_instances, best.decode_instances,
+                decode_args) as (url, model):  # fmt: skip
+        outputs, last_arrival = asyncio.run(open_loop(url, model, case, 7, scale))
     ok = [o for o in outputs if o.success]
     first = min(o.start_time for o in ok)
     result = calculate(outputs, max(o.start_time + o.latency for o in ok) - first)
@@ -183,15 +220,17 @@ def main() -> int:
     if binary is None:
         print("smg is not installed (scripts/setup.sh installs it into .venv)", file=sys.stderr)
         return 2
-    print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
-          f"{'ITL p90 pred/meas':>19}  {'out tok/s pred/meas':>21}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pdctl-capacity-") as tmp:
         root = Path(tmp)
         laws = write_laws(root)
+        handoff_ms = calibrate_handoff(binary, root, args.time_scale)
+        print(f"handoff at idle (1P+1D, one request at a time): {handoff_ms:.1f} ms", flush=True)
+        print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
+              f"{'ITL p90 pred/meas':>19}  {'out tok/s pred/meas':>21}")  # fmt: skip
         for case in CASES:
             if args.only and case.name not in args.only:
                 continue
-            r = run_case(case, laws, root, binary, args.time_scale)
+            r = run_case(case, laws, root, binary, args.time_scale, handoff_ms)
 
             def pair(pred: float, meas: float) -> str:
                 return f"{pred:7.1f}/{meas:7.1f} {100 * (meas - pred) / pred:+4.0f}%"

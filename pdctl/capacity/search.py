@@ -10,7 +10,7 @@ filters the combinations.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +19,18 @@ from pdctl.capacity.laws import Laws
 from pdctl.capacity.model import (
     DecodeLaw,
     DecodePrediction,
-    PrefillPrediction,
     decode_cap,
     fine_buckets,
     predict_decode,
-    predict_prefill,
     sample_quantile,
-    service_times,
+)
+from pdctl.capacity.prefill import (
+    Arrivals,
+    Handoff,
+    Policy,
+    PrefillPrediction,
+    PrefillSide,
+    predict_prefill,
 )
 from pdctl.capacity.workload import Workload
 from pdctl.errors import PdctlError
@@ -57,6 +62,16 @@ class Shape:
     gpus_per_prefill: int = 4
     gpus_per_decode: int = 4
     gpu_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class Engines:
+    """What the engines run with besides the laws: the prefill's batch budget and the PD
+    handoff (prefill.py)."""
+
+    chunk_tokens: int = 8192
+    handoff: Handoff = field(default_factory=Handoff)
+    policy: Policy = "round_robin"  # how the gateway deals requests out to the prefills
 
 
 @dataclass(frozen=True)
@@ -126,9 +141,9 @@ class Plan:
 
 
 def _prefill_ok(
-    service: Sequence[float], rate: float, targets: Targets
+    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, targets: Targets
 ) -> PrefillPrediction | None:
-    pred = predict_prefill(service, rate, list(targets.ttft_ms))
+    pred = predict_prefill(side, arrivals, rate, prefills, list(targets.ttft_ms))
     if pred is None or any(pred.ttft_ms[q] > t for q, t in targets.ttft_ms.items()):
         return None
     return pred
@@ -145,17 +160,20 @@ def _decode_ok(
     return pred
 
 
-def fewest_prefills(service: Sequence[float], load: Workload, targets: Targets) -> int:
+def fewest_prefills(side: PrefillSide, arrivals: Arrivals, load: Workload, targets: Targets) -> int:
+    alone = sorted(side.alone_ms(n) for n in load.inputs)
     for q, target in targets.ttft_ms.items():
-        alone = sample_quantile(service, q)
-        if alone > target:
+        if (ms := sample_quantile(alone, q)) > target:
             raise NoOption(
                 f"no option meets TTFT {Targets.label(q)} {target:g} ms: a prefill alone takes "
-                f"{alone:.1f} ms for the {Targets.label(q)} input, {alone - target:.1f} ms over"
+                f"{ms:.1f} ms for the {Targets.label(q)} input with the handoff, "
+                f"{ms - target:.1f} ms over"
             )
-    work = load.rate * sum(service) / len(service) / 1000.0  # busy prefills
-    for n in range(max(1, math.ceil(work)), MAX_INSTANCES + 1):
-        if _prefill_ok(service, load.rate / n, targets) is not None:
+    # busy prefills if every batch were full (the per-batch cost spread thin): a lower bound
+    mean_in = sum(load.inputs) / len(load.inputs)
+    per_request = side.law.b_ms * mean_in + side.law.a_ms * mean_in / max(side.chunk_tokens, 1)
+    for n in range(max(1, math.ceil(load.rate * per_request / 1000.0)), MAX_INSTANCES + 1):
+        if _prefill_ok(side, arrivals, load.rate, n, targets) is not None:
             return n
     raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} prefills")
 
@@ -198,17 +216,9 @@ def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float) -> Buckets:
     return Buckets(sizes, "per size", decode_cap(law, sizes, itl_ms))
 
 
-def _headroom(
-    laws: Laws, service: Sequence[float], buckets: Buckets, np_: int, nd: int, load: Workload,
-    targets: Targets,
-) -> float:  # fmt: skip
-    def meets(f: float) -> bool:
-        rate = f * load.rate
-        return (
-            _prefill_ok(service, rate / np_, targets) is not None
-            and _decode_ok(laws.decode, buckets, rate / nd, load.mean_output, targets) is not None
-        )
-
+def _growth(meets: Callable[[float], bool]) -> float:
+    """How much the rate may grow (as a share) while `meets(rate factor)` holds. The two
+    sides do not interact, so a layout's headroom is the smaller of theirs."""
     lo, hi = 1.0, 2.0
     while meets(hi) and hi < MAX_HEADROOM:
         lo, hi = hi, 2 * hi
@@ -220,19 +230,42 @@ def _headroom(
     return lo - 1.0
 
 
+def _prefill_growth(
+    side: PrefillSide, arrivals: Arrivals, np_: int, load: Workload, targets: Targets
+) -> float:
+    def meets(f: float) -> bool:
+        return _prefill_ok(side, arrivals, f * load.rate, np_, targets) is not None
+
+    return _growth(meets)
+
+
+def _decode_growth(
+    law: DecodeLaw, buckets: Buckets, nd: int, load: Workload, targets: Targets
+) -> float:
+    def meets(f: float) -> bool:
+        return _decode_ok(law, buckets, f * load.rate / nd, load.mean_output, targets) is not None
+
+    return _growth(meets)
+
+
 def plan(
     laws: Laws,
     load: Workload,
     targets: Targets,
     shape: Shape,
     given_buckets: Sequence[int] | None = None,
+    engines: Engines = Engines(),
 ) -> Plan:
     itl_ms = min(targets.itl_ms.values())
-    service = service_times(laws.prefill, load.inputs)
-    n_prefill = fewest_prefills(service, load, targets)
+    side = PrefillSide(laws.prefill, engines.chunk_tokens, engines.handoff)
+    arrivals = Arrivals(load.inputs, engines.policy)
+    n_prefill = fewest_prefills(side, arrivals, load, targets)
     options: list[Option] = []
     fewest: list[tuple[int, int, int]] = []  # (gpus, prefills, decodes) before the budget
     choices = bucket_choices(laws.decode, given_buckets, itl_ms)
+    prefill_room = {
+        n: _prefill_growth(side, arrivals, n, load, targets) for n in (n_prefill + e for e in EXTRA)
+    }
     for buckets in choices:
         n_decode = fewest_decodes(laws.decode, buckets, load, targets)
         for extra_p in EXTRA:
@@ -242,10 +275,13 @@ def plan(
                 fewest.append((gpus, np_, nd))
                 if shape.gpu_budget is not None and gpus > shape.gpu_budget:
                     continue
-                pre = _prefill_ok(service, load.rate / np_, targets)
+                pre = _prefill_ok(side, arrivals, load.rate, np_, targets)
                 dec = _decode_ok(laws.decode, buckets, load.rate / nd, load.mean_output, targets)
-                assert pre is not None and dec is not None  # more instances only help
-                room = _headroom(laws, service, buckets, np_, nd, load, targets)
+                if pre is None or dec is None:  # a sampled queue need not shrink monotonically
+                    continue
+                room = min(
+                    prefill_room[np_], _decode_growth(laws.decode, buckets, nd, load, targets)
+                )
                 out = load.rate * load.mean_output
                 options.append(Option(np_, nd, buckets, pre, dec, gpus, out, room))
     if not options:

@@ -10,10 +10,14 @@ from rich.console import Console
 
 from pdctl.bench.level import parse_int_list
 from pdctl.capacity.laws import Laws, load_laws
+from pdctl.capacity.prefill import Handoff, Policy
 from pdctl.capacity.report import as_dict, layout_snippet, render
-from pdctl.capacity.search import Shape, Targets, plan
+from pdctl.capacity.search import Engines, Shape, Targets, plan
 from pdctl.capacity.workload import workload
 from pdctl.cli.options import format_option
+from pdctl.errors import PdctlError
+
+DEFAULT_CHUNK = 8192  # SGLang's --chunked-prefill-size on GPUs of 90 GiB and more
 
 
 def _context(laws: Laws, given: int | None) -> tuple[int | None, str]:
@@ -24,6 +28,24 @@ def _context(laws: Laws, given: int | None) -> tuple[int | None, str]:
         if isinstance(value := flags.get("context_length"), int):
             return value, f"{source}'s engine flags"
     return None, ""
+
+
+def _chunk(laws: Laws, given: int | None) -> tuple[int, str | None]:
+    """The prefill's batch budget and, when it is a guess, the warning that says so."""
+    if given is not None:
+        return given, None
+    if isinstance(value := laws.prefill_flags.get("chunked_prefill_size"), int) and value > 0:
+        return value, None
+    return DEFAULT_CHUNK, (
+        f"the prefill law ({laws.prefill_source}) does not say its chunked_prefill_size: "
+        f"{DEFAULT_CHUNK} assumed (--chunked-prefill-size)"
+    )
+
+
+def _handoff(fixed_ms: float, kv_bytes: int | None, link_gb_s: float | None) -> Handoff:
+    if (kv_bytes is None) != (link_gb_s is None):
+        raise PdctlError("give --kv-bytes-per-token and --kv-link-gb-s together")
+    return Handoff.of(fixed_ms, kv_bytes or 0, link_gb_s)
 
 
 def _targets(values: dict[float, float | None]) -> dict[float, float]:
@@ -66,6 +88,28 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
     type=click.IntRange(min=1),
     help="Longest request allowed (default: the laws' engine flags, when they name it).",
 )
+@click.option(
+    "--chunked-prefill-size", type=click.IntRange(min=1),
+    help="Prompt tokens one prefill batch takes (default: the prefill law's engine flags).",
+)  # fmt: skip
+@click.option(
+    "--handoff-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    help="Fixed PD handoff per request: TTFT at idle minus the prefill law (docs/bench.md).",
+)  # fmt: skip
+@click.option(
+    "--kv-bytes-per-token", type=click.IntRange(min=1),
+    help="KV bytes per prompt token moved to the decode (the profile's model.kv_bytes_per_token).",
+)  # fmt: skip
+@click.option(
+    "--kv-link-gb-s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="KV transfer bandwidth between prefill and decode, GB/s.",
+)
+@click.option(
+    "--router-policy", type=click.Choice(["round_robin", "random"]), default="round_robin",
+    show_default=True,
+    help="How the gateway deals requests to prefills (random: also the bound for load-aware ones).",
+)  # fmt: skip
 @format_option
 def capacity(
     laws: tuple[Path, ...],
@@ -83,6 +127,11 @@ def capacity(
     gpus_per_host: int,
     cuda_graph_bs: str | None,
     context_length: int | None,
+    chunked_prefill_size: int | None,
+    handoff_ms: float,
+    kv_bytes_per_token: int | None,
+    kv_link_gb_s: float | None,
+    router_policy: Policy,
     fmt: str,
 ) -> None:
     """Engine counts, decode limits and graph buckets for a workload and its latency targets.
@@ -90,7 +139,8 @@ def capacity(
     LAWS are `pdctl analyze journal --format json` outputs of a decode journal and a prefill
     journal (or one file holding both). A decode's step at its padded batch is its ITL, so
     the ITL target caps its running requests, lower with coarse buckets than with fine ones;
-    prefill TTFT is an M/G/1 queue over the prefill law (docs/bench.md, "pdctl capacity").
+    TTFT is a prefill's batching queue over the prefill law plus the PD handoff (docs/bench.md,
+    "pdctl capacity").
 
     \b
     Example:
@@ -108,7 +158,12 @@ def capacity(
     )
     shape = Shape(gpus_per_prefill, gpus_per_decode, gpu_budget)
     given = parse_int_list(cuda_graph_bs, "--cuda-graph-bs") if cuda_graph_bs else None
-    result = plan(found, load, targets, shape, given)
+    chunk, chunk_warning = _chunk(found, chunked_prefill_size)
+    handoff = _handoff(handoff_ms, kv_bytes_per_token, kv_link_gb_s)
+    engines = Engines(chunk, handoff, router_policy)
+    result = plan(found, load, targets, shape, given, engines)
+    if chunk_warning:
+        result.warnings.append(chunk_warning)
     layout = layout_snippet(result.recommended, shape, gpus_per_host)
     if fmt == "json":
         click.echo(json.dumps(as_dict(result, layout, load, targets), indent=2))

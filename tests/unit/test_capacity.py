@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,9 @@ from pdctl.capacity.model import (
     fine_buckets,
     poisson_pmf,
     predict_decode,
-    predict_prefill,
     quantile,
 )
+from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill
 from pdctl.capacity.report import layout_snippet
 from pdctl.capacity.search import Buckets, NoOption, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
@@ -40,6 +39,7 @@ SEED_LAW = DecodeLaw(18.0, 1.05)  # the reference deployment's production decode
 PREFILL = PrefillLaw(30.0, 0.05)
 EIGHTS = list(EIGHTS_TO_96)
 P90 = Targets({0.9: 1000.0}, {0.9: 50.0})
+SIDE = PrefillSide(PREFILL, 8192, Handoff())
 
 
 def _laws() -> Laws:
@@ -70,22 +70,58 @@ def test_decode_over_its_cap_is_infeasible() -> None:
     assert predict_decode(SEED_LAW, EIGHTS, 24, 10.0, 256, [0.9]) is None
 
 
-def test_prefill_wait_is_pollaczek_khinchine() -> None:
-    # M/D/1 with S = 100 ms at 5 req/s: rho 0.5, mean wait 5/1000 x 100² / (2 x 0.5) = 50 ms
-    pred = predict_prefill([100.0], 5.0, [0.9])
-    assert pred is not None
-    assert pred.utilisation == pytest.approx(0.5) and pred.mean_wait_ms == pytest.approx(50.0)
-    # waits with probability rho, exponentially with mean W/rho: p90 = 100 ln(0.5/0.1)
-    assert pred.ttft_ms[0.9] == pytest.approx(100.0 * math.log(5.0) + 100.0)
-    assert predict_prefill([100.0], 9.6, [0.9]) is None  # rho 0.96: past MAX_UTILISATION
+def test_prefill_without_batching_is_pollaczek_khinchine() -> None:
+    # prompts too long to share a batch: M/D/1 with S = 100 ms at 5 req/s, rho 0.5, mean
+    # wait 5/1000 x 100² / (2 x 0.5) = 50 ms (the sampled queue within a few percent)
+    side = PrefillSide(PrefillLaw(50.0, 0.05), 1000, Handoff())
+    arrivals = Arrivals([1000], samples=40_000)
+    pred = predict_prefill(side, arrivals, 5.0, 1, [0.9])
+    assert pred is not None and pred.mean_batch == 1.0
+    assert pred.utilisation == pytest.approx(0.5, rel=0.03)
+    assert pred.mean_wait_ms == pytest.approx(50.0, rel=0.06)
+    assert predict_prefill(side, arrivals, 9.6, 1, [0.9]) is None  # rho 0.96: past the limit
+
+
+def test_batching_shares_the_base_cost_and_delays_the_first() -> None:
+    law = PrefillLaw(5.0, 0.05)
+    arrivals = Arrivals([4096])
+    alone = PrefillSide(law, 4096, Handoff())  # one 4096-token prompt per batch
+    paired = PrefillSide(law, 8192, Handoff())  # two fit
+    one, two = (predict_prefill(s, arrivals, 3.0, 1, [0.5, 0.9]) for s in (alone, paired))
+    assert one is not None and two is not None
+    assert one.mean_batch == 1.0 and 1.0 < two.mean_batch <= 2.0
+    assert two.utilisation < one.utilisation  # one 5 ms base per batch, not per request
+    # a request batched with the one behind it waits for its 4096 tokens too: 414.6 ms, not 209.8
+    assert two.ttft_ms[0.9] > one.ttft_ms[0.9]
+
+
+def test_round_robin_waits_less_than_a_random_split() -> None:
+    # every other arrival (Gamma(2) gaps) queues less than a Poisson half of the stream
+    side = PrefillSide(PREFILL, 2048, Handoff())
+    dealt = predict_prefill(side, Arrivals([2048], "round_robin"), 12.0, 2, [0.9])
+    split = predict_prefill(side, Arrivals([2048], "random"), 12.0, 2, [0.9])
+    assert dealt is not None and split is not None
+    assert dealt.utilisation == pytest.approx(split.utilisation, rel=0.05)
+    assert dealt.mean_wait_ms < 0.8 * split.mean_wait_ms
+
+
+def test_handoff_adds_its_fixed_part_and_the_transfer() -> None:
+    # 16281 bytes per token at 20 GB/s: 0.814 us per token, 3.33 ms for 4096 tokens
+    handoff = Handoff.of(10.0, 16281, 20.0)
+    assert handoff.ms(4096) == pytest.approx(10.0 + 4096 * 16281 / 20e6)
+    arrivals = Arrivals([4096])
+    bare = predict_prefill(SIDE, arrivals, 1.0, 1, [0.9])
+    full = predict_prefill(PrefillSide(PREFILL, 8192, handoff), arrivals, 1.0, 1, [0.9])
+    assert bare is not None and full is not None
+    assert full.ttft_ms[0.9] == pytest.approx(bare.ttft_ms[0.9] + handoff.ms(4096))
 
 
 def test_instance_counts_are_the_fewest_that_meet_the_targets() -> None:
     load = Workload(20.0, [2048], [256], "fixed")
     result = plan(_laws(), load, P90, Shape(4, 4), EIGHTS)
     best = result.recommended
-    service = PREFILL.batch_ms(2048)  # 132.4 ms: 20 req/s keep 2.65 prefills busy
-    fewer_p = predict_prefill([service], 20.0 / (best.prefill_instances - 1), [0.9])
+    arrivals = Arrivals([2048])  # 132.4 ms each alone: 20 req/s keep ~2.6 prefills busy
+    fewer_p = predict_prefill(SIDE, arrivals, 20.0, best.prefill_instances - 1, [0.9])
     assert fewer_p is None or fewer_p.ttft_ms[0.9] > 1000.0
     assert best.prefill.ttft_ms[0.9] <= 1000.0
     fewer_d = predict_decode(SEED_LAW, EIGHTS, 24, 20.0 / (best.decode_instances - 1), 256, [0.9])
@@ -135,7 +171,7 @@ def test_budget_too_small_says_what_the_smallest_layout_needs() -> None:
 
 def _option(np_: int, nd: int) -> Option:
     pre, dec = (
-        predict_prefill([100.0], 1.0, [0.9]),
+        predict_prefill(SIDE, Arrivals([1400]), 1.0, 1, [0.9]),
         predict_decode(SEED_LAW, EIGHTS, 24, 0.1, 64, [0.9]),
     )
     assert pre is not None and dec is not None
