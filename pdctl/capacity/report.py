@@ -82,7 +82,7 @@ def as_dict(plan: Plan, layout: str, load: Workload, targets: Targets) -> dict[s
         "workload": {
             "rate": load.rate,
             "lengths": load.source,
-            "mean_input": sum(load.inputs) / len(load.inputs),
+            "mean_input": load.mean_input,
             "mean_output": load.mean_output,
         },
         "targets": {

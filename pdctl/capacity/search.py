@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdctl.analyze.buckets import COARSE_STEP, SMALL_GRAPHS, padded
@@ -72,6 +72,14 @@ class Engines:
     chunk_tokens: int = 8192
     handoff: Handoff = field(default_factory=Handoff)
     policy: Policy = "round_robin"  # how the gateway deals requests out to the prefills
+    kv_pool_tokens: int | None = None  # a decode's KV pool (max_total_num_tokens)
+    kv_pool_source: str = ""
+
+    def kv_cap(self, load: Workload) -> int | None:
+        """The requests a decode's KV pool holds at their full length (input + output)."""
+        if self.kv_pool_tokens is None:
+            return None
+        return int(self.kv_pool_tokens // math.ceil(load.mean_input + load.mean_output))
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class Buckets:
     sizes: list[int]
     basis: str  # given | chosen | default (sglang's) | per size (one graph each)
     cap: int  # max_running_requests: the most running requests within the ITL target
+    kv_bound: bool = False  # the KV pool, not the ITL target, set the cap
 
 
 @dataclass(frozen=True)
@@ -196,24 +205,38 @@ def fewest_decodes(law: DecodeLaw, buckets: Buckets, load: Workload, targets: Ta
     raise NoOption(f"ITL targets need more than {MAX_INSTANCES} decodes")
 
 
-def bucket_choices(law: DecodeLaw, given: Sequence[int] | None, itl_ms: float) -> list[Buckets]:
-    """The given list; else one the planner chooses (SGLang's default shape below the largest
-    batch the target allows, and that batch itself) and SGLang's default for comparison."""
+def _buckets(
+    law: DecodeLaw, sizes: list[int], basis: str, itl_ms: float, kv_cap: int | None,
+    graphs: Sequence[int] | None = None,
+) -> Buckets:  # fmt: skip
+    """max_running_requests is the ITL target's cap over `graphs` (default: the sizes), and
+    at most what the KV pool holds."""
+    cap = decode_cap(law, sizes if graphs is None else graphs, itl_ms)
+    if kv_cap is not None and kv_cap < cap:
+        return Buckets(sizes, basis, kv_cap, kv_bound=True)
+    return Buckets(sizes, basis, cap)
+
+
+def bucket_choices(
+    law: DecodeLaw, given: Sequence[int] | None, itl_ms: float, kv_cap: int | None = None
+) -> list[Buckets]:
+    """The given list; else one the planner chooses (SGLang's default shape below the cap,
+    and the cap itself) and SGLang's default for comparison, which SGLang itself clamps to
+    max_running_requests (none above it, the cap added)."""
     if given:
-        sizes = sorted(set(given))
-        return [Buckets(sizes, "given", decode_cap(law, sizes, itl_ms))]
-    top = max(SGLANG_DEFAULT_BS)
-    fine_cap = decode_cap(law, fine_buckets(top), itl_ms)
-    chosen = sorted({b for b in SGLANG_DEFAULT_BS if b < fine_cap} | {fine_cap} - {0})
-    default_cap = decode_cap(law, SGLANG_DEFAULT_BS, itl_ms)
-    default = [b for b in SGLANG_DEFAULT_BS if b <= default_cap]  # none above the cap is used
-    return [Buckets(chosen, "chosen", fine_cap), Buckets(default, "default", default_cap)]
+        return [_buckets(law, sorted(set(given)), "given", itl_ms, kv_cap)]
+    out = []
+    for basis, graphs in (("chosen", fine_buckets(max(SGLANG_DEFAULT_BS))),
+                          ("default", SGLANG_DEFAULT_BS)):  # fmt: skip
+        top = _buckets(law, [], basis, itl_ms, kv_cap, graphs)
+        sizes = sorted({b for b in SGLANG_DEFAULT_BS if b < top.cap} | {top.cap} - {0})
+        out.append(replace(top, sizes=sizes))
+    return out
 
 
-def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float) -> Buckets:
+def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float, kv_cap: int | None) -> Buckets:
     """The same largest graph with one graph per batch size."""
-    sizes = fine_buckets(max(buckets.sizes))
-    return Buckets(sizes, "per size", decode_cap(law, sizes, itl_ms))
+    return _buckets(law, fine_buckets(max(buckets.sizes)), "per size", itl_ms, kv_cap)
 
 
 def _growth(meets: Callable[[float], bool]) -> float:
@@ -262,7 +285,14 @@ def plan(
     n_prefill = fewest_prefills(side, arrivals, load, targets)
     options: list[Option] = []
     fewest: list[tuple[int, int, int]] = []  # (gpus, prefills, decodes) before the budget
-    choices = bucket_choices(laws.decode, given_buckets, itl_ms)
+    kv_cap = engines.kv_cap(load)
+    if kv_cap == 0:
+        raise NoOption(
+            f"no option: a decode's KV pool ({engines.kv_pool_tokens} tokens, "
+            f"{engines.kv_pool_source}) cannot hold one request of "
+            f"{math.ceil(load.mean_input + load.mean_output)} tokens (input + output)"
+        )
+    choices = bucket_choices(laws.decode, given_buckets, itl_ms, kv_cap)
     prefill_room = {
         n: _prefill_growth(side, arrivals, n, load, targets) for n in (n_prefill + e for e in EXTRA)
     }
@@ -293,8 +323,15 @@ def plan(
         )
     options.sort(key=lambda o: (o.gpus, -o.headroom))
     best = options[0]
-    comparison = _comparison(laws, best, load, targets, itl_ms, choices)
-    return Plan(options, best, comparison, flag_warnings(laws, shape, best))
+    comparison = _comparison(laws, best, load, targets, itl_ms, choices, kv_cap)
+    notes = flag_warnings(laws, shape, best)
+    if best.buckets.kv_bound:
+        notes.append(
+            f"a decode's KV pool ({engines.kv_pool_tokens} tokens, {engines.kv_pool_source}) "
+            f"holds {kv_cap} requests of {math.ceil(load.mean_input + load.mean_output)} tokens "
+            "(input + output): that, not the ITL target, caps --max-running-requests"
+        )
+    return Plan(options, best, comparison, notes)
 
 
 def flag_warnings(laws: Laws, shape: Shape, best: Option) -> list[str]:
@@ -322,11 +359,11 @@ def flag_warnings(laws: Laws, shape: Shape, best: Option) -> list[str]:
 
 def _comparison(
     laws: Laws, best: Option, load: Workload, targets: Targets, itl_ms: float,
-    choices: list[Buckets],
+    choices: list[Buckets], kv_cap: int | None,
 ) -> BucketComparison | None:  # fmt: skip
     """Given buckets against one graph per size; chosen ones against SGLang's default."""
     if best.buckets.basis == "given":
-        other = finer_than(laws.decode, best.buckets, itl_ms)
+        other = finer_than(laws.decode, best.buckets, itl_ms, kv_cap)
     else:
         other = next(b for b in choices if b is not best.buckets and b.basis != "given")
     if other.cap == best.buckets.cap:

@@ -25,6 +25,10 @@ class Workload:
     source: str  # where the lengths came from, for the report
 
     @property
+    def mean_input(self) -> float:
+        return sum(self.inputs) / len(self.inputs)
+
+    @property
     def mean_output(self) -> float:
         return sum(self.outputs) / len(self.outputs)
 

@@ -42,6 +42,14 @@ def _chunk(laws: Laws, given: int | None) -> tuple[int, str | None]:
     )
 
 
+def _kv_pool(laws: Laws, given: int | None) -> tuple[int | None, str]:
+    if given is not None:
+        return given, "--kv-pool-tokens"
+    if isinstance(value := laws.decode_flags.get("max_total_num_tokens"), int) and value > 0:
+        return value, f"{laws.decode_source}'s engine flags"
+    return None, ""
+
+
 def _handoff(fixed_ms: float, kv_bytes: int | None, link_gb_s: float | None) -> Handoff:
     if (kv_bytes is None) != (link_gb_s is None):
         raise PdctlError("give --kv-bytes-per-token and --kv-link-gb-s together")
@@ -110,6 +118,11 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
     show_default=True,
     help="How the gateway deals requests to prefills (random: also the bound for load-aware ones).",
 )  # fmt: skip
+@click.option(
+    "--kv-pool-tokens", type=click.IntRange(min=1),
+    help="A decode's KV pool in tokens (`pdctl plan`'s KV pool; default: the decode law's "
+    "max_total_num_tokens): max_running_requests holds at most pool / (input + output).",
+)  # fmt: skip
 @format_option
 def capacity(
     laws: tuple[Path, ...],
@@ -132,6 +145,7 @@ def capacity(
     kv_bytes_per_token: int | None,
     kv_link_gb_s: float | None,
     router_policy: Policy,
+    kv_pool_tokens: int | None,
     fmt: str,
 ) -> None:
     """Engine counts, decode limits and graph buckets for a workload and its latency targets.
@@ -160,7 +174,7 @@ def capacity(
     given = parse_int_list(cuda_graph_bs, "--cuda-graph-bs") if cuda_graph_bs else None
     chunk, chunk_warning = _chunk(found, chunked_prefill_size)
     handoff = _handoff(handoff_ms, kv_bytes_per_token, kv_link_gb_s)
-    engines = Engines(chunk, handoff, router_policy)
+    engines = Engines(chunk, handoff, router_policy, *_kv_pool(found, kv_pool_tokens))
     result = plan(found, load, targets, shape, given, engines)
     if chunk_warning:
         result.warnings.append(chunk_warning)

@@ -30,7 +30,7 @@ from pdctl.capacity.model import (
 )
 from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill
 from pdctl.capacity.report import layout_snippet
-from pdctl.capacity.search import Buckets, NoOption, Option, Shape, Targets, plan
+from pdctl.capacity.search import Buckets, Engines, NoOption, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
 from pdctl.cli import cli
 from pdctl.errors import PdctlError
@@ -318,3 +318,54 @@ def test_buckets_type_is_what_the_cli_reports() -> None:
     """A given list is kept whole (its graphs are the operator's), its cap from the law."""
     result = plan(_laws(), Workload(1.0, [256], [64], "fixed"), P90, Shape(4, 4), EIGHTS)
     assert result.recommended.buckets == Buckets(EIGHTS, "given", 24)
+
+
+# ----- the KV pool's cap and the PD handoff ----------------------------------------------------
+
+
+def test_kv_pool_caps_max_running_below_the_itl_target() -> None:
+    load = Workload(4.0, [2048], [256], "fixed")  # 2304 tokens a request at full length
+    engines = Engines(kv_pool_tokens=20 * 2304 + 100, kv_pool_source="--kv-pool-tokens")
+    result = plan(_laws(), load, P90, Shape(4, 4), None, engines)
+    best = result.recommended.buckets
+    assert best.cap == 20 and best.kv_bound and best.sizes[-1] == 20  # the ITL target allows 30
+    assert any("holds 20 requests of 2304 tokens" in w for w in result.warnings)
+    # SGLang's default list, clamped to the cap as SGLang clamps it, is capped alike
+    assert result.finer is None  # both lists stop at 20: nothing to compare
+    roomy = plan(_laws(), load, P90, Shape(4, 4), None, Engines(kv_pool_tokens=10**7))
+    assert roomy.recommended.buckets.cap == 30 and not roomy.recommended.buckets.kv_bound
+    given = plan(_laws(), load, P90, Shape(4, 4), EIGHTS, engines).recommended.buckets
+    assert given.cap == 20 and given.sizes == EIGHTS  # the operator's graphs stay
+
+
+def test_kv_pool_smaller_than_one_request_is_no_option() -> None:
+    with pytest.raises(
+        NoOption, match=r"KV pool \(1000 tokens, x\) cannot hold one request of 2304"
+    ):
+        plan(_laws(), Workload(1.0, [2048], [256], "fixed"), P90, Shape(4, 4), None,
+             Engines(kv_pool_tokens=1000, kv_pool_source="x"))  # fmt: skip
+
+
+def test_cli_handoff_kv_pool_and_chunk(law_files: tuple[Path, Path]) -> None:
+    base = (*map(str, law_files), "--rate", "4", *FIXED, *TARGETS, "--format=json")
+
+    def ttft(*extra: str) -> float:
+        code, out, exc = _run(*base, *extra)
+        assert code == 0, (out, exc)
+        return float(json.loads(out)["recommended"]["predicted"]["ttft_p90_ms"])
+
+    bare = ttft()
+    assert ttft("--handoff-ms", "40") == pytest.approx(bare + 40.0, rel=0.02)
+    # 2048 tokens x 16281 bytes at 20 GB/s: 1.67 ms of transfer
+    moved = ttft("--kv-bytes-per-token", "16281", "--kv-link-gb-s", "20")
+    assert moved == pytest.approx(bare + 2048 * 16281 / 20e6, rel=0.02)
+    code, out, _ = _run(*base, "--kv-pool-tokens", str(20 * 2304))
+    data = json.loads(out)
+    assert data["recommended"]["decode_max_running_requests"] == 20
+    assert any("--kv-pool-tokens" in w for w in data["warnings"])
+    # the fixture's journals name no chunked_prefill_size: the guess is said
+    assert any("8192 assumed" in w for w in data["warnings"])
+    code, out, _ = _run(*base, "--chunked-prefill-size", "4096")
+    assert not any("assumed" in w for w in json.loads(out)["warnings"])
+    code, _, exc = _run(*base, "--kv-bytes-per-token", "16281")
+    assert code != 0 and str(exc) == "give --kv-bytes-per-token and --kv-link-gb-s together"
