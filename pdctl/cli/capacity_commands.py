@@ -62,13 +62,21 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
 
 @click.command()
 @click.argument("laws", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--rate", type=float, required=True, help="Requests per second (Poisson arrivals).")
+@click.option(
+    "--rate", type=float,
+    help="Requests per second (Poisson arrivals; default: a --trace's arrivals).",
+)  # fmt: skip
 @click.option("--input-len", type=click.IntRange(min=1), help="Input tokens per request.")
 @click.option("--output-len", type=click.IntRange(min=1), help="Output tokens per request.")
 @click.option(
     "--lengths-from",
     type=click.Path(path_type=Path, dir_okay=False),
     help="A bench result file: its last run's length distribution instead of fixed lengths.",
+)
+@click.option(
+    "--trace",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help='JSON lines {"input_len", "output_len"[, "arrival_s"]}: the lengths (and the rate).',
 )
 @click.option(
     "--ttft-p90-ms", type=click.FloatRange(min=0, min_open=True), required=True,
@@ -126,10 +134,11 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
 @format_option
 def capacity(
     laws: tuple[Path, ...],
-    rate: float,
+    rate: float | None,
     input_len: int | None,
     output_len: int | None,
     lengths_from: Path | None,
+    trace: Path | None,
     ttft_p90_ms: float,
     itl_p90_ms: float,
     ttft_p99_ms: float | None,
@@ -165,7 +174,7 @@ def capacity(
     """
     found = load_laws(laws)
     context, context_source = _context(found, context_length)
-    load = workload(rate, input_len, output_len, lengths_from, context, context_source)
+    load = workload(rate, input_len, output_len, lengths_from, context, context_source, trace)
     targets = Targets(
         _targets({0.9: ttft_p90_ms, 0.99: ttft_p99_ms}),
         _targets({0.9: itl_p90_ms, 0.99: itl_p99_ms}),

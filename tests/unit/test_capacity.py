@@ -369,3 +369,71 @@ def test_cli_handoff_kv_pool_and_chunk(law_files: tuple[Path, Path]) -> None:
     assert not any("assumed" in w for w in json.loads(out)["warnings"])
     code, _, exc = _run(*base, "--kv-bytes-per-token", "16281")
     assert code != 0 and str(exc) == "give --kv-bytes-per-token and --kv-link-gb-s together"
+
+
+# ----- trace files ------------------------------------------------------------------------------
+
+
+def _trace(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_trace_gives_lengths_and_rate(law_files: tuple[Path, Path], tmp_path: Path) -> None:
+    rows = [{"input_len": 1000 + 100 * i, "output_len": 200, "arrival_s": 0.25 * i}
+            for i in range(9)]  # fmt: skip
+    trace = _trace(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n\n")
+    code, out, exc = _run(*map(str, law_files), "--trace", str(trace), *TARGETS, "--format=json")
+    assert code == 0, (out, exc)
+    load = json.loads(out)["workload"]
+    assert load["rate"] == pytest.approx(4.0)  # 8 gaps over 2 s
+    assert load["mean_input"] == pytest.approx(1400) and load["lengths"] == str(trace)
+    code, out, _ = _run(*map(str, law_files), "--trace", str(trace), "--rate", "1.5", *TARGETS,
+                        "--format=json")  # fmt: skip
+    assert json.loads(out)["workload"]["rate"] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"input_len": 10, "output_len": 5}\nnope\n', "trace.jsonl:2: not a JSON object"),
+        ('[1, 2]\n', "trace.jsonl:1: not a JSON object"),
+        ('{"input_len": 10}\n', "trace.jsonl:1: output_len is None, not a token count"),
+        ('{"input_len": 0, "output_len": 5}\n', "trace.jsonl:1: input_len is 0, not a token"),
+        ('{"input_len": 1.5, "output_len": 5}\n', "trace.jsonl:1: input_len is 1.5, not a"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 0}\n{"input_len": 10, "output_len": 5}\n',
+         "trace.jsonl:2: arrival_s must be on every line or on none"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 2}\n'
+         '{"input_len": 10, "output_len": 5, "arrival_s": 1}\n',
+         "trace.jsonl:2: arrival_s 1 is before the line above's"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": "soon"}\n',
+         "trace.jsonl:1: arrival_s is 'soon', not a number of seconds"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 3}\n',
+         "its 1 arrivals span 0 s: no rate to read; give --rate"),
+        ('\n\n', "trace.jsonl: no requests in the trace"),
+        ('{"input_len": 10, "output_len": 5}\n', "give --rate (a --trace with arrival_s"),
+        ('{"input_len": 8000, "output_len": 500}\n', "above the context length 8192"),
+    ],
+)  # fmt: skip
+def test_bad_traces_are_one_line(
+    law_files: tuple[Path, Path], tmp_path: Path, text: str, message: str
+) -> None:
+    rate = () if "give --rate" in message or "span" in message else ("--rate", "1")
+    trace = _trace(tmp_path, text)
+    code, _, exc = _run(*map(str, law_files), "--trace", str(trace), *rate, *TARGETS)
+    assert code != 0 and isinstance(exc, PdctlError), exc
+    assert message in str(exc) and "\n" not in str(exc), str(exc)
+
+
+def test_trace_and_other_lengths_are_exclusive(
+    law_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    trace = _trace(tmp_path, '{"input_len": 10, "output_len": 5}\n')
+    code, _, exc = _run(
+        *map(str, law_files), "--trace", str(trace), "--rate", "1", *FIXED, *TARGETS
+    )
+    assert code != 0 and str(exc) == "give one of --trace and --input-len/--output-len, not both"
+    trace.write_bytes(b"\xff\xfe")
+    code, _, exc = _run(*map(str, law_files), "--trace", str(trace), "--rate", "1", *TARGETS)
+    assert "not UTF-8 text (byte 0): not a trace" in str(exc)
