@@ -4,9 +4,12 @@ For each workload (prefill-heavy, decode-heavy, mixed): plant a decode law and a
 in the sim (PDSIM_STEP_A_MS/B_MS, PDSIM_PREFILL_BASE_MS/MS_PER_TOKEN), write the laws as
 `pdctl analyze journal` reads them from journals generated with the same law
 (pdctl.analyze.synth), plan the layout, bring it up as local processes (sim engines with the
-recommended --max-running-requests and --cuda-graph-bs-decode behind the real smg gateway),
-drive it open loop (Poisson arrivals at the rate, bench_serving's request timing from
-pdctl.bench.client) and print predicted against measured TTFT p90, ITL p90 and output tok/s.
+recommended --max-running-requests and --cuda-graph-bs-decode behind the real smg gateway
+with the profile's round_robin policy), drive it open loop with `pdctl bench sweep --rate`'s
+driver (Poisson arrivals at the rate) and print predicted against measured TTFT p90, ITL p90
+and output tok/s. The fixed PD handoff the planner is given is measured first, as an
+operator would: requests one at a time through an idle 1P+1D, mean TTFT less the prefill law
+and the KV transfer (the sim's KV bytes per token at its link speed).
 Output tok/s is measured over the arrival window (tokens whose time falls between the first
 and the last arrival), the steady state the prediction describes. `--time-scale S` runs the
 sim S times slower than its law (PDSIM_TIME_SCALE), sends at rate / S and divides measured
@@ -24,12 +27,10 @@ import asyncio
 import contextlib
 import io
 import json
-import random
 import signal
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -39,9 +40,10 @@ import aiohttp
 
 from pdctl.analyze.report import analyze_stream
 from pdctl.analyze.synth import SynthJournal, SynthPrefill, journal_lines, prefill_journal_lines
-from pdctl.bench.client import RequestOutput, stream_request
+from pdctl.bench.builtin import arrival_times, run_requests
+from pdctl.bench.client import RequestOutput
+from pdctl.bench.level import Level, Target
 from pdctl.bench.metrics import calculate
-from pdctl.bench.prompts import Prompt, random_prompts
 from pdctl.capacity.laws import load_laws
 from pdctl.capacity.prefill import Handoff
 from pdctl.capacity.search import Engines, Option, Shape, Targets, plan
@@ -99,27 +101,16 @@ def write_laws(root: Path) -> list[Path]:
     return paths
 
 
-async def open_loop(
-    url: str, model: str, case: Case, seed: int, scale: float
-) -> tuple[list[RequestOutput], float]:
-    """Requests at Poisson arrival times (wall clock: rate / scale); the outputs and the last
-    arrival's time."""
-    prompts = random_prompts(case.requests, case.input_len, case.output_len, 1.0, seed)
-    rng = random.Random(seed)
-    arrivals = list(accumulate(rng.expovariate(case.rate / scale) for _ in prompts))
-    timeout = aiohttp.ClientTimeout(total=600 * scale)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        warm = await stream_request(session, url, "chat", model, prompts[0])
-        if not warm.success:
-            raise RuntimeError(f"warm-up failed: {warm.error}")
-        t0 = time.perf_counter()
-
-        async def one(i: int) -> RequestOutput:
-            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
-            return await stream_request(session, url, "chat", model, prompts[i])
-
-        outputs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
-    return list(outputs), t0 + arrivals[-1]
+async def drive(url: str, model: str, level: Level) -> tuple[list[RequestOutput], float, float]:
+    """`pdctl bench sweep`'s builtin driver (a warm-up, then the level); the outputs, the
+    first and the last arrival (perf_counter seconds)."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+        target = Target(url, model, "chat")
+        outputs, start, _ = await run_requests(session, target, level, lambda: None)
+    return outputs, start, start + arrival_times(level)[-1]
 
 
 def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> float:
@@ -162,19 +153,14 @@ def layout(
             sim.stop()
 
 
-async def one_by_one(url: str, model: str, prompts: list[Prompt]) -> list[RequestOutput]:
-    async with aiohttp.ClientSession() as session:
-        return [await stream_request(session, url, "chat", model, p) for p in prompts]
-
-
 def calibrate_handoff(binary: str, logs: Path, scale: float) -> float:
     """The fixed handoff as an operator would measure it (docs/bench.md): requests one at a
     time through one idle pair, mean TTFT less the prefill law and the KV transfer at their
     prompt length."""
     input_len = 128
-    prompts = random_prompts(CALIBRATION_REQUESTS + 1, input_len, 8, 1.0, 3)
+    level = Level(1, CALIBRATION_REQUESTS, input_len, 8, 1.0, 3)
     with layout(binary, logs, scale, 1, 1, ENGINE_ARGS) as (url, model):
-        outputs = asyncio.run(one_by_one(url, model, prompts))[1:]  # the first warms up
+        outputs, _, _ = asyncio.run(drive(url, model, level))
     ttft = [o.ttft * 1000 / scale for o in outputs if o.success]
     prefill = LAW["PDSIM_PREFILL_BASE_MS"] + LAW["PDSIM_PREFILL_MS_PER_TOKEN"] * input_len
     return max(statistics.mean(ttft) - prefill - TRANSFER.ms(input_len), 0.0)
@@ -191,9 +177,10 @@ def run_case(
                    "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
     with layout(binary, logs, scale, best.prefill_instances, best.decode_instances,
                 decode_args) as (url, model):  # fmt: skip
-        outputs, last_arrival = asyncio.run(open_loop(url, model, case, 7, scale))
+        level = Level(None, case.requests, case.input_len, case.output_len, 1.0, 7,
+                      case.rate / scale)  # fmt: skip
+        outputs, first, last_arrival = asyncio.run(drive(url, model, level))
     ok = [o for o in outputs if o.success]
-    first = min(o.start_time for o in ok)
     result = calculate(outputs, max(o.start_time + o.latency for o in ok) - first)
     return {
         "prefills": best.prefill_instances,
