@@ -66,8 +66,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class Engines:
-    """What the engines run with besides the laws: the prefill's batch budget and the PD
-    handoff (prefill.py)."""
+    """What the engines run with besides the laws: the prefill's batch budget, the PD
+    handoff and the gateway's policy (prefill.py), and the decode's KV pool."""
 
     chunk_tokens: int = 8192
     handoff: Handoff = field(default_factory=Handoff)
