@@ -128,6 +128,7 @@ class Option:
             "tok_s_per_gpu": self.tok_s_per_gpu,
             "headroom_pct": 100.0 * self.headroom,
             "prefill_utilisation": self.prefill.utilisation,
+            "prefill_mean_batch": self.prefill.mean_batch,
             "decode_mean_running": self.decode.mean_running,
         }
 

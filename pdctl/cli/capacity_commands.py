@@ -189,6 +189,6 @@ def capacity(
         result.warnings.append(chunk_warning)
     layout = layout_snippet(result.recommended, shape, gpus_per_host)
     if fmt == "json":
-        click.echo(json.dumps(as_dict(result, layout, load, targets), indent=2))
+        click.echo(json.dumps(as_dict(result, layout, load, targets, engines), indent=2))
     else:
         render(result, layout, targets, Console())

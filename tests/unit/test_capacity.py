@@ -365,8 +365,13 @@ def test_cli_handoff_kv_pool_and_chunk(law_files: tuple[Path, Path]) -> None:
     assert any("--kv-pool-tokens" in w for w in data["warnings"])
     # the fixture's journals name no chunked_prefill_size: the guess is said
     assert any("8192 assumed" in w for w in data["warnings"])
-    code, out, _ = _run(*base, "--chunked-prefill-size", "4096")
-    assert not any("assumed" in w for w in json.loads(out)["warnings"])
+    code, out, _ = _run(*base, "--chunked-prefill-size", "4096", "--handoff-ms", "6")
+    data = json.loads(out)
+    assert not any("assumed" in w for w in data["warnings"])
+    assert data["assumed"] == {
+        "chunked_prefill_size": 4096, "handoff_ms": 6.0, "kv_transfer_ms_per_token": 0.0,
+        "router_policy": "round_robin", "decode_kv_pool_tokens": None,
+    }  # fmt: skip
     code, _, exc = _run(*base, "--kv-bytes-per-token", "16281")
     assert code != 0 and str(exc) == "give --kv-bytes-per-token and --kv-link-gb-s together"
 
