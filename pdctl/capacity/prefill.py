@@ -89,34 +89,59 @@ class PrefillPrediction:
     ttft_ms: dict[float, float]  # quantile -> ms
 
 
-def predict_prefill(
-    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, quantiles: Sequence[float]
-) -> PrefillPrediction | None:
-    """One of `prefills` prefills sharing `rate` requests/s; None above MAX_UTILISATION."""
+@dataclass(frozen=True)
+class Served:
+    ttft_ms: list[float]  # per request, in arrival order
+    utilisation: float
+    mean_wait_ms: float
+    mean_batch: float
+
+
+def serve(side: PrefillSide, at_ms: Sequence[float], inputs: Sequence[int]) -> Served:
+    """One prefill's queue over requests arriving at `at_ms` (sorted) with these prompts."""
     a, b, chunk = side.law.a_ms, side.law.b_ms, side.chunk_tokens
-    unit_times, inputs = arrivals.of(prefills)
-    at = [t * 1000.0 / rate for t in unit_times]
-    n = len(at)
+    n = len(at_ms)
     ttft: list[float] = []
-    busy = wait = 0.0
-    free_at = 0.0
+    busy = wait = free_at = 0.0
     batches = i = 0
     while i < n:
-        start = max(free_at, at[i])
+        start = max(free_at, at_ms[i])
         tokens, j = inputs[i], i + 1
-        while j < n and at[j] <= start and tokens + inputs[j] <= chunk:
+        while j < n and at_ms[j] <= start and tokens + inputs[j] <= chunk:
             tokens += inputs[j]
             j += 1
         end = start + a + b * tokens
         for k in range(i, j):
-            wait += start - at[k]
-            ttft.append(end - at[k] + side.handoff.ms(inputs[k]))
+            wait += start - at_ms[k]
+            ttft.append(end - at_ms[k] + side.handoff.ms(inputs[k]))
         busy += end - start
         free_at, i, batches = end, j, batches + 1
-    utilisation = busy / max(free_at, at[-1])
-    if utilisation > MAX_UTILISATION:
+    return Served(ttft, busy / max(free_at, at_ms[-1], 1e-9), wait / n, n / batches)
+
+
+def predict_prefill(
+    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, quantiles: Sequence[float]
+) -> PrefillPrediction | None:
+    """One of `prefills` prefills sharing `rate` requests/s; None above MAX_UTILISATION."""
+    unit_times, inputs = arrivals.of(prefills)
+    served = serve(side, [t * 1000.0 / rate for t in unit_times], inputs)
+    if served.utilisation > MAX_UTILISATION:
         return None
-    ttft.sort()
+    ttft = sorted(served.ttft_ms)
     return PrefillPrediction(
-        utilisation, wait / n, n / batches, {q: sample_quantile(ttft, q) for q in quantiles}
+        served.utilisation,
+        served.mean_wait_ms,
+        served.mean_batch,
+        {q: sample_quantile(ttft, q) for q in quantiles},
     )
+
+
+def replay(
+    side: PrefillSide, at_ms: Sequence[float], inputs: Sequence[int], prefills: int
+) -> list[float]:
+    """TTFTs of a given arrival sequence dealt round-robin to `prefills` prefills: the model
+    on one run's own arrivals, apart from how typical those arrivals were."""
+    out: list[float] = []
+    for p in range(prefills):
+        out += serve(side, at_ms[p::prefills], inputs[p::prefills]).ttft_ms
+    return out

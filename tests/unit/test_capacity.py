@@ -28,7 +28,7 @@ from pdctl.capacity.model import (
     predict_decode,
     quantile,
 )
-from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill
+from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill, replay
 from pdctl.capacity.report import layout_snippet
 from pdctl.capacity.search import Buckets, Engines, NoOption, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
@@ -103,6 +103,14 @@ def test_round_robin_waits_less_than_a_random_split() -> None:
     assert dealt is not None and split is not None
     assert dealt.utilisation == pytest.approx(split.utilisation, rel=0.05)
     assert dealt.mean_wait_ms < 0.8 * split.mean_wait_ms
+
+
+def test_replay_deals_a_given_arrival_sequence_round_robin() -> None:
+    side = PrefillSide(PrefillLaw(5.0, 0.05), 8192, Handoff(2.0))
+    # two at once, two a second later: dealt to two prefills, each request is alone
+    assert replay(side, [0.0, 0.0, 1000.0, 1000.0], [100] * 4, 2) == [12.0] * 4
+    # one prefill batches each pair: 5 + 0.05 x 200 ms for both, plus the handoff
+    assert replay(side, [0.0, 0.0, 1000.0, 1000.0], [100] * 4, 1) == [17.0] * 4
 
 
 def test_handoff_adds_its_fixed_part_and_the_transfer() -> None:
