@@ -4,9 +4,12 @@ For each workload (prefill-heavy, decode-heavy, mixed): plant a decode law and a
 in the sim (PDSIM_STEP_A_MS/B_MS, PDSIM_PREFILL_BASE_MS/MS_PER_TOKEN), write the laws as
 `pdctl analyze journal` reads them from journals generated with the same law
 (pdctl.analyze.synth), plan the layout, bring it up as local processes (sim engines with the
-recommended --max-running-requests and --cuda-graph-bs-decode behind the real smg gateway),
-drive it open loop (Poisson arrivals at the rate, bench_serving's request timing from
-pdctl.bench.client) and print predicted against measured TTFT p90, ITL p90 and output tok/s.
+recommended --max-running-requests and --cuda-graph-bs-decode behind the real smg gateway
+with the profile's round_robin policy), drive it open loop with `pdctl bench sweep --rate`'s
+driver (Poisson arrivals at the rate) and print predicted against measured TTFT p90, ITL p90
+and output tok/s. The fixed PD handoff the planner is given is measured first, as an
+operator would: requests one at a time through an idle 1P+1D, mean TTFT less the prefill law
+and the KV transfer (the sim's KV bytes per token at its link speed).
 Output tok/s is measured over the arrival window (tokens whose time falls between the first
 and the last arrival), the steady state the prediction describes. `--time-scale S` runs the
 sim S times slower than its law (PDSIM_TIME_SCALE), sends at rate / S and divides measured
@@ -21,14 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
-import random
 import signal
+import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 
@@ -36,17 +40,27 @@ import aiohttp
 
 from pdctl.analyze.report import analyze_stream
 from pdctl.analyze.synth import SynthJournal, SynthPrefill, journal_lines, prefill_journal_lines
-from pdctl.bench.client import RequestOutput, stream_request
+from pdctl.bench.builtin import arrival_times, run_requests
+from pdctl.bench.client import RequestOutput
+from pdctl.bench.level import Level, Target
 from pdctl.bench.metrics import calculate
-from pdctl.bench.prompts import random_prompts
 from pdctl.capacity.laws import load_laws
-from pdctl.capacity.search import Option, Shape, Targets, plan
+from pdctl.capacity.model import sample_quantile
+from pdctl.capacity.prefill import Handoff, PrefillSide, replay
+from pdctl.capacity.search import Engines, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
+from pdctl.sim.args import Knobs
+from pdctl.sim.conn import KV_TRANSFER_GB_S
 from pdctl.testing.stack import Gateway, SimProc, served_model, smg_binary, start_gateway
 
 LAW = {"PDSIM_STEP_A_MS": 18.0, "PDSIM_STEP_B_MS": 1.05,
        "PDSIM_PREFILL_BASE_MS": 5.0, "PDSIM_PREFILL_MS_PER_TOKEN": 0.05}  # fmt: skip
-ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192")
+CHUNK = 8192
+ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192",
+               "--chunked-prefill-size", str(CHUNK))  # fmt: skip
+CALIBRATION_REQUESTS = 20
+# The sim moves KV_BYTES_PER_TOKEN per prompt token at KV_TRANSFER_GB_S (conn.py).
+TRANSFER = Handoff.of(0.0, Knobs().kv_bytes_per_token, KV_TRANSFER_GB_S)
 
 
 @dataclass(frozen=True)
@@ -88,27 +102,16 @@ def write_laws(root: Path) -> list[Path]:
     return paths
 
 
-async def open_loop(
-    url: str, model: str, case: Case, seed: int, scale: float
-) -> tuple[list[RequestOutput], float]:
-    """Requests at Poisson arrival times (wall clock: rate / scale); the outputs and the last
-    arrival's time."""
-    prompts = random_prompts(case.requests, case.input_len, case.output_len, 1.0, seed)
-    rng = random.Random(seed)
-    arrivals = list(accumulate(rng.expovariate(case.rate / scale) for _ in prompts))
-    timeout = aiohttp.ClientTimeout(total=600 * scale)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        warm = await stream_request(session, url, "chat", model, prompts[0])
-        if not warm.success:
-            raise RuntimeError(f"warm-up failed: {warm.error}")
-        t0 = time.perf_counter()
-
-        async def one(i: int) -> RequestOutput:
-            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
-            return await stream_request(session, url, "chat", model, prompts[i])
-
-        outputs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
-    return list(outputs), t0 + arrivals[-1]
+async def drive(url: str, model: str, level: Level) -> tuple[list[RequestOutput], float, float]:
+    """`pdctl bench sweep`'s builtin driver (a warm-up, then the level); the outputs, the
+    first and the last arrival (perf_counter seconds)."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+        target = Target(url, model, "chat")
+        outputs, start, _ = await run_requests(session, target, level, lambda: None)
+    return outputs, start, start + arrival_times(level)[-1]
 
 
 def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> float:
@@ -122,41 +125,73 @@ def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> floa
     return tokens / (end - start)
 
 
-def run_case(
-    case: Case, laws: list[Path], logs: Path, binary: str, scale: float
-) -> dict[str, float]:
-    load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
-    targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
-    best: Option = plan(load_laws(laws), load, targets, Shape(4, 4)).recommended
+@contextlib.contextmanager
+def layout(
+    binary: str, logs: Path, scale: float, prefills: int, decodes: int, decode_args: Sequence[str]
+) -> Iterator[tuple[str, str]]:
+    """Sim engines behind smg; (gateway URL, model). Stopped by PID on the way out."""
     env = {"PDSIM_STARTUP_DELAY_S": "1", "PDSIM_TIME_SCALE": str(scale)} | {
         k: str(v) for k, v in LAW.items()
     }
-    decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
-                   "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
-    prefills = [
-        SimProc.create("prefill", logs, env, extra=ENGINE_ARGS)
-        for _ in range(best.prefill_instances)
-    ]
-    decodes = [
-        SimProc.create("decode", logs, env, extra=decode_args) for _ in range(best.decode_instances)
-    ]
+    sims = [SimProc.create("prefill", logs, env, extra=ENGINE_ARGS) for _ in range(prefills)]
+    decode_sims = [SimProc.create("decode", logs, env, extra=decode_args) for _ in range(decodes)]
     gateway: Gateway | None = None
     try:
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.start()
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.wait_healthy(60)
-        gateway = start_gateway(binary, prefills, decodes, logs, "--disable-retries")
+        # round_robin: the profile's router policy, and what the planner assumes; health
+        # checks that tolerate a loaded machine (one slow /health must not empty the pool)
+        gateway = start_gateway(
+            binary, sims, decode_sims, logs, "--disable-retries", "--policy", "round_robin",
+            "--health-failure-threshold", "5", "--health-check-timeout-secs", "10",
+        )  # fmt: skip
         gateway.wait_ready()
-        model = served_model(gateway.url)
-        outputs, last_arrival = asyncio.run(open_loop(gateway.url, model, case, 7, scale))
+        yield gateway.url, served_model(gateway.url)
     finally:
         if gateway is not None:
             gateway.stop()
-        for sim in (*prefills, *decodes):
+        for sim in (*sims, *decode_sims):
             sim.stop()
+
+
+def calibrate_handoff(binary: str, logs: Path, scale: float) -> float:
+    """The fixed handoff as an operator would measure it (docs/bench.md): requests one at a
+    time through one idle pair, mean TTFT less the prefill law and the KV transfer at their
+    prompt length."""
+    input_len = 128
+    level = Level(1, CALIBRATION_REQUESTS, input_len, 8, 1.0, 3)
+    with layout(binary, logs, scale, 1, 1, ENGINE_ARGS) as (url, model):
+        outputs, _, _ = asyncio.run(drive(url, model, level))
+    ttft = [o.ttft * 1000 / scale for o in outputs if o.success]
+    prefill = LAW["PDSIM_PREFILL_BASE_MS"] + LAW["PDSIM_PREFILL_MS_PER_TOKEN"] * input_len
+    return max(statistics.mean(ttft) - prefill - TRANSFER.ms(input_len), 0.0)
+
+
+def run_case(
+    case: Case, laws: list[Path], logs: Path, binary: str, scale: float, handoff_ms: float
+) -> dict[str, float]:
+    load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
+    targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
+    engines = Engines(CHUNK, Handoff(handoff_ms, TRANSFER.ms_per_token))
+    found = load_laws(laws)
+    best: Option = plan(found, load, targets, Shape(4, 4), None, engines).recommended
+    decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
+                   "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
+    with layout(binary, logs, scale, best.prefill_instances, best.decode_instances,
+                decode_args) as (url, model):  # fmt: skip
+        level = Level(None, case.requests, case.input_len, case.output_len, 1.0, 7,
+                      case.rate / scale)  # fmt: skip
+        outputs, first, last_arrival = asyncio.run(drive(url, model, level))
     ok = [o for o in outputs if o.success]
-    first = min(o.start_time for o in ok)
+    for o in outputs:
+        if not o.success:
+            print(f"  {case.name}: failed: {o.error}", file=sys.stderr)
+    # the model on this run's own arrivals: how much of a miss is the sample's luck
+    side = PrefillSide(found.prefill, engines.chunk_tokens, engines.handoff)
+    at_ms = [t * 1000.0 / scale for t in arrival_times(level)]
+    replayed = replay(side, at_ms, [case.input_len] * len(at_ms), best.prefill_instances)
     result = calculate(outputs, max(o.start_time + o.latency for o in ok) - first)
     return {
         "prefills": best.prefill_instances,
@@ -164,6 +199,7 @@ def run_case(
         "cap": best.buckets.cap,
         "failed": len(outputs) - len(ok),
         "ttft_pred": best.prefill.ttft_ms[0.9],
+        "ttft_replay": sample_quantile(sorted(replayed), 0.9),
         "ttft_meas": result["p90_ttft_ms"] / scale,
         "itl_pred": best.decode.itl_ms[0.9],
         "itl_meas": result["p90_itl_ms"] / scale,
@@ -176,6 +212,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=[c.name for c in CASES], action="append")
     ap.add_argument("--time-scale", type=float, default=1.0, help="PDSIM_TIME_SCALE")
+    ap.add_argument(
+        "--requests-factor", type=float, default=1.0,
+        help="run each workload this many times longer (a p90 of 240 requests spreads +-20%%)",
+    )  # fmt: skip
     args = ap.parse_args()
     # a SIGTERM unwinds through the finally blocks that stop the engines and the gateway
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -183,23 +223,28 @@ def main() -> int:
     if binary is None:
         print("smg is not installed (scripts/setup.sh installs it into .venv)", file=sys.stderr)
         return 2
-    print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
-          f"{'ITL p90 pred/meas':>19}  {'out tok/s pred/meas':>21}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pdctl-capacity-") as tmp:
         root = Path(tmp)
         laws = write_laws(root)
+        handoff_ms = calibrate_handoff(binary, root, args.time_scale)
+        print(f"handoff at idle (1P+1D, one request at a time): {handoff_ms:.1f} ms", flush=True)
+        print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
+              f"{'replayed/meas':>20}  {'ITL p90 pred/meas':>19}  "
+              f"{'out tok/s pred/meas':>21}")  # fmt: skip
         for case in CASES:
             if args.only and case.name not in args.only:
                 continue
-            r = run_case(case, laws, root, binary, args.time_scale)
+            longer = replace(case, requests=round(case.requests * args.requests_factor))
+            r = run_case(longer, laws, root, binary, args.time_scale, handoff_ms)
 
             def pair(pred: float, meas: float) -> str:
                 return f"{pred:7.1f}/{meas:7.1f} {100 * (meas - pred) / pred:+4.0f}%"
 
-            print(f"{case.name:14} {r['prefills']:.0f}+{r['decodes']:.0f}".ljust(20)
-                  + f" {r['cap']:>4.0f} {r['failed']:>4.0f}  {pair(r['ttft_pred'], r['ttft_meas'])}"
-                  f"  {pair(r['itl_pred'], r['itl_meas'])}  {pair(r['tok_pred'], r['tok_meas'])}",
-                  flush=True)  # fmt: skip
+            keys = (("ttft_pred", "ttft_meas"), ("ttft_replay", "ttft_meas"),
+                    ("itl_pred", "itl_meas"), ("tok_pred", "tok_meas"))  # fmt: skip
+            cells = "  ".join(pair(r[p], r[m]) for p, m in keys)
+            head = f"{case.name:14} {r['prefills']:.0f}+{r['decodes']:.0f}".ljust(20)
+            print(f"{head} {r['cap']:>4.0f} {r['failed']:>4.0f}  {cells}", flush=True)
     return 0
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import aiohttp
@@ -18,19 +20,29 @@ from pdctl.errors import PdctlError
 KEEP_ERRORS = 5
 
 
-async def run_level(
+def arrival_times(level: Level) -> list[float]:
+    """Seconds after the start at which each request is sent: bench_serving's Poisson
+    process (the first at once, then exponential gaps at the rate), all at 0 without one."""
+    if level.rate is None:
+        return [0.0] * level.num_prompts
+    rng = random.Random(level.seed)
+    return [0.0, *accumulate(rng.expovariate(level.rate) for _ in range(level.num_prompts - 1))]
+
+
+async def run_requests(
     session: aiohttp.ClientSession,
     target: Target,
     level: Level,
     on_request_done: Callable[[], None],
     warmup_requests: int = 1,
-) -> dict[str, Any]:
-    """bench_serving's flow: warm-up requests at the level's concurrency, then the measured
-    run with at most `concurrency` requests in flight."""
+) -> tuple[list[RequestOutput], float, float]:
+    """bench_serving's flow: warm-up requests, then the measured run, each request sent at
+    its arrival time with at most `concurrency` in flight. The outputs, the start
+    (perf_counter) and the duration."""
     prompts = random_prompts(
         level.num_prompts, level.input_len, level.output_len, level.range_ratio, level.seed
     )
-    sem = asyncio.Semaphore(level.concurrency)
+    sem = asyncio.Semaphore(level.concurrency or level.num_prompts)
 
     async def one(prompt_index: int) -> RequestOutput:
         async with sem:
@@ -48,14 +60,30 @@ async def run_level(
         if not any(o.success for o in warm):
             raise PdctlError(f"warm-up request failed: {warm[0].error}")
 
+    arrivals = arrival_times(level)
+
     async def measured(i: int) -> RequestOutput:
+        await asyncio.sleep(start + arrivals[i] - time.perf_counter())
         out = await one(i)
         on_request_done()
         return out
 
     start = time.perf_counter()
     outputs = await asyncio.gather(*(measured(i) for i in range(len(prompts))))
-    duration = time.perf_counter() - start
+    return list(outputs), start, time.perf_counter() - start
+
+
+async def run_level(
+    session: aiohttp.ClientSession,
+    target: Target,
+    level: Level,
+    on_request_done: Callable[[], None],
+    warmup_requests: int = 1,
+) -> dict[str, Any]:
+    """The level's result line: bench_serving's metrics and pdctl's failure count."""
+    outputs, _, duration = await run_requests(
+        session, target, level, on_request_done, warmup_requests
+    )
     failed = [o.error for o in outputs if not o.success]
     if len(failed) == len(outputs):
         raise PdctlError(f"all {len(outputs)} requests failed; first: {failed[0]}")

@@ -19,12 +19,12 @@ NUMERIC = ("completed", "mean_tpot_ms", *(f for f, _, _ in COMPARED))
 
 
 def header(target: Target, level: Level) -> dict[str, Any]:
-    """The argument part of bench_serving's result dict (request rate: unlimited)."""
+    """The argument part of bench_serving's result dict."""
     return {
         "tag": None,
         "backend": BACKENDS[target.endpoint],
         "dataset_name": "random",
-        "request_rate": float("inf"),
+        "request_rate": float("inf") if level.rate is None else level.rate,
         "max_concurrency": level.concurrency,
         "sharegpt_output_len": None,
         "random_input_len": level.input_len,
@@ -74,7 +74,9 @@ def load(path: Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict) or "max_concurrency" not in row:
             raise PdctlError(f"{path}:{n}: not a bench_serving result line")
         bad = [k for k in NUMERIC if row.get(k) is not None and not _number(row[k])]
-        if bad or not isinstance(row["max_concurrency"], int):
+        # an open-loop run (a finite request_rate) may leave the concurrency uncapped
+        open_loop = row["max_concurrency"] is None and _number(row.get("request_rate"))
+        if bad or not (open_loop or isinstance(row["max_concurrency"], int)):
             field = bad[0] if bad else "max_concurrency"
             raise PdctlError(f"{path}:{n}: {field} is {row[field]!r}, not a number")
         rows.append(row)

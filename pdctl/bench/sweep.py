@@ -116,7 +116,7 @@ async def _run_one(
             result = await asyncio.wait_for(run, opts.timeout_s)
         except TimeoutError:
             raise PdctlError(
-                f"level C={level.concurrency} did not finish in {opts.timeout_s:.0f} s "
+                f"level {level.label} did not finish in {opts.timeout_s:.0f} s "
                 "(--timeout); completed levels are kept"
             ) from None
     finally:

@@ -47,7 +47,7 @@ class RichProgress:
 
     def start_level(self, level: Level, total: int | None) -> None:
         self._task = self._progress.add_task(
-            f"C={level.concurrency:<4} {level.num_prompts} prompts", total=total
+            f"{level.label:<6} {level.num_prompts} prompts", total=total
         )
 
     def advance(self) -> None:
@@ -65,10 +65,17 @@ def _server(row: dict[str, Any], key: str, stat: str, digits: int) -> str:
     return fmt_num(row.get("server", {}).get(key, {}).get(stat), digits)
 
 
+def _level(row: dict[str, Any]) -> str:
+    """C for a closed-loop level, the rate for an open-loop one."""
+    if row["max_concurrency"] is None:
+        return f"{row['request_rate']:g}/s"
+    return str(row["max_concurrency"])
+
+
 def sweep_table(rows: Sequence[dict[str, Any]]) -> Table:
     t = Table(title="Concurrency sweep", title_justify="left", caption_justify="left")
     cols = (
-        "C", "done", "out tok/s", "req/s", "TTFT mean", "TTFT p50", "TTFT p99",
+        "C or rate", "done", "out tok/s", "req/s", "TTFT mean", "TTFT p50", "TTFT p99",
         "TPOT mean", "TPOT p50", "ITL p99", "e2e p50", "srv running", "graph", "KV use",
     )  # fmt: skip
     for c in cols:
@@ -76,7 +83,7 @@ def sweep_table(rows: Sequence[dict[str, Any]]) -> Table:
     for r in rows:
         failed = r.get("failed", 0)
         t.add_row(
-            str(r["max_concurrency"]),
+            _level(r),
             f"{r['completed']}" + (f" [red]({failed} failed)[/red]" if failed else ""),
             fmt_num(r["output_throughput"]),
             fmt_num(r["request_throughput"], 2),

@@ -15,13 +15,7 @@ a batch of n yields n tokens, so tokens see the size-biased count 1 + Poisson(R)
 percentiles are the step times at its percentiles. The decode is feasible when its running
 count stays within the cap but for SLOT_OVERFLOW of the time (above the cap requests wait).
 
-Prefill. Each request is one job of `a + b x input tokens` ms (the prefill law), served one
-after another: an M/G/1 queue. The mean wait is Pollaczek-Khinchine's λE[S²]/2(1-rho); a
-request waits with probability rho, and then roughly exponentially (the usual heavy-traffic
-tail), so the wait's q-quantile is (W/rho)·ln(rho/(1-q)). TTFT_q is taken as wait_q + S_q, an
-upper bound of the sum's quantile. Both simplifications are conservative: a real prefill
-batches queued requests (one `a` per batch, not per request) and the router spreads requests
-more evenly than at random. KV transfer and the gateway hop are not modelled.
+Prefill: prefill.py (a batching queue, then the PD handoff).
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SLOT_OVERFLOW = 0.01  # share of the time a decode may hold more requests than its cap
-MAX_UTILISATION = 0.95  # a prefill busier than this is one burst away from an endless queue
 _FIXED_POINT_ROUNDS = 200
 
 
@@ -132,37 +125,9 @@ def predict_decode(
     return DecodePrediction(running, overflow, itl, step)
 
 
-@dataclass(frozen=True)
-class PrefillPrediction:
-    utilisation: float
-    mean_wait_ms: float
-    ttft_ms: dict[float, float]  # quantile -> ms
-
-
-def service_times(law: PrefillLaw, inputs: Sequence[int]) -> list[float]:
-    return sorted(law.batch_ms(n) for n in inputs)
-
-
 def sample_quantile(sorted_values: Sequence[float], q: float) -> float:
     """The q-quantile of equally likely values (linear interpolation, as numpy's default)."""
     pos = q * (len(sorted_values) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def predict_prefill(
-    service_ms: Sequence[float], rate: float, quantiles: Sequence[float]
-) -> PrefillPrediction | None:
-    """One prefill under `rate` requests/s (service_ms sorted); None above MAX_UTILISATION."""
-    mean_s = sum(service_ms) / len(service_ms)
-    mean_s2 = sum(s * s for s in service_ms) / len(service_ms)
-    rho = rate * mean_s / 1000.0
-    if rho > MAX_UTILISATION:
-        return None
-    wait = (rate / 1000.0) * mean_s2 / (2.0 * (1.0 - rho))
-    ttft = {}
-    for q in quantiles:
-        wait_q = (wait / rho) * math.log(rho / (1.0 - q)) if rho > 1.0 - q else 0.0
-        ttft[q] = wait_q + sample_quantile(service_ms, q)
-    return PrefillPrediction(rho, wait, ttft)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdctl.analyze.report import fmt_num
-from pdctl.capacity.search import Option, Plan, Shape, Targets
+from pdctl.capacity.search import Engines, Option, Plan, Shape, Targets
 from pdctl.capacity.workload import Workload
 
 FIRST_PORT = 30000
@@ -64,7 +64,9 @@ def layout_snippet(option: Option, shape: Shape, per_host: int) -> str:
     return "\n".join(lines)
 
 
-def as_dict(plan: Plan, layout: str, load: Workload, targets: Targets) -> dict[str, Any]:
+def as_dict(
+    plan: Plan, layout: str, load: Workload, targets: Targets, engines: Engines
+) -> dict[str, Any]:
     finer = plan.finer
     return {
         "recommended": plan.recommended.core(),
@@ -82,12 +84,19 @@ def as_dict(plan: Plan, layout: str, load: Workload, targets: Targets) -> dict[s
         "workload": {
             "rate": load.rate,
             "lengths": load.source,
-            "mean_input": sum(load.inputs) / len(load.inputs),
+            "mean_input": load.mean_input,
             "mean_output": load.mean_output,
         },
         "targets": {
             **{f"ttft_{Targets.label(q)}_ms": t for q, t in targets.ttft_ms.items()},
             **{f"itl_{Targets.label(q)}_ms": t for q, t in targets.itl_ms.items()},
+        },
+        "assumed": {  # what the TTFT and the cap were computed with
+            "chunked_prefill_size": engines.chunk_tokens,
+            "handoff_ms": engines.handoff.fixed_ms,
+            "kv_transfer_ms_per_token": engines.handoff.ms_per_token,
+            "router_policy": engines.policy,
+            "decode_kv_pool_tokens": engines.kv_pool_tokens,
         },
     }
 

@@ -10,8 +10,8 @@ filters the combinations.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdctl.analyze.buckets import COARSE_STEP, SMALL_GRAPHS, padded
@@ -19,13 +19,18 @@ from pdctl.capacity.laws import Laws
 from pdctl.capacity.model import (
     DecodeLaw,
     DecodePrediction,
-    PrefillPrediction,
     decode_cap,
     fine_buckets,
     predict_decode,
-    predict_prefill,
     sample_quantile,
-    service_times,
+)
+from pdctl.capacity.prefill import (
+    Arrivals,
+    Handoff,
+    Policy,
+    PrefillPrediction,
+    PrefillSide,
+    predict_prefill,
 )
 from pdctl.capacity.workload import Workload
 from pdctl.errors import PdctlError
@@ -60,10 +65,29 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class Engines:
+    """What the engines run with besides the laws: the prefill's batch budget, the PD
+    handoff and the gateway's policy (prefill.py), and the decode's KV pool."""
+
+    chunk_tokens: int = 8192
+    handoff: Handoff = field(default_factory=Handoff)
+    policy: Policy = "round_robin"  # how the gateway deals requests out to the prefills
+    kv_pool_tokens: int | None = None  # a decode's KV pool (max_total_num_tokens)
+    kv_pool_source: str = ""
+
+    def kv_cap(self, load: Workload) -> int | None:
+        """The requests a decode's KV pool holds at their full length (input + output)."""
+        if self.kv_pool_tokens is None:
+            return None
+        return int(self.kv_pool_tokens // math.ceil(load.mean_input + load.mean_output))
+
+
+@dataclass(frozen=True)
 class Buckets:
     sizes: list[int]
     basis: str  # given | chosen | default (sglang's) | per size (one graph each)
     cap: int  # max_running_requests: the most running requests within the ITL target
+    kv_bound: bool = False  # the KV pool, not the ITL target, set the cap
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,7 @@ class Option:
             "tok_s_per_gpu": self.tok_s_per_gpu,
             "headroom_pct": 100.0 * self.headroom,
             "prefill_utilisation": self.prefill.utilisation,
+            "prefill_mean_batch": self.prefill.mean_batch,
             "decode_mean_running": self.decode.mean_running,
         }
 
@@ -126,9 +151,9 @@ class Plan:
 
 
 def _prefill_ok(
-    service: Sequence[float], rate: float, targets: Targets
+    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, targets: Targets
 ) -> PrefillPrediction | None:
-    pred = predict_prefill(service, rate, list(targets.ttft_ms))
+    pred = predict_prefill(side, arrivals, rate, prefills, list(targets.ttft_ms))
     if pred is None or any(pred.ttft_ms[q] > t for q, t in targets.ttft_ms.items()):
         return None
     return pred
@@ -145,17 +170,20 @@ def _decode_ok(
     return pred
 
 
-def fewest_prefills(service: Sequence[float], load: Workload, targets: Targets) -> int:
+def fewest_prefills(side: PrefillSide, arrivals: Arrivals, load: Workload, targets: Targets) -> int:
+    alone = sorted(side.alone_ms(n) for n in load.inputs)
     for q, target in targets.ttft_ms.items():
-        alone = sample_quantile(service, q)
-        if alone > target:
+        if (ms := sample_quantile(alone, q)) > target:
             raise NoOption(
                 f"no option meets TTFT {Targets.label(q)} {target:g} ms: a prefill alone takes "
-                f"{alone:.1f} ms for the {Targets.label(q)} input, {alone - target:.1f} ms over"
+                f"{ms:.1f} ms for the {Targets.label(q)} input with the handoff, "
+                f"{ms - target:.1f} ms over"
             )
-    work = load.rate * sum(service) / len(service) / 1000.0  # busy prefills
-    for n in range(max(1, math.ceil(work)), MAX_INSTANCES + 1):
-        if _prefill_ok(service, load.rate / n, targets) is not None:
+    # busy prefills if every batch were full (the per-batch cost spread thin): a lower bound
+    mean_in = sum(load.inputs) / len(load.inputs)
+    per_request = side.law.b_ms * mean_in + side.law.a_ms * mean_in / max(side.chunk_tokens, 1)
+    for n in range(max(1, math.ceil(load.rate * per_request / 1000.0)), MAX_INSTANCES + 1):
+        if _prefill_ok(side, arrivals, load.rate, n, targets) is not None:
             return n
     raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} prefills")
 
@@ -178,37 +206,43 @@ def fewest_decodes(law: DecodeLaw, buckets: Buckets, load: Workload, targets: Ta
     raise NoOption(f"ITL targets need more than {MAX_INSTANCES} decodes")
 
 
-def bucket_choices(law: DecodeLaw, given: Sequence[int] | None, itl_ms: float) -> list[Buckets]:
-    """The given list; else one the planner chooses (SGLang's default shape below the largest
-    batch the target allows, and that batch itself) and SGLang's default for comparison."""
+def _buckets(
+    law: DecodeLaw, sizes: list[int], basis: str, itl_ms: float, kv_cap: int | None,
+    graphs: Sequence[int] | None = None,
+) -> Buckets:  # fmt: skip
+    """max_running_requests is the ITL target's cap over `graphs` (default: the sizes), and
+    at most what the KV pool holds."""
+    cap = decode_cap(law, sizes if graphs is None else graphs, itl_ms)
+    if kv_cap is not None and kv_cap < cap:
+        return Buckets(sizes, basis, kv_cap, kv_bound=True)
+    return Buckets(sizes, basis, cap)
+
+
+def bucket_choices(
+    law: DecodeLaw, given: Sequence[int] | None, itl_ms: float, kv_cap: int | None = None
+) -> list[Buckets]:
+    """The given list; else one the planner chooses (SGLang's default shape below the cap,
+    and the cap itself) and SGLang's default for comparison, which SGLang itself clamps to
+    max_running_requests (none above it, the cap added)."""
     if given:
-        sizes = sorted(set(given))
-        return [Buckets(sizes, "given", decode_cap(law, sizes, itl_ms))]
-    top = max(SGLANG_DEFAULT_BS)
-    fine_cap = decode_cap(law, fine_buckets(top), itl_ms)
-    chosen = sorted({b for b in SGLANG_DEFAULT_BS if b < fine_cap} | {fine_cap} - {0})
-    default_cap = decode_cap(law, SGLANG_DEFAULT_BS, itl_ms)
-    default = [b for b in SGLANG_DEFAULT_BS if b <= default_cap]  # none above the cap is used
-    return [Buckets(chosen, "chosen", fine_cap), Buckets(default, "default", default_cap)]
+        return [_buckets(law, sorted(set(given)), "given", itl_ms, kv_cap)]
+    out = []
+    for basis, graphs in (("chosen", fine_buckets(max(SGLANG_DEFAULT_BS))),
+                          ("default", SGLANG_DEFAULT_BS)):  # fmt: skip
+        top = _buckets(law, [], basis, itl_ms, kv_cap, graphs)
+        sizes = sorted({b for b in SGLANG_DEFAULT_BS if b < top.cap} | {top.cap} - {0})
+        out.append(replace(top, sizes=sizes))
+    return out
 
 
-def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float) -> Buckets:
+def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float, kv_cap: int | None) -> Buckets:
     """The same largest graph with one graph per batch size."""
-    sizes = fine_buckets(max(buckets.sizes))
-    return Buckets(sizes, "per size", decode_cap(law, sizes, itl_ms))
+    return _buckets(law, fine_buckets(max(buckets.sizes)), "per size", itl_ms, kv_cap)
 
 
-def _headroom(
-    laws: Laws, service: Sequence[float], buckets: Buckets, np_: int, nd: int, load: Workload,
-    targets: Targets,
-) -> float:  # fmt: skip
-    def meets(f: float) -> bool:
-        rate = f * load.rate
-        return (
-            _prefill_ok(service, rate / np_, targets) is not None
-            and _decode_ok(laws.decode, buckets, rate / nd, load.mean_output, targets) is not None
-        )
-
+def _growth(meets: Callable[[float], bool]) -> float:
+    """How much the rate may grow (as a share) while `meets(rate factor)` holds. The two
+    sides do not interact, so a layout's headroom is the smaller of theirs."""
     lo, hi = 1.0, 2.0
     while meets(hi) and hi < MAX_HEADROOM:
         lo, hi = hi, 2 * hi
@@ -220,19 +254,49 @@ def _headroom(
     return lo - 1.0
 
 
+def _prefill_growth(
+    side: PrefillSide, arrivals: Arrivals, np_: int, load: Workload, targets: Targets
+) -> float:
+    def meets(f: float) -> bool:
+        return _prefill_ok(side, arrivals, f * load.rate, np_, targets) is not None
+
+    return _growth(meets)
+
+
+def _decode_growth(
+    law: DecodeLaw, buckets: Buckets, nd: int, load: Workload, targets: Targets
+) -> float:
+    def meets(f: float) -> bool:
+        return _decode_ok(law, buckets, f * load.rate / nd, load.mean_output, targets) is not None
+
+    return _growth(meets)
+
+
 def plan(
     laws: Laws,
     load: Workload,
     targets: Targets,
     shape: Shape,
     given_buckets: Sequence[int] | None = None,
+    engines: Engines = Engines(),
 ) -> Plan:
     itl_ms = min(targets.itl_ms.values())
-    service = service_times(laws.prefill, load.inputs)
-    n_prefill = fewest_prefills(service, load, targets)
+    side = PrefillSide(laws.prefill, engines.chunk_tokens, engines.handoff)
+    arrivals = Arrivals(load.inputs, engines.policy)
+    n_prefill = fewest_prefills(side, arrivals, load, targets)
     options: list[Option] = []
     fewest: list[tuple[int, int, int]] = []  # (gpus, prefills, decodes) before the budget
-    choices = bucket_choices(laws.decode, given_buckets, itl_ms)
+    kv_cap = engines.kv_cap(load)
+    if kv_cap == 0:
+        raise NoOption(
+            f"no option: a decode's KV pool ({engines.kv_pool_tokens} tokens, "
+            f"{engines.kv_pool_source}) cannot hold one request of "
+            f"{math.ceil(load.mean_input + load.mean_output)} tokens (input + output)"
+        )
+    choices = bucket_choices(laws.decode, given_buckets, itl_ms, kv_cap)
+    prefill_room = {
+        n: _prefill_growth(side, arrivals, n, load, targets) for n in (n_prefill + e for e in EXTRA)
+    }
     for buckets in choices:
         n_decode = fewest_decodes(laws.decode, buckets, load, targets)
         for extra_p in EXTRA:
@@ -242,10 +306,13 @@ def plan(
                 fewest.append((gpus, np_, nd))
                 if shape.gpu_budget is not None and gpus > shape.gpu_budget:
                     continue
-                pre = _prefill_ok(service, load.rate / np_, targets)
+                pre = _prefill_ok(side, arrivals, load.rate, np_, targets)
                 dec = _decode_ok(laws.decode, buckets, load.rate / nd, load.mean_output, targets)
-                assert pre is not None and dec is not None  # more instances only help
-                room = _headroom(laws, service, buckets, np_, nd, load, targets)
+                if pre is None or dec is None:  # a sampled queue need not shrink monotonically
+                    continue
+                room = min(
+                    prefill_room[np_], _decode_growth(laws.decode, buckets, nd, load, targets)
+                )
                 out = load.rate * load.mean_output
                 options.append(Option(np_, nd, buckets, pre, dec, gpus, out, room))
     if not options:
@@ -257,8 +324,15 @@ def plan(
         )
     options.sort(key=lambda o: (o.gpus, -o.headroom))
     best = options[0]
-    comparison = _comparison(laws, best, load, targets, itl_ms, choices)
-    return Plan(options, best, comparison, flag_warnings(laws, shape, best))
+    comparison = _comparison(laws, best, load, targets, itl_ms, choices, kv_cap)
+    notes = flag_warnings(laws, shape, best)
+    if best.buckets.kv_bound:
+        notes.append(
+            f"a decode's KV pool ({engines.kv_pool_tokens} tokens, {engines.kv_pool_source}) "
+            f"holds {kv_cap} requests of {math.ceil(load.mean_input + load.mean_output)} tokens "
+            "(input + output): that, not the ITL target, caps --max-running-requests"
+        )
+    return Plan(options, best, comparison, notes)
 
 
 def flag_warnings(laws: Laws, shape: Shape, best: Option) -> list[str]:
@@ -286,11 +360,11 @@ def flag_warnings(laws: Laws, shape: Shape, best: Option) -> list[str]:
 
 def _comparison(
     laws: Laws, best: Option, load: Workload, targets: Targets, itl_ms: float,
-    choices: list[Buckets],
+    choices: list[Buckets], kv_cap: int | None,
 ) -> BucketComparison | None:  # fmt: skip
     """Given buckets against one graph per size; chosen ones against SGLang's default."""
     if best.buckets.basis == "given":
-        other = finer_than(laws.decode, best.buckets, itl_ms)
+        other = finer_than(laws.decode, best.buckets, itl_ms, kv_cap)
     else:
         other = next(b for b in choices if b is not best.buckets and b.basis != "given")
     if other.cap == best.buckets.cap:

@@ -1,8 +1,9 @@
 """The workload: a request rate and the input and output lengths, fixed or a distribution.
 
-A distribution comes from a bench result (`pdctl bench` or bench_serving's --output-file):
-the per-request `input_lens`/`output_lens` when bench_serving wrote them (--output-details),
-else the random dataset's own law, uniform in [max(len x range_ratio, 1), len].
+A distribution comes from a trace file (trace.py) or from a bench result (`pdctl bench` or
+bench_serving's --output-file): the per-request `input_lens`/`output_lens` when bench_serving
+wrote them (--output-details), else the random dataset's own law, uniform in
+[max(len x range_ratio, 1), len].
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.bench.results import load
+from pdctl.capacity.trace import load_trace
 from pdctl.errors import PdctlError
 
 UNIFORM_POINTS = 101  # a uniform length range is represented by this many equally spaced values
@@ -23,6 +25,10 @@ class Workload:
     inputs: list[int]  # equally likely input lengths
     outputs: list[int]  # equally likely output lengths
     source: str  # where the lengths came from, for the report
+
+    @property
+    def mean_input(self) -> float:
+        return sum(self.inputs) / len(self.inputs)
 
     @property
     def mean_output(self) -> float:
@@ -70,24 +76,37 @@ def lengths_from_bench(path: Path) -> tuple[list[int], list[int]]:
 
 
 def workload(
-    rate: float,
+    rate: float | None,
     input_len: int | None,
     output_len: int | None,
     bench: Path | None,
     context_length: int | None,
     context_source: str,
+    trace: Path | None = None,
 ) -> Workload:
-    if rate <= 0:
+    given = [name for name, v in (("--lengths-from", bench), ("--trace", trace)) if v]
+    if input_len is not None or output_len is not None:
+        given.append("--input-len/--output-len")
+    if len(given) > 1:
+        raise PdctlError(f"give one of {' and '.join(given)}, not both")
+    if rate is not None and rate <= 0:
         raise PdctlError(f"--rate must be above 0 requests/s, got {rate:g}")
-    if bench is not None:
-        if input_len is not None or output_len is not None:
-            raise PdctlError("give --lengths-from or --input-len/--output-len, not both")
+    if trace is not None:
+        found = load_trace(trace)
+        rate = rate or found.rate
+        inputs, outputs, source = found.inputs, found.outputs, str(trace)
+    elif bench is not None:
         inputs, outputs = lengths_from_bench(bench)
-        load_ = Workload(rate, inputs, outputs, str(bench))
+        source = str(bench)
     elif input_len is None or output_len is None:
-        raise PdctlError("give --input-len and --output-len, or --lengths-from a bench result")
+        raise PdctlError(
+            "give --input-len and --output-len, --lengths-from a bench result or a --trace"
+        )
     else:
-        load_ = Workload(rate, [input_len], [output_len], "fixed")
+        inputs, outputs, source = [input_len], [output_len], "fixed"
+    if rate is None:
+        raise PdctlError("give --rate (a --trace with arrival_s gives its own)")
+    load_ = Workload(rate, inputs, outputs, source)
     if context_length is not None and load_.longest > context_length:
         raise PdctlError(
             f"input {max(load_.inputs)} + output {max(load_.outputs)} tokens = {load_.longest} "

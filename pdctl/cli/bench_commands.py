@@ -56,7 +56,12 @@ def sweep_target(
 @deployment_options
 @click.option("--url", help="Where requests go (default: the deployment's gateway).")
 @click.option(
-    "--concurrency", default="1,16,64", show_default=True, help="Levels, comma-separated."
+    "--concurrency", help="Closed-loop levels: requests in flight, comma-separated [1,16,64]."
+)
+@click.option(
+    "--rate",
+    help="Open-loop levels instead: requests/s, comma-separated; Poisson arrivals, no cap on "
+    "requests in flight (bench_serving's --request-rate).",
 )
 @click.option("--input-len", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True)
@@ -71,7 +76,7 @@ def sweep_target(
 @click.option(
     "--num-prompts",
     help="Prompts per level: one number or one per level (default 8 at C=1, else "
-    "max(12·√C, 1.5·C): 48 at 16, 96 at 64).",
+    "max(12·√C, 1.5·C): 48 at 16, 96 at 64; at a rate, 30 s of arrivals).",
 )
 @click.option(
     "--driver", type=click.Choice(["builtin", "sglang"]), default="builtin", show_default=True
@@ -133,7 +138,8 @@ def sweep(
     inventory: Path,
     profile: Path | None,
     url: str | None,
-    concurrency: str,
+    concurrency: str | None,
+    rate: str | None,
     input_len: int,
     output_len: int,
     range_ratio: float,
@@ -152,9 +158,10 @@ def sweep(
     plot: Path | None,
     fmt: str,
 ) -> None:
-    """Run a concurrency sweep: canary, then each level with a progress bar and a timeout.
+    """Run a sweep: canary, then each level with a progress bar and a timeout.
 
-    Each level sends its prompts with at most C requests in flight and records
+    Each level sends its prompts with at most C requests in flight (or, with --rate, at
+    Poisson arrival times: an open loop) and records
     bench_serving's fields (duration, completed, output_throughput, mean/median/p99
     TTFT, TPOT, ITL and e2e latency, max_concurrency, …) plus the engines' running
     requests, CUDA-graph state and KV usage sampled from /metrics meanwhile. At the end:
@@ -169,18 +176,21 @@ def sweep(
     Examples:
       pdctl bench sweep --output-file before.jsonl --plot before.png
       pdctl bench sweep --url http://127.0.0.1:8000 --concurrency 1,8,32 --num-prompts 32
+      pdctl bench sweep --rate 2,4,8 --input-len 1024 --output-len 256
       pdctl bench sweep --driver sglang --sglang-python /opt/pdstack/venv/bin/python \\
           --concurrency 64 --output-len 128
     """
     # aiohttp and numpy load here, not at `pdctl` start-up: other commands need neither.
     from pdctl.bench.sweep import SweepOptions, run_sweep
 
-    levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed)
+    levels = build_levels(concurrency, num_prompts, input_len, output_len, range_ratio, seed, rate)
     target = sweep_target(url, metrics_urls, inventory, profile, model, endpoint, api_key)
     opts = SweepOptions(driver, timeout, warmup_requests, 1.0, sglang_python, sglang_args)
     # With --format json the progress goes to stderr and stdout stays one JSON document.
     console = Console(stderr=fmt == "json")
-    console.print(f"Sweep against {target.url}: canary, then C = {concurrency}")
+    console.print(
+        f"Sweep against {target.url}: canary, then {', '.join(lv.label for lv in levels)}"
+    )
     with RichProgress(console) as progress:
         rows = asyncio.run(run_sweep(target, levels, opts, progress, output_file))
     fit = results.tpot_fit(rows)

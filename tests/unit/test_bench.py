@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from pdctl.bench.builtin import arrival_times
 from pdctl.bench.client import RequestOutput
 from pdctl.bench.compare import compare
 from pdctl.bench.level import Level, Target, build_levels, default_num_prompts
@@ -491,9 +492,10 @@ if opts.get("--max-concurrency") == "98":  # hangs: the level timeout must stop 
     import os, time
     open("{argv_log}.pid", "w").write(str(os.getpid()))
     time.sleep(60)
-c = int(opts["--max-concurrency"])
+c = int(opts.get("--max-concurrency", 0))  # bench_serving writes None without one
 with open(opts["--output-file"], "a") as f:
-    f.write(json.dumps({{"backend": opts["--backend"], "max_concurrency": c, "completed": 3,
+    f.write(json.dumps({{"backend": opts["--backend"], "max_concurrency": c or None,
+        "request_rate": float(opts.get("--request-rate", "inf")), "completed": 3,
         "duration": 1.0, "output_throughput": 10.0 * c, "mean_tpot_ms": 40.0 + 30.0 * c,
         "server_info": {{"decode": []}}}}) + "\\n")
 """
@@ -635,3 +637,75 @@ def test_sglang_driver_gets_the_key_in_its_environment_not_argv(
     )  # fmt: skip
     assert Path(f"{argv_log}.key").read_text() == "sekrit"  # bench_serving's OPENAI_API_KEY
     assert "sekrit" not in argv_log.read_text()
+
+
+# --- open loop: --rate ------------------------------------------------------------------------
+
+
+def test_open_loop_arrivals_are_poisson_at_the_rate() -> None:
+    (level,) = build_levels(None, "2000", 8, 3, 1.0, 4, rate="20")
+    assert level.rate == 20.0 and level.concurrency is None and level.label == "20 req/s"
+    times = arrival_times(level)
+    assert times[0] == 0.0 and times == sorted(times) and times == arrival_times(level)
+    gaps = np.diff(times)
+    assert gaps.mean() == pytest.approx(1 / 20, rel=0.06)  # exponential: sd = mean
+    assert gaps.std() == pytest.approx(1 / 20, rel=0.1)
+    closed = build_levels("4", "3", 8, 3, 1.0, 4)[0]
+    assert arrival_times(closed) == [0.0, 0.0, 0.0] and closed.label == "C=4"
+
+
+def test_open_loop_level_runs_and_fails_requests_by_the_rule(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    fake_server.state.update(fail_every=3, fault="short")  # canary 1, warm-up 2, then every 3rd
+    out = tmp_path / "rate.jsonl"
+    (row,) = _sweep(fake_server, build_levels(None, "9", 8, 3, 1.0, 1, rate="30"), out)
+    assert row["request_rate"] == 30.0 and row["max_concurrency"] is None
+    assert row["failed"] == 3 and row["completed"] == 6
+    assert row["errors"][0].startswith("short: 2 of 3 tokens")
+    (again,) = load(out)  # an open-loop line reads back (and feeds capacity --lengths-from)
+    assert again["request_rate"] == 30.0
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "rate", "message"),
+    [
+        ("4", "2", "give --concurrency or --rate, not both"),
+        (None, "0", "--rate '0': give comma-separated request rates above 0"),
+        (None, "fast", "--rate 'fast': give comma-separated request rates above 0"),
+        (None, "inf", "--rate 'inf': give comma-separated"),
+    ],
+)
+def test_bad_rates_are_one_line(concurrency: str | None, rate: str, message: str) -> None:
+    with pytest.raises(PdctlError, match=message):
+        build_levels(concurrency, None, 8, 3, 1.0, 1, rate=rate)
+
+
+def test_rate_levels_default_to_30_seconds_of_arrivals() -> None:
+    slow, fast = build_levels(None, None, 8, 3, 1.0, 1, rate="0.1,4")
+    assert (slow.num_prompts, fast.num_prompts) == (8, 120)
+
+
+def test_sweep_cli_at_a_rate(fake_server: FakeServer) -> None:
+    args = ["bench", "sweep", "--url", fake_server.url, "--rate", "25", "--num-prompts", "3",
+            "--input-len", "8", "--output-len", "4"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "canary, then 25 req/s" in result.output and "Concurrency sweep" in result.output
+    result = CliRunner().invoke(cli, [*args, "--format", "json"])
+    (row,) = json.loads(result.output[result.output.index("{") :])["levels"]
+    assert row["request_rate"] == 25.0 and row["completed"] == 3
+    result = CliRunner().invoke(cli, [*args, "--concurrency", "2"])
+    assert isinstance(result.exception, PdctlError)
+    assert str(result.exception) == "give --concurrency or --rate, not both"
+
+
+def test_sglang_driver_passes_the_rate(
+    fake_server: FakeServer, fake_sglang_python: tuple[Path, Path]
+) -> None:
+    python, argv_log = fake_sglang_python
+    levels = build_levels(None, "8", 256, 128, 1.0, 1, rate="2.5")
+    (row,) = _sweep(fake_server, levels, driver="sglang", sglang_python=str(python))
+    assert row["request_rate"] == 2.5 and row["max_concurrency"] is None
+    (argv,) = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert argv[argv.index("--request-rate") + 1] == "2.5" and "--max-concurrency" not in argv

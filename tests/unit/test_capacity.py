@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -27,11 +26,11 @@ from pdctl.capacity.model import (
     fine_buckets,
     poisson_pmf,
     predict_decode,
-    predict_prefill,
     quantile,
 )
+from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill, replay
 from pdctl.capacity.report import layout_snippet
-from pdctl.capacity.search import Buckets, NoOption, Option, Shape, Targets, plan
+from pdctl.capacity.search import Buckets, Engines, NoOption, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
 from pdctl.cli import cli
 from pdctl.errors import PdctlError
@@ -40,6 +39,7 @@ SEED_LAW = DecodeLaw(18.0, 1.05)  # the reference deployment's production decode
 PREFILL = PrefillLaw(30.0, 0.05)
 EIGHTS = list(EIGHTS_TO_96)
 P90 = Targets({0.9: 1000.0}, {0.9: 50.0})
+SIDE = PrefillSide(PREFILL, 8192, Handoff())
 
 
 def _laws() -> Laws:
@@ -70,22 +70,66 @@ def test_decode_over_its_cap_is_infeasible() -> None:
     assert predict_decode(SEED_LAW, EIGHTS, 24, 10.0, 256, [0.9]) is None
 
 
-def test_prefill_wait_is_pollaczek_khinchine() -> None:
-    # M/D/1 with S = 100 ms at 5 req/s: rho 0.5, mean wait 5/1000 x 100² / (2 x 0.5) = 50 ms
-    pred = predict_prefill([100.0], 5.0, [0.9])
-    assert pred is not None
-    assert pred.utilisation == pytest.approx(0.5) and pred.mean_wait_ms == pytest.approx(50.0)
-    # waits with probability rho, exponentially with mean W/rho: p90 = 100 ln(0.5/0.1)
-    assert pred.ttft_ms[0.9] == pytest.approx(100.0 * math.log(5.0) + 100.0)
-    assert predict_prefill([100.0], 9.6, [0.9]) is None  # rho 0.96: past MAX_UTILISATION
+def test_prefill_without_batching_is_pollaczek_khinchine() -> None:
+    # prompts too long to share a batch: M/D/1 with S = 100 ms at 5 req/s, rho 0.5, mean
+    # wait 5/1000 x 100² / (2 x 0.5) = 50 ms (the sampled queue within a few percent)
+    side = PrefillSide(PrefillLaw(50.0, 0.05), 1000, Handoff())
+    arrivals = Arrivals([1000], samples=40_000)
+    pred = predict_prefill(side, arrivals, 5.0, 1, [0.9])
+    assert pred is not None and pred.mean_batch == 1.0
+    assert pred.utilisation == pytest.approx(0.5, rel=0.03)
+    assert pred.mean_wait_ms == pytest.approx(50.0, rel=0.06)
+    assert predict_prefill(side, arrivals, 9.6, 1, [0.9]) is None  # rho 0.96: past the limit
+
+
+def test_batching_shares_the_base_cost_and_delays_the_first() -> None:
+    law = PrefillLaw(5.0, 0.05)
+    arrivals = Arrivals([4096])
+    alone = PrefillSide(law, 4096, Handoff())  # one 4096-token prompt per batch
+    paired = PrefillSide(law, 8192, Handoff())  # two fit
+    one, two = (predict_prefill(s, arrivals, 3.0, 1, [0.5, 0.9]) for s in (alone, paired))
+    assert one is not None and two is not None
+    assert one.mean_batch == 1.0 and 1.0 < two.mean_batch <= 2.0
+    assert two.utilisation < one.utilisation  # one 5 ms base per batch, not per request
+    # a request batched with the one behind it waits for its 4096 tokens too: 414.6 ms, not 209.8
+    assert two.ttft_ms[0.9] > one.ttft_ms[0.9]
+
+
+def test_round_robin_waits_less_than_a_random_split() -> None:
+    # every other arrival (Gamma(2) gaps) queues less than a Poisson half of the stream
+    side = PrefillSide(PREFILL, 2048, Handoff())
+    dealt = predict_prefill(side, Arrivals([2048], "round_robin"), 12.0, 2, [0.9])
+    split = predict_prefill(side, Arrivals([2048], "random"), 12.0, 2, [0.9])
+    assert dealt is not None and split is not None
+    assert dealt.utilisation == pytest.approx(split.utilisation, rel=0.05)
+    assert dealt.mean_wait_ms < 0.8 * split.mean_wait_ms
+
+
+def test_replay_deals_a_given_arrival_sequence_round_robin() -> None:
+    side = PrefillSide(PrefillLaw(5.0, 0.05), 8192, Handoff(2.0))
+    # two at once, two a second later: dealt to two prefills, each request is alone
+    assert replay(side, [0.0, 0.0, 1000.0, 1000.0], [100] * 4, 2) == [12.0] * 4
+    # one prefill batches each pair: 5 + 0.05 x 200 ms for both, plus the handoff
+    assert replay(side, [0.0, 0.0, 1000.0, 1000.0], [100] * 4, 1) == [17.0] * 4
+
+
+def test_handoff_adds_its_fixed_part_and_the_transfer() -> None:
+    # 16281 bytes per token at 20 GB/s: 0.814 us per token, 3.33 ms for 4096 tokens
+    handoff = Handoff.of(10.0, 16281, 20.0)
+    assert handoff.ms(4096) == pytest.approx(10.0 + 4096 * 16281 / 20e6)
+    arrivals = Arrivals([4096])
+    bare = predict_prefill(SIDE, arrivals, 1.0, 1, [0.9])
+    full = predict_prefill(PrefillSide(PREFILL, 8192, handoff), arrivals, 1.0, 1, [0.9])
+    assert bare is not None and full is not None
+    assert full.ttft_ms[0.9] == pytest.approx(bare.ttft_ms[0.9] + handoff.ms(4096))
 
 
 def test_instance_counts_are_the_fewest_that_meet_the_targets() -> None:
     load = Workload(20.0, [2048], [256], "fixed")
     result = plan(_laws(), load, P90, Shape(4, 4), EIGHTS)
     best = result.recommended
-    service = PREFILL.batch_ms(2048)  # 132.4 ms: 20 req/s keep 2.65 prefills busy
-    fewer_p = predict_prefill([service], 20.0 / (best.prefill_instances - 1), [0.9])
+    arrivals = Arrivals([2048])  # 132.4 ms each alone: 20 req/s keep ~2.6 prefills busy
+    fewer_p = predict_prefill(SIDE, arrivals, 20.0, best.prefill_instances - 1, [0.9])
     assert fewer_p is None or fewer_p.ttft_ms[0.9] > 1000.0
     assert best.prefill.ttft_ms[0.9] <= 1000.0
     fewer_d = predict_decode(SEED_LAW, EIGHTS, 24, 20.0 / (best.decode_instances - 1), 256, [0.9])
@@ -135,7 +179,7 @@ def test_budget_too_small_says_what_the_smallest_layout_needs() -> None:
 
 def _option(np_: int, nd: int) -> Option:
     pre, dec = (
-        predict_prefill([100.0], 1.0, [0.9]),
+        predict_prefill(SIDE, Arrivals([1400]), 1.0, 1, [0.9]),
         predict_decode(SEED_LAW, EIGHTS, 24, 0.1, 64, [0.9]),
     )
     assert pre is not None and dec is not None
@@ -282,3 +326,127 @@ def test_buckets_type_is_what_the_cli_reports() -> None:
     """A given list is kept whole (its graphs are the operator's), its cap from the law."""
     result = plan(_laws(), Workload(1.0, [256], [64], "fixed"), P90, Shape(4, 4), EIGHTS)
     assert result.recommended.buckets == Buckets(EIGHTS, "given", 24)
+
+
+# ----- the KV pool's cap and the PD handoff ----------------------------------------------------
+
+
+def test_kv_pool_caps_max_running_below_the_itl_target() -> None:
+    load = Workload(4.0, [2048], [256], "fixed")  # 2304 tokens a request at full length
+    engines = Engines(kv_pool_tokens=20 * 2304 + 100, kv_pool_source="--kv-pool-tokens")
+    result = plan(_laws(), load, P90, Shape(4, 4), None, engines)
+    best = result.recommended.buckets
+    assert best.cap == 20 and best.kv_bound and best.sizes[-1] == 20  # the ITL target allows 30
+    assert any("holds 20 requests of 2304 tokens" in w for w in result.warnings)
+    # SGLang's default list, clamped to the cap as SGLang clamps it, is capped alike
+    assert result.finer is None  # both lists stop at 20: nothing to compare
+    roomy = plan(_laws(), load, P90, Shape(4, 4), None, Engines(kv_pool_tokens=10**7))
+    assert roomy.recommended.buckets.cap == 30 and not roomy.recommended.buckets.kv_bound
+    given = plan(_laws(), load, P90, Shape(4, 4), EIGHTS, engines).recommended.buckets
+    assert given.cap == 20 and given.sizes == EIGHTS  # the operator's graphs stay
+
+
+def test_kv_pool_smaller_than_one_request_is_no_option() -> None:
+    with pytest.raises(
+        NoOption, match=r"KV pool \(1000 tokens, x\) cannot hold one request of 2304"
+    ):
+        plan(_laws(), Workload(1.0, [2048], [256], "fixed"), P90, Shape(4, 4), None,
+             Engines(kv_pool_tokens=1000, kv_pool_source="x"))  # fmt: skip
+
+
+def test_cli_handoff_kv_pool_and_chunk(law_files: tuple[Path, Path]) -> None:
+    base = (*map(str, law_files), "--rate", "4", *FIXED, *TARGETS, "--format=json")
+
+    def ttft(*extra: str) -> float:
+        code, out, exc = _run(*base, *extra)
+        assert code == 0, (out, exc)
+        return float(json.loads(out)["recommended"]["predicted"]["ttft_p90_ms"])
+
+    bare = ttft()
+    assert ttft("--handoff-ms", "40") == pytest.approx(bare + 40.0, rel=0.02)
+    # 2048 tokens x 16281 bytes at 20 GB/s: 1.67 ms of transfer
+    moved = ttft("--kv-bytes-per-token", "16281", "--kv-link-gb-s", "20")
+    assert moved == pytest.approx(bare + 2048 * 16281 / 20e6, rel=0.02)
+    code, out, _ = _run(*base, "--kv-pool-tokens", str(20 * 2304))
+    data = json.loads(out)
+    assert data["recommended"]["decode_max_running_requests"] == 20
+    assert any("--kv-pool-tokens" in w for w in data["warnings"])
+    # the fixture's journals name no chunked_prefill_size: the guess is said
+    assert any("8192 assumed" in w for w in data["warnings"])
+    code, out, _ = _run(*base, "--chunked-prefill-size", "4096", "--handoff-ms", "6")
+    data = json.loads(out)
+    assert not any("assumed" in w for w in data["warnings"])
+    assert data["assumed"] == {
+        "chunked_prefill_size": 4096, "handoff_ms": 6.0, "kv_transfer_ms_per_token": 0.0,
+        "router_policy": "round_robin", "decode_kv_pool_tokens": None,
+    }  # fmt: skip
+    code, _, exc = _run(*base, "--kv-bytes-per-token", "16281")
+    assert code != 0 and str(exc) == "give --kv-bytes-per-token and --kv-link-gb-s together"
+
+
+# ----- trace files ------------------------------------------------------------------------------
+
+
+def _trace(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_trace_gives_lengths_and_rate(law_files: tuple[Path, Path], tmp_path: Path) -> None:
+    rows = [{"input_len": 1000 + 100 * i, "output_len": 200, "arrival_s": 0.25 * i}
+            for i in range(9)]  # fmt: skip
+    trace = _trace(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n\n")
+    code, out, exc = _run(*map(str, law_files), "--trace", str(trace), *TARGETS, "--format=json")
+    assert code == 0, (out, exc)
+    load = json.loads(out)["workload"]
+    assert load["rate"] == pytest.approx(4.0)  # 8 gaps over 2 s
+    assert load["mean_input"] == pytest.approx(1400) and load["lengths"] == str(trace)
+    code, out, _ = _run(*map(str, law_files), "--trace", str(trace), "--rate", "1.5", *TARGETS,
+                        "--format=json")  # fmt: skip
+    assert json.loads(out)["workload"]["rate"] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"input_len": 10, "output_len": 5}\nnope\n', "trace.jsonl:2: not a JSON object"),
+        ('[1, 2]\n', "trace.jsonl:1: not a JSON object"),
+        ('{"input_len": 10}\n', "trace.jsonl:1: output_len is None, not a token count"),
+        ('{"input_len": 0, "output_len": 5}\n', "trace.jsonl:1: input_len is 0, not a token"),
+        ('{"input_len": 1.5, "output_len": 5}\n', "trace.jsonl:1: input_len is 1.5, not a"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 0}\n{"input_len": 10, "output_len": 5}\n',
+         "trace.jsonl:2: arrival_s must be on every line or on none"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 2}\n'
+         '{"input_len": 10, "output_len": 5, "arrival_s": 1}\n',
+         "trace.jsonl:2: arrival_s 1 is before the line above's"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": "soon"}\n',
+         "trace.jsonl:1: arrival_s is 'soon', not a number of seconds"),
+        ('{"input_len": 10, "output_len": 5, "arrival_s": 3}\n',
+         "its 1 arrivals span 0 s: no rate to read; give --rate"),
+        ('\n\n', "trace.jsonl: no requests in the trace"),
+        ('{"input_len": 10, "output_len": 5}\n', "give --rate (a --trace with arrival_s"),
+        ('{"input_len": 8000, "output_len": 500}\n', "above the context length 8192"),
+    ],
+)  # fmt: skip
+def test_bad_traces_are_one_line(
+    law_files: tuple[Path, Path], tmp_path: Path, text: str, message: str
+) -> None:
+    rate = () if "give --rate" in message or "span" in message else ("--rate", "1")
+    trace = _trace(tmp_path, text)
+    code, _, exc = _run(*map(str, law_files), "--trace", str(trace), *rate, *TARGETS)
+    assert code != 0 and isinstance(exc, PdctlError), exc
+    assert message in str(exc) and "\n" not in str(exc), str(exc)
+
+
+def test_trace_and_other_lengths_are_exclusive(
+    law_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    trace = _trace(tmp_path, '{"input_len": 10, "output_len": 5}\n')
+    code, _, exc = _run(
+        *map(str, law_files), "--trace", str(trace), "--rate", "1", *FIXED, *TARGETS
+    )
+    assert code != 0 and str(exc) == "give one of --trace and --input-len/--output-len, not both"
+    trace.write_bytes(b"\xff\xfe")
+    code, _, exc = _run(*map(str, law_files), "--trace", str(trace), "--rate", "1", *TARGETS)
+    assert "not UTF-8 text (byte 0): not a trace" in str(exc)
