@@ -32,10 +32,22 @@ from pdctl.sim.server import SimServer, running
 REPO = Path(__file__).resolve().parents[2]
 
 
+_GIVEN: set[int] = set()
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now and never handed out before by this process: once the
+    probing socket is closed the kernel may give the same port to the next bind, and a stack
+    asks for several (a 3-member etcd once got one peer port for two members)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        with _GIVEN_LOCK:
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
