@@ -90,6 +90,34 @@ class Clock:
         return sim_seconds * self.scale
 
 
+# A forward issued later than this after the last one ended starts late: a stalled process
+# is not caught up in a burst of instant steps.
+MAX_LAG_S = 0.5
+
+
+class GPUTimeline:
+    """The simulated GPU's forwards, back to back while the scheduler stays busy.
+
+    A forward issued right after the last one starts where that one ended, so a loaded test
+    machine's late timer wake-ups and slow Python between steps do not stretch GPU time (an
+    overlapped SGLang scheduler hides its CPU work behind the GPU likewise). The scheduler
+    calls `idle()` when it waits for work: a forward after that starts when it is issued.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._end: float | None = None
+
+    def idle(self) -> None:
+        self._end = None
+
+    async def forward(self, sim_seconds: float) -> None:
+        now = self.clock.now()
+        start = now if self._end is None else max(self._end, now - MAX_LAG_S)
+        self._end = start + sim_seconds
+        await self.clock.sleep(self._end - now)
+
+
 class KVPool:
     """Token slots of the KV cache; a request reserves its prompt plus its output budget."""
 

@@ -23,7 +23,7 @@ from http import HTTPStatus
 from .args import GIB, SimConfig
 from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
 from .metrics import SimMetrics
-from .model import Clock, KVPool, StepModel
+from .model import Clock, GPUTimeline, KVPool, StepModel
 from .req import Abort, Finish, Req, Token
 from .sampling import EOS_TOKEN_ID, Sample
 
@@ -60,6 +60,7 @@ class Scheduler:
         metrics.set_tp_size(cfg.args.tp_size)
         self.log = log
         self.clock = Clock(k.time_scale)
+        self.gpu = GPUTimeline(self.clock)
         self.steps = StepModel(k.step_a_ms, k.step_b_ms, k.eager_penalty, cfg.decode_buckets)
         self.pool = KVPool(cfg.kv_pool_tokens)
         self.waiting: deque[Req] = deque()
@@ -213,6 +214,7 @@ class Scheduler:
                 await self._decode_step()
             else:
                 self._wake.clear()
+                self.gpu.idle()
                 idle_from = self.clock.now()
                 await self._wake.wait()
                 self.metrics.rank_inc(
@@ -248,7 +250,7 @@ class Scheduler:
         gap = max(start - self._last_prefill_start, 1e-9)
         input_throughput = self._last_prefill_tokens / gap
         self._last_prefill_start, self._last_prefill_tokens = start, new_tokens
-        await self.clock.sleep((k.prefill_base_ms + k.prefill_ms_per_token * new_tokens) / 1000)
+        await self.gpu.forward((k.prefill_base_ms + k.prefill_ms_per_token * new_tokens) / 1000)
         now = self.clock.now()
         to_bootstrap = self._process_prefill_result([r for r in batch if not r.done], now)
         stats = PrefillStats(
@@ -288,7 +290,7 @@ class Scheduler:
         step_ms, graph = self.steps.decode_step_ms(n)
         if not graph and self.cfg.knobs.eager_oom:
             self._crash_oom(n)
-        await self.clock.sleep(step_ms / 1000)
+        await self.gpu.forward(step_ms / 1000)
         now = self.clock.now()
         tokens = 0
         for req in self.running:

@@ -1,12 +1,17 @@
-"""pdctl.sim performance model: graph bucket padding, eager batches, KV pool, fake text."""
+"""pdctl.sim performance model: graph bucket padding, eager batches, KV pool, fake text, the
+GPU timeline."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from pdctl.sim.args import default_decode_buckets
 from pdctl.sim.model import (
+    MAX_LAG_S,
     FakeText,
+    GPUTimeline,
     KVPool,
     StepModel,
     count_tokens,
@@ -76,3 +81,50 @@ def test_fake_text_is_deterministic_per_seed_and_key() -> None:
     assert words(1, "a") != words(2, "a")
     assert words(1, "a") != words(1, "b")
     assert all(w.endswith(" ") for w in words(1, "a"))
+
+
+class LateClock:
+    """Simulated time that moves only in sleeps, each woken `lag` late (a loaded machine)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.lag = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.0) + self.lag
+
+
+def test_back_to_back_forwards_keep_gpu_time_on_a_late_machine() -> None:
+    clock = LateClock()
+    clock.lag = 0.012
+    gpu = GPUTimeline(clock)  # type: ignore[arg-type]
+
+    async def steps() -> None:
+        for _ in range(50):
+            await gpu.forward(0.065)
+
+    asyncio.run(steps())
+    # Each wake-up is late, but the next forward starts where the last one ended.
+    assert clock.t == pytest.approx(50 * 0.065 + 0.012, abs=1e-9)
+
+
+def test_a_forward_after_idle_or_a_long_stall_starts_when_issued() -> None:
+    clock = LateClock()
+    gpu = GPUTimeline(clock)  # type: ignore[arg-type]
+
+    async def steps() -> None:
+        await gpu.forward(0.1)
+        clock.t += 0.3  # the scheduler waited for work: the GPU was idle, nothing to catch up
+        gpu.idle()
+        await gpu.forward(0.1)
+        assert clock.t == pytest.approx(0.5)
+        clock.t += 3 * MAX_LAG_S  # a stall: only MAX_LAG_S of it is caught up, not all of it
+        resumed = clock.t
+        for _ in range(10):
+            await gpu.forward(0.1)
+        assert clock.t - resumed == pytest.approx(1.0 - MAX_LAG_S)
+
+    asyncio.run(steps())
