@@ -32,22 +32,37 @@ from pdctl.sim.server import SimServer, running
 REPO = Path(__file__).resolve().parents[2]
 
 
-_GIVEN: set[int] = set()
-_GIVEN_LOCK = threading.Lock()
+# Ports handed out lie below Linux's ephemeral range (ip_local_port_range, 32768-60999 by
+# default): a port picked there by binding to 0 can be taken as the local port of any outgoing
+# connection (a load test opens thousands) before its server binds it. Each pytest-xdist
+# worker draws from its own slice, so two workers never pick the same port either.
+PORT_BASE, PORT_SLICE, PORT_SLICES = 10000, 1900, 10
+_cursor = 0
+_CURSOR_LOCK = threading.Lock()
+
+
+def _slice_start() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3", or unset outside xdist
+    index = int(worker[2:]) + 1 if worker.startswith("gw") else 0
+    return PORT_BASE + (index % PORT_SLICES) * PORT_SLICE
 
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now and never handed out before by this process: once the
-    probing socket is closed the kernel may give the same port to the next bind, and a stack
-    asks for several (a 3-member etcd once got one peer port for two members)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with _GIVEN_LOCK:
-            if port not in _GIVEN:
-                _GIVEN.add(port)
-                return port
+    """A port free on 127.0.0.1 now and not handed out before by this process (a stack asks
+    for several before any is listening: a 3-member etcd once got one peer port twice)."""
+    global _cursor
+    start = _slice_start()
+    with _CURSOR_LOCK:
+        for _ in range(PORT_SLICE):
+            port = start + _cursor % PORT_SLICE
+            _cursor += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # in use: the next one
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + PORT_SLICE - 1}")
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
@@ -148,7 +163,10 @@ class SimProc:
     def wait_healthy(self, timeout: float = 30.0) -> SimProc:
         def healthy() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.mode} engine exited: {self.log_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{self.mode} engine exited (code {self.proc.returncode}): "
+                    f"{self.log_text()[-2000:]}"
+                )
             return requests.get(f"{self.url}/health", timeout=2).status_code == 200
 
         wait_until(healthy, timeout, f"{self.mode} engine on :{self.port}")
