@@ -41,11 +41,12 @@ def test_wheel_installed_pdctl_renders_outside_the_checkout(tmp_path: Path) -> N
     (wheel,) = wheels.glob("pdctl-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     # The top-level templates/ ships as pdctl/templates; pyproject.toml's package list misses
-    # no module of the checkout.
+    # no module or data file of the checkout.
     templates = {f"pdctl/templates/{p.name}" for p in (ROOT / "templates").glob("*.j2")}
-    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "pdctl").rglob("*.py")}
-    assert "pdctl/templates/engine.service.j2" in templates
-    assert templates | modules <= shipped, sorted((templates | modules) - shipped)
+    package = [*(ROOT / "pdctl").rglob("*.py"), *(ROOT / "pdctl" / "data").glob("*.txt")]
+    expected = templates | {p.relative_to(ROOT).as_posix() for p in package}
+    assert {"pdctl/templates/engine.service.j2", "pdctl/data/sglang-0.5.23-flags.txt"} <= expected
+    assert expected <= shipped, sorted(expected - shipped)
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
