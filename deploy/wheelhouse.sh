@@ -7,9 +7,9 @@
 # holding them all (what site.yml copies), and a .complete marker holding wheels.tar's sha256
 # (a host unpacks a wheelhouse it has not unpacked yet, known by that sum, without reading it).
 #
-# Cached by a hash of the requirements, pyproject.toml, the pdctl sources and the Python
-# version and machine: wheels are built for the controller's Python, so it must match the
-# hosts' (Debian bookworm: 3.11, x86_64). site.yml runs this itself when pdstack_wheelhouse is
+# Cached by a hash of the requirements, pyproject.toml, the pdctl sources (with templates/) and
+# the Python version and machine: wheels are built for the controller's Python, so it must match
+# the hosts' (Debian bookworm: 3.11, x86_64). site.yml runs this itself when pdstack_wheelhouse is
 # empty; run it by hand to pre-build one for an air-gapped cluster and pass its directory as
 # -e pdstack_wheelhouse=DIR.
 set -euo pipefail
@@ -34,7 +34,7 @@ no_deps=("${no_deps[@]:1}")
 mkdir -p "$CACHE"
 cd "$ROOT"
 
-sources() { find pdctl -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | LC_ALL=C sort; }
+sources() { find pdctl templates -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | LC_ALL=C sort; }
 key=$(
   {
     printf '%s\n' "${deps[@]}" | LC_ALL=C sort

@@ -24,9 +24,12 @@ ENGINE_MODULE = {EngineKind.SGLANG: "sglang.launch_server", EngineKind.SIM: "pdc
 
 
 def templates_dir() -> Path:
-    """The unit and env templates, shipped in the package; the roles template the same files
-    (the filter plugin hands them this directory)."""
-    return Path(__file__).parent / "templates"
+    """The unit and env templates; the roles template the same files (the filter plugin hands
+    them this directory). A checkout holds them in its top-level templates/, a wheel ships them
+    as pdctl/templates (pyproject.toml's package-dir)."""
+    package = Path(__file__).parent
+    shipped = package / "templates"
+    return shipped if shipped.is_dir() else package.parent / "templates"
 
 
 def launch_args(inst: Instance, dep: Deployment) -> list[str]:

@@ -12,6 +12,7 @@ from pdctl.analyze.fit import LinearFit, linear_fit
 from pdctl.bench.compare import COMPARED
 from pdctl.bench.level import BACKENDS, Level, Target
 from pdctl.errors import PdctlError
+from pdctl.textfile import read_text
 
 MAX_BYTES = 64 << 20  # one line per level: a real sweep is kilobytes
 # Fields compare and the TPOT fit compute with.
@@ -50,21 +51,8 @@ def _number(v: Any) -> bool:
 
 def load(path: Path) -> list[dict[str, Any]]:
     """A sweep's lines, or bench_serving's own --output-file (Infinity included)."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise PdctlError(f"{path}: {e.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise PdctlError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a sweep result file")
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError as e:
-        raise PdctlError(
-            f"{path}: not UTF-8 text (byte {e.start}): not a sweep result file"
-        ) from None
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(read_text(path, MAX_BYTES, "a sweep result file").splitlines(), 1):
         if not line.strip():
             continue
         try:

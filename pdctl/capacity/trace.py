@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.errors import PdctlError
+from pdctl.textfile import read_text
 
 MAX_BYTES = 64 << 20
 LENGTH_KEYS = ("input_len", "output_len")
@@ -41,25 +42,11 @@ def _arrival(row: dict[str, Any], where: str) -> float | None:
     return float(value)
 
 
-def _text(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise PdctlError(f"{path}: {e.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise PdctlError(f"{path}: larger than {MAX_BYTES >> 20} MiB")
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as e:
-        raise PdctlError(f"{path}: not UTF-8 text (byte {e.start}): not a trace") from None
-
-
 def load_trace(path: Path) -> Trace:
     inputs: list[int] = []
     outputs: list[int] = []
     arrivals: list[float | None] = []
-    for n, line in enumerate(_text(path).splitlines(), 1):
+    for n, line in enumerate(read_text(path, MAX_BYTES, "a trace").splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"

@@ -1,6 +1,6 @@
-"""The unit templates share one sandbox, pdctl/templates/hardening.j2: each calls it, none
+"""The unit templates share one sandbox, templates/hardening.j2: each calls it, none
 spells its lines again, and each role's templates/ links to the one file (Ansible searches a
-template's own folder; pdctl.render.jinja_env searches the package's)."""
+template's own folder; pdctl.render.jinja_env searches templates/ too)."""
 
 from __future__ import annotations
 

@@ -31,14 +31,22 @@ def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
 def test_wheel_installed_pdctl_renders_outside_the_checkout(tmp_path: Path) -> None:
     src = tmp_path / "src"
     # A copy: an in-tree build would leave build/ and *.egg-info in the checkout.
-    shutil.copytree(ROOT / "pdctl", src / "pdctl", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("pdctl", "templates"):
+        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     wheels = tmp_path / "wheels"
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", "-w", wheels, src, cwd=tmp_path)  # fmt: skip
     (wheel,) = wheels.glob("pdctl-*.whl")
-    assert "pdctl/templates/engine.service.j2" in zipfile.ZipFile(wheel).namelist()
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    # The top-level templates/ ships as pdctl/templates; pyproject.toml's package list misses
+    # no module or data file of the checkout.
+    templates = {f"pdctl/templates/{p.name}" for p in (ROOT / "templates").glob("*.j2")}
+    package = [*(ROOT / "pdctl").rglob("*.py"), *(ROOT / "pdctl" / "data").glob("*.txt")]
+    expected = templates | {p.relative_to(ROOT).as_posix() for p in package}
+    assert {"pdctl/templates/engine.service.j2", "pdctl/data/sglang-0.5.23-flags.txt"} <= expected
+    assert expected <= shipped, sorted(expected - shipped)
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
