@@ -110,61 +110,60 @@ def pair_findings(s: Status) -> list[Finding]:
 
 
 def binding_findings(s: Status) -> list[Finding]:
-    """Members the gateway holds under a pairing protocol that is not their group's id: it
-    pairs a prefill only with decodes of the same protocol, so such a member serves another
-    group (KV across groups) or, unbound, any; and a group whose members hold different
-    protocols cannot pair within itself. One group bound alike has nothing to mix with."""
-    out: list[Finding] = []
-    if not s.viewed_from:  # no gateway's view is known
-        return out
+    """At every gateway that listed its workers: healthy members it does not hold, and members
+    it holds under a pairing protocol that is not their group's id. It pairs a prefill only
+    with decodes of the same protocol, so such a member serves another group (KV across
+    groups) or, unbound, any; and a group whose members hold different protocols cannot pair
+    within itself. One group bound alike has nothing to mix with."""
     groups = {p.id for p in s.pairs}
-    protocols: dict[str, set[str | None]] = {}
-    for i in s.instances:
-        if i.gateway is not None:
-            protocols.setdefault(_group_of(i), set()).add(i.gateway.pairing)
-    for i in s.instances:
-        group = _group_of(i)
-        fix = f"pdctl restart --both --pair {group}"  # drains it, registers it bound
-        if i.probe.healthy and i.gateway is None:
-            out.append(
-                _warning(
-                    "live-unregistered",
-                    i.instance.id,
-                    f"healthy but not registered with the gateway at {s.viewed_from} (no "
-                    "traffic from it)",
-                    fix,
+    out: list[Finding] = []
+    for gateway, by_url in s.views.items():
+        protocols: dict[str, set[str | None]] = {}
+        for i in s.instances:
+            if (w := by_url.get(i.instance.url)) is not None:
+                protocols.setdefault(_group_of(i), set()).add(w.pairing)
+        for i in s.instances:
+            group, w = _group_of(i), by_url.get(i.instance.url)
+            fix = f"pdctl restart --both --pair {group}"  # drains it, registers it bound
+            if w is None:
+                if i.probe.healthy:
+                    out.append(
+                        _warning(
+                            "live-unregistered",
+                            i.instance.id,
+                            f"healthy but not registered with the gateway at {gateway} (no "
+                            "traffic from it)",
+                            fix,
+                        )
+                    )
+                continue
+            if w.pairing == group or (len(groups) == 1 and len(protocols[group]) == 1):
+                continue
+            kind = i.instance.role.value
+            if w.pairing in groups:
+                out.append(
+                    _warning(
+                        "live-misbound",
+                        i.instance.id,
+                        f"{kind} of {group} is registered at {gateway} under {w.pairing}'s "
+                        f"pairing protocol ({w.pairing}), not its own group's: the gateway "
+                        f"pairs it with {w.pairing}'s workers (KV across groups) and never "
+                        f"with {group}'s",
+                        fix,
+                    )
                 )
-            )
-            continue
-        if i.gateway is None or i.gateway.pairing == group:
-            continue
-        if len(groups) == 1 and len(protocols[group]) == 1:
-            continue
-        have = i.gateway.pairing
-        kind = i.instance.role.value
-        if have in groups:
-            out.append(
-                _warning(
-                    "live-misbound",
-                    i.instance.id,
-                    f"{kind} of {group} is registered at {s.viewed_from} under {have}'s "
-                    f"pairing protocol ({have}), not its own group's: the gateway pairs it with "
-                    f"{have}'s workers (KV across groups) and never with {group}'s",
-                    fix,
+            else:
+                out.append(
+                    _warning(
+                        "live-unbound",
+                        i.instance.id,
+                        f"{kind} of {group} is registered at {gateway} with pairing protocol "
+                        f"{w.pairing or '(none)'}, not {group}: the gateway may combine it with "
+                        "another group's worker (KV across groups, stale state after "
+                        "restarts); workers listed on the gateway's command line are unbound",
+                        fix,
+                    )
                 )
-            )
-        else:
-            out.append(
-                _warning(
-                    "live-unbound",
-                    i.instance.id,
-                    f"{kind} of {group} is registered with pairing protocol "
-                    f"{have or '(none)'}, not {group}: the gateway may combine it with "
-                    "another group's worker (KV across groups, stale state after restarts); "
-                    "workers listed on the gateway's command line are unbound",
-                    fix,
-                )
-            )
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -94,6 +94,9 @@ class Status:
     # The gateway whose worker list the instances show (the first that listed its workers);
     # None: no gateway listed them, so registration is unknown.
     viewed_from: str | None = None
+    # Every gateway that listed its workers, in the topology's order: URL -> its workers by
+    # URL (doctor checks each one's bindings; viewed_from is the first).
+    views: dict[str, dict[str, GatewayWorker]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -159,6 +162,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         lock_error=got["lock"][1],
         lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
         viewed_from=views[0][0] if views else None,
+        views=dict(views),
     )
 
 

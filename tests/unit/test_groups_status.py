@@ -24,7 +24,7 @@ HOST = "gpu-node-017.dc1.example.com"
 UNITS = {"pd0": (1, 1), "g0": (2, 1)}
 
 
-def _topology() -> Topology:
+def _topology(gateways: int = 1) -> Topology:
     instances: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
     groups: list[dict[str, Any]] = []
@@ -55,12 +55,15 @@ def _topology() -> Topology:
             pairs.append({**unit, "prefill": ids["prefill"][0], "decode": ids["decode"][0]})
         else:
             groups.append({**unit, **ids})
-    router = {
-        "host": HOST,
-        "url": "http://10.0.0.1:8000",
-        "metrics_url": "http://10.0.0.1:29000/metrics",
-        "unit": "pdstack-gateway.service",
-    }
+    routers = [
+        {
+            "host": f"router-{n}",
+            "url": f"http://10.0.9.{n}:8000",
+            "metrics_url": f"http://10.0.9.{n}:29000/metrics",
+            "unit": "pdstack-gateway.service",
+        }
+        for n in range(1, gateways + 1)
+    ]
     return Topology.model_validate(
         {
             "model": "sim",
@@ -68,43 +71,47 @@ def _topology() -> Topology:
             "instances": instances,
             "pairs": pairs,
             "groups": groups,
-            "router": router,
+            "router": routers[0],
+            "gateways": routers,
         }
     )
 
 
-def _collect(monkeypatch: pytest.MonkeyPatch, pairing: dict[str, str | None]) -> status.Status:
-    """Status with every engine up, each worker registered under its group's id unless
-    `pairing` (member name -> protocol) says otherwise."""
-    topo = _topology()
-    held = [
-        GatewayWorker(
-            i.url,
-            i.url,
-            i.role.value,
-            "ready",
-            True,
-            0,
-            pairing.get(i.name, f"{i.host}/{i.pair}"),
-        )
-        for i in topo.instances
-    ]
+def _collect(monkeypatch: pytest.MonkeyPatch, *pairings: dict[str, str | None]) -> status.Status:
+    """Status with every engine up and a gateway per `pairings` (member name -> protocol),
+    which holds every other worker under its group's id."""
+    topo = _topology(len(pairings))
 
     class Listing:
-        url = topo.router.url
         headers: ClassVar[dict[str, str]] = {}
+
+        def __init__(self, url: str, pairing: dict[str, str | None]) -> None:
+            self.url = url
+            self.held = [
+                GatewayWorker(
+                    i.url,
+                    i.url,
+                    i.role.value,
+                    "ready",
+                    True,
+                    0,
+                    pairing.get(i.name, f"{i.host}/{i.pair}"),
+                )
+                for i in topo.instances
+            ]
 
         def readiness(self) -> tuple[bool, str]:
             return True, "ready"
 
         def workers(self) -> list[GatewayWorker]:
-            return held
+            return self.held
 
     ok = CanaryResult(True, 3, 0, 0.05)
     monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok", 1, 0, 0.1))
     monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
     monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
-    ops = Ops(Source(topo, None), lambda _h: FakeSystemd(), [Listing()])  # type: ignore[list-item]
+    admins = [Listing(g.url, p) for g, p in zip(topo.gateways, pairings, strict=True)]
+    ops = Ops(Source(topo, None), lambda _h: FakeSystemd(), admins)  # type: ignore[arg-type]
     return status.collect(ops, 1)
 
 
@@ -155,7 +162,7 @@ def test_doctor_finds_members_bound_to_another_group_or_none(
     ]
     crossed, unbound = found
     assert (
-        f"prefill of {HOST}/g0 is registered at http://10.0.0.1:8000 under {HOST}/pd0's "
+        f"prefill of {HOST}/g0 is registered at http://10.0.9.1:8000 under {HOST}/pd0's "
         "pairing protocol" in crossed.message
     )
     assert f"pairs it with {HOST}/pd0's workers" in crossed.message
@@ -172,3 +179,13 @@ def test_a_lone_group_bound_alike_has_nothing_to_mix_with_but_mixed_cannot_pair(
     # One prefill unbound beside bound members: it pairs with no decode of its group.
     (f,) = doctor.binding_findings(_collect(monkeypatch, {"g0-prefill1": None}))
     assert (f.id, f.where) == ("live-unbound", f"{HOST}/g0-prefill1")
+
+
+def test_doctor_reads_every_gateways_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound at the first gateway, held under the pair's id at the second: the finding names
+    the second."""
+    s = _collect(monkeypatch, {}, {"g0-decode0": f"{HOST}/pd0"})
+    assert s.viewed_from == "http://10.0.9.1:8000"
+    (f,) = doctor.binding_findings(s)
+    assert (f.id, f.where) == ("live-misbound", f"{HOST}/g0-decode0")
+    assert "registered at http://10.0.9.2:8000 under" in f.message
