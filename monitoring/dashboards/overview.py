@@ -20,6 +20,9 @@ from monitoring.dashboards.panels import (
 from monitoring.rules_source import default_thresholds
 
 UID = "pdstack-overview"
+# Recorded per pair or group and role (monitoring/rules: PDGroupMembersDown reads the same).
+MEMBERS = 'pair_role:pdstack_group_members:max{pair=~"$pair", role=~"$role"}'
+MEMBERS_UP = 'pair_role:sglang_members_up:sum{pair=~"$pair", role=~"$role"}'
 
 
 def build() -> Dashboard:
@@ -33,7 +36,7 @@ def build() -> Dashboard:
                 "none",
                 [Query(f"up{{{ENGINE}}}", "{{engine}}")],
                 kind="stat",
-                width=8,
+                width=6,
                 height=5,
                 thresholds=UP_THRESHOLDS,
             ),
@@ -43,20 +46,33 @@ def build() -> Dashboard:
                 "none",
                 [Query('up{job="smg"}', "{{instance}}")],
                 kind="stat",
-                width=8,
+                width=6,
                 height=5,
                 thresholds=UP_THRESHOLDS,
             ),
             Panel(
                 "Pair canary",
-                "1 when the exporter's one-token generate through the pair's PD "
-                "path succeeded; 0 means the pair is degraded even if both engines look up.",
+                "1 when the exporter's one-token generate through the pair's PD path (a "
+                "group's: every prefill and every decode) succeeded; 0 means it is degraded "
+                "even if its engines look up.",
                 "none",
                 [Query('pdstack_pair_canary_success{pair=~"$pair"}', "{{pair}}")],
                 kind="stat",
-                width=8,
+                width=6,
                 height=5,
                 thresholds=UP_THRESHOLDS,
+            ),
+            Panel(
+                "Members down",
+                "Per pair or group and role: members the topology gives it (pd-exporter) "
+                "less the engines Prometheus scrapes up, a missing target counted as down. "
+                "A group serving short of members fires PDGroupMembersDown.",
+                "none",
+                [Query(f"{MEMBERS} - on (pair, role) {MEMBERS_UP}", "{{pair}} {{role}}")],
+                kind="stat",
+                width=6,
+                height=5,
+                thresholds=((None, "green"), (1, "red")),
             ),
         ],
     )

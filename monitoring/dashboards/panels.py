@@ -24,7 +24,8 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-# Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use.
+# Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use
+# (pair: a pair's or group's id, HOST/NAME).
 ENGINE = 'job="sglang", pair=~"$pair", role=~"$role", engine=~"$engine"'
 RATE = "$__rate_interval"
 # Grafana's custom unit: the value, then the suffix (token rates read as such, not as "2.4 K").
@@ -150,9 +151,10 @@ def query_variable(name: str, label: str, query: str) -> dashboard.QueryVariable
 
 
 def engine_variables() -> list[dashboard.QueryVariable]:
-    """pair -> role -> engine, each narrowed by the ones before it."""
+    """group (label pair: a pair is a 1P1D group) -> role -> engine (a member), each narrowed
+    by the ones before it."""
     return [
-        query_variable("pair", "Pair", 'label_values(up{job="sglang"}, pair)'),
+        query_variable("pair", "Group", 'label_values(up{job="sglang"}, pair)'),
         query_variable("role", "Role", 'label_values(up{job="sglang", pair=~"$pair"}, role)'),
         query_variable(
             "engine",

@@ -133,8 +133,10 @@ def status(
     the pair's PD path, with its latency, and "restart pending" when site.yml changed its
     files without restarting it; per engine: unit state, PID, uptime, /health,
     running and queued requests, KV usage, CUDA graph or eager, generation tok/s and the
-    gateway's view. Lines fit the terminal (80 columns too): nothing is cut, the rest of a
-    line continues under it. Exit 0 when everything is healthy, 1 if not.
+    gateway's view. A group (layout.groups) is shown like a pair with its shape (group
+    2P1D) and its engines by member (prefill0, prefill1, decode0); in JSON its entry under
+    "pairs" lists them under "members". Lines fit the terminal (80 columns too): nothing is
+    cut, the rest of a line continues under it. Exit 0 when everything is healthy, 1 if not.
 
     \b
     Examples:
@@ -329,7 +331,8 @@ def doctor(
     """Find what is wrong with the running deployment, and what to run about it.
 
     `pdctl validate` (with -i/-p) plus live checks: degraded pairs (canary fails while both
-    sides answer /health), eager decode batches, KV held while idle, flags of the running
+    sides answer /health), members the gateway holds under another pair's or group's pairing
+    protocol or none, eager decode batches, KV held while idle, flags of the running
     processes differing from the rendered ones (drift), failed or restarting units.
     Exit 0 clean, 1 warnings only, 2 errors.
     """

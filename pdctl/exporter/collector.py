@@ -101,7 +101,7 @@ class PdCollector(Collector):
             labels=["collector"],
         )
         sections: tuple[tuple[str, Callable[[list[Metric]], bool]], ...] = (
-            ("topology", lambda _: self.refresh()),
+            ("topology", self._topology),
             ("gpu", self._gpu),
             ("canary", self._canary),
             ("decode", self._decode),
@@ -128,6 +128,18 @@ class PdCollector(Collector):
         yield GaugeMetricFamily(
             "pdstack_up", "1 when every collector succeeded this scrape.", 1.0 if all_ok else 0.0
         )
+
+    def _topology(self, out: list[Metric]) -> bool:
+        ok = self.refresh()
+        members = GaugeMetricFamily(
+            "pdstack_group_members",
+            "Members the topology gives each role of a pair or group on this host.",
+            labels=["pair", "role"],
+        )
+        for (pair, role), count in sorted(self.targets.members.items()):
+            members.add_metric([pair, role], count)
+        out.append(members)
+        return ok
 
     def _gpu(self, out: list[Metric]) -> bool:
         """No NVML is a state (pdstack_gpu_up 0), not a collector failure; a GPU that

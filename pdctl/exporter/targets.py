@@ -1,7 +1,7 @@
 """What the exporter on one host watches, read from the topology file pdctl uses
 (/etc/pdstack/topology.yaml): which engine owns each GPU, the pairs to probe, the decode
 engines whose journals to follow. Label values match the Prometheus file_sd labels:
-engine = HOST/PAIR-ROLE, pair = HOST/PAIR."""
+engine = HOST/PAIR-ROLE, pair = HOST/PAIR (a group's id: HOST/GROUP)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ class HostTargets:
     pairs: list[PairTarget] = field(default_factory=list)
     journals: list[JournalTarget] = field(default_factory=list)
     decodes: list[DecodeEngine] = field(default_factory=list)
+    # (pair, role) -> members the topology gives that role of the pair or group: what the
+    # deployment states, against which its engines' `up` is counted (PDGroupMembersDown).
+    members: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def pair_label(host: str, pair: str) -> str:
@@ -60,6 +63,9 @@ def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> H
         (g.host, g.name, g.prefill, g.decode) for g in topo.groups
     ]
     for unit_host, name, prefill_ids, decode_ids in units:
+        if unit_host == host:
+            for role, ids in ((Role.PREFILL, prefill_ids), (Role.DECODE, decode_ids)):
+                out.members[(pair_label(unit_host, name), role.value)] = len(ids)
         prefills = [by_id[i] for i in prefill_ids if i in by_id]
         decodes = [by_id[i] for i in decode_ids if i in by_id]
         if unit_host != host or not prefills or not decodes:

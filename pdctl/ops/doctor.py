@@ -1,9 +1,10 @@
 """`pdctl validate` plus what only the running deployment shows.
 
 Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
-the seed's incident), decode batches running eager, KV usage that stays up while idle,
-running flags that differ from the rendered ones (drift), units failed or restarting, the fleet
-restart lock unreachable or held by a dead holder, coordination store members down.
+the seed's incident), members the gateway holds under another group's pairing protocol or
+none, decode batches running eager, KV usage that stays up while idle, running flags that
+differ from the rendered ones (drift), units failed or restarting, the fleet restart lock
+unreachable or held by a dead holder, coordination store members down.
 """
 
 from __future__ import annotations
@@ -105,31 +106,69 @@ def pair_findings(s: Status) -> list[Finding]:
         for g in s.gateways
         if not g.ready
     ]
-    for i in s.instances if s.viewed_from else []:  # else no gateway's view is known
-        pair = f"{i.instance.host}/{i.instance.pair}"
-        if i.probe.healthy and i.gateway is None:
-            out.append(
-                _warning(
-                    "live-unregistered",
-                    i.instance.id,
-                    f"healthy but not registered with the gateway at {s.viewed_from} (no "
-                    "traffic from it)",
-                    f"pdctl restart --both --pair {pair}",
+    return out + binding_findings(s)
+
+
+def binding_findings(s: Status) -> list[Finding]:
+    """At every gateway that listed its workers: healthy members it does not hold, and members
+    it holds under a pairing protocol that is not their group's id. It pairs a prefill only
+    with decodes of the same protocol, so such a member serves another group (KV across
+    groups) or, unbound, any; and a group whose members hold different protocols cannot pair
+    within itself. One group bound alike has nothing to mix with."""
+    groups = {p.id for p in s.pairs}
+    out: list[Finding] = []
+    for gateway, by_url in s.views.items():
+        protocols: dict[str, set[str | None]] = {}
+        for i in s.instances:
+            if (w := by_url.get(i.instance.url)) is not None:
+                protocols.setdefault(_group_of(i), set()).add(w.pairing)
+        for i in s.instances:
+            group, w = _group_of(i), by_url.get(i.instance.url)
+            fix = f"pdctl restart --both --pair {group}"  # drains it, registers it bound
+            if w is None:
+                if i.probe.healthy:
+                    out.append(
+                        _warning(
+                            "live-unregistered",
+                            i.instance.id,
+                            f"healthy but not registered with the gateway at {gateway} (no "
+                            "traffic from it)",
+                            fix,
+                        )
+                    )
+                continue
+            if w.pairing == group or (len(groups) == 1 and len(protocols[group]) == 1):
+                continue
+            kind = i.instance.role.value
+            if w.pairing in groups:
+                out.append(
+                    _warning(
+                        "live-misbound",
+                        i.instance.id,
+                        f"{kind} of {group} is registered at {gateway} under {w.pairing}'s "
+                        f"pairing protocol ({w.pairing}), not its own group's: the gateway "
+                        f"pairs it with {w.pairing}'s workers (KV across groups) and never "
+                        f"with {group}'s",
+                        fix,
+                    )
                 )
-            )
-        elif i.gateway is not None and i.gateway.pairing != pair and len(s.pairs) > 1:
-            out.append(
-                _warning(
-                    "live-unbound",
-                    i.instance.id,
-                    f"registered with pairing protocol {i.gateway.pairing or '(none)'}, not "
-                    f"{pair}: the gateway may combine it with another pair's worker (KV "
-                    "across pairs, stale state after restarts); workers listed on the "
-                    "gateway's command line are unbound",
-                    f"pdctl restart --both --pair {pair}",
+            else:
+                out.append(
+                    _warning(
+                        "live-unbound",
+                        i.instance.id,
+                        f"{kind} of {group} is registered at {gateway} with pairing protocol "
+                        f"{w.pairing or '(none)'}, not {group}: the gateway may combine it with "
+                        "another group's worker (KV across groups, stale state after "
+                        "restarts); workers listed on the gateway's command line are unbound",
+                        fix,
+                    )
                 )
-            )
     return out
+
+
+def _group_of(i: InstanceStatus) -> str:
+    return f"{i.instance.host}/{i.instance.pair}"
 
 
 def kv_findings(s: Status) -> list[Finding]:

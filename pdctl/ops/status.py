@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -50,10 +50,23 @@ class PairStatus:
     gateway: str | None = None
     pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
     recovery: str | None = None  # "recovery waiting: <why>" while its recovery waits
+    # Member instance ids per role; a pair (1P1D) has one of each.
+    prefills: tuple[str, ...] = ()
+    decodes: tuple[str, ...] = ()
 
     @property
     def drained(self) -> bool:
         return self.gateway == "drained"
+
+    @property
+    def is_group(self) -> bool:
+        """More than one member of a role: shown and listed with its members (a 1P1D group is
+        a pair, as in the topology file)."""
+        return len(self.prefills) > 1 or len(self.decodes) > 1
+
+    @property
+    def shape(self) -> str:
+        return f"{len(self.prefills)}P{len(self.decodes)}D"
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,9 @@ class Status:
     # The gateway whose worker list the instances show (the first that listed its workers);
     # None: no gateway listed them, so registration is unknown.
     viewed_from: str | None = None
+    # Every gateway that listed its workers, in the topology's order: URL -> its workers by
+    # URL (doctor checks each one's bindings; viewed_from is the first).
+    views: dict[str, dict[str, GatewayWorker]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -136,6 +152,8 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
                 _routing(p, [v for _, v in views], got) if views else None,
                 pending.describe(*got[f"pending:{p.id}"]),
                 got[f"recover:{p.id}"],
+                tuple(i.id for i in p.prefills),
+                tuple(i.id for i in p.decodes),
             )
             for p in pairs
         ],
@@ -144,6 +162,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         lock_error=got["lock"][1],
         lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
         viewed_from=views[0][0] if views else None,
+        views=dict(views),
     )
 
 
@@ -229,6 +248,8 @@ def to_json(s: Status) -> dict[str, Any]:
                 "drained": p.drained,
                 "restart_pending": p.pending,
                 "recovery": p.recovery,
+                # Groups only, so a pair's entry stays what scripts read before groups.
+                **({"members": {"prefill": p.prefills, "decode": p.decodes}} if p.is_group else {}),
             }
             for p in s.pairs
         ],
@@ -298,8 +319,15 @@ def _in_gateway(g: GatewayWorker | None) -> str:
     return f"gateway {escape(g.status)}{sick}, load {g.load}"
 
 
+def _member(i: InstanceStatus) -> str:
+    """A pair's side by its role; a group's member by its role and number (prefill1), padded
+    so that a group's prefills and decodes line up."""
+    label = i.instance.name.removeprefix(f"{i.instance.pair}-")
+    return label if label == i.instance.role.value else label.ljust(len("prefill0"))
+
+
 ENGINE_FIELDS: list[tuple[int, Callable[[InstanceStatus], str]]] = [
-    (7, lambda i: i.instance.role.value),
+    (7, _member),
     (8, _unit_state),
     (11, lambda i: f"PID {i.unit.main_pid or '-'}" if i.unit else "PID -"),
     (9, lambda i: f"up {_uptime(i.unit)}"),
@@ -323,6 +351,7 @@ def _canary(c: CanaryResult) -> str:
 
 PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
     (0, lambda p: f"[bold]{escape(p.id.partition('/')[2] or p.id)}[/]"),
+    (0, lambda p: f"group {p.shape}" if p.is_group else ""),
     (
         6,
         lambda p: {
@@ -406,15 +435,19 @@ def _line(indent: int, fields: list[tuple[int, Callable[[Any], str]]], item: Any
 
 
 def view(s: Status) -> Group:
-    """Hosts with their pairs (one line) and engines (a line each), the gateways, the lock."""
+    """Hosts with their pairs and groups (one line) and engines (a line each, a group's by
+    member), the gateways, the lock."""
     hosts: dict[str, dict[str, list[InstanceStatus]]] = {}
     for i in s.instances:
         hosts.setdefault(i.instance.host, {}).setdefault(i.instance.pair, []).append(i)
     pairs = {p.id: p for p in s.pairs}
     verdict = "[green]healthy[/]" if s.healthy else "[red bold]NOT HEALTHY[/]"
-    n_pairs = sum(len(by_pair) for by_pair in hosts.values())
+    n_groups = sum(p.is_group for p in s.pairs)
+    n_pairs = sum(len(by_pair) for by_pair in hosts.values()) - n_groups
+    units = [_n(n_pairs, "pair")] if n_pairs or not n_groups else []
+    units += [_n(n_groups, "group")] if n_groups else []
     gateways = s.gateways
-    fleet = f"{_n(n_pairs, 'pair')} on {_n(len(hosts), 'host')}, {_n(len(gateways), 'gateway')}"
+    fleet = f"{', '.join(units)} on {_n(len(hosts), 'host')}, {_n(len(gateways), 'gateway')}"
     out: list[Any] = [
         _Line(0, [(0, verdict), (0, fleet)]),
         _Line(0, [(0, "restart lock:"), *((0, f) for f in _lock_fields(s))]),

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from pdctl import pdclient
+from pdctl.ops import doctor
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
-from pdctl.ops.status import collect
+from pdctl.ops.status import collect, to_json
 from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -117,6 +118,32 @@ def test_status_canaries_every_member_of_the_group(
     (bad,) = [p for p in s.pairs if not p.canary.ok]
     assert bad.id == g0.id
     assert bad.canary.error is not None and g0.prefills[1].url in bad.canary.error
+
+
+def test_doctor_names_a_member_registered_under_the_pairs_protocol(
+    group_and_pair: tuple[Ops, LocalUnits],
+) -> None:
+    """The group's decode taken out of the real gateway and added back under the pair's id
+    (as by hand, or a script that registers by URL): doctor names it, its group, the protocol
+    it has and the fix; status lists the group's members."""
+    ops, _ = group_and_pair
+    pd0, g0 = ops.source.pairs()
+    gw, decode = ops.gateways[0], g0.decodes[0]
+    assert doctor.binding_findings(collect(ops)) == []
+    gw.remove([decode.url])
+    assert gw.wait(lambda ws: decode.url not in {w.url for w in ws}, 30), "smg removed it"
+    gw.add(decode.url, "decode", pairing=pd0.id)
+    assert gw.wait(lambda ws: any(w.url == decode.url and w.pairing == pd0.id for w in ws), 30)
+    s = collect(ops)
+    (found,) = doctor.binding_findings(s)
+    assert (found.id, found.where) == ("live-misbound", decode.id)
+    assert f"decode of {g0.id} is registered at {gw.url} under {pd0.id}'s" in found.message
+    assert found.fix == f"pdctl restart --both --pair {g0.id}"
+    (group,) = [p for p in to_json(s)["pairs"] if "members" in p]
+    assert group["members"] == {
+        "prefill": tuple(i.id for i in g0.prefills),
+        "decode": (decode.id,),
+    }
 
 
 def test_a_killed_member_recovers_the_whole_group(

@@ -160,6 +160,8 @@ def test_success_serves_every_source(rig: Rig) -> None:
         assert rig.value("pdstack_scrape_success", collector=collector) == 1, collector
         assert rig.value("pdstack_scrape_duration_seconds", collector=collector) is not None
     assert rig.value("pdstack_gpu_up") == 1
+    for role in ("prefill", "decode"):  # the topology's members (a pair: one a role)
+        assert rig.value("pdstack_group_members", pair=PAIR, role=role) == 1
     gpu1 = {
         "gpu": "1",
         "uuid": "GPU-b",

@@ -204,3 +204,20 @@ def test_the_exporter_canaries_every_member_of_a_group(load: Load, shipped: Ship
     assert pair.pair == "gpu-node-1/pd0" and len(pair.legs) == 1
     assert group.pair == "gpu-node-1/g0"
     assert group.legs == ((p0, d0, 9010), (p1, d0, 9012))
+
+
+def test_the_exporter_states_each_roles_members_of_its_hosts_groups(
+    load: Load, shipped: Shipped
+) -> None:
+    """pdstack_group_members, the count PDGroupMembersDown holds the engines' `up` against."""
+    topo = topology.from_deployment(load(two_p_one_d(shipped("sim")), hosts=["node-1", "node-2"]))
+    assert host_targets(topo, "node-1", {}).members == {
+        ("node-1/pd0", "prefill"): 1,
+        ("node-1/pd0", "decode"): 1,
+        ("node-1/g0", "prefill"): 2,
+        ("node-1/g0", "decode"): 1,
+    }
+    assert set(host_targets(topo, "node-2", {}).members) == {
+        ("node-2/pd0", "prefill"), ("node-2/pd0", "decode"),
+        ("node-2/g0", "prefill"), ("node-2/g0", "decode"),
+    }  # fmt: skip

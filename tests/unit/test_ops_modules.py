@@ -596,6 +596,7 @@ def _status(
         [PairStatus(f"node-a/{p}", f"pdstack-{p}.target", canary) for p in pairs],
         [GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01))],
         viewed_from="http://gw",
+        views={"http://gw": {i.instance.url: i.gateway for i in insts if i.gateway}},
     )
 
 
