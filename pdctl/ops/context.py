@@ -24,6 +24,9 @@ class Timeouts:
     health: float = 900.0  # weights load and CUDA-graph capture take minutes on real models
     canary: float = 120.0
     register: float = 60.0
+    # A roll with a capacity floor and none of its groups out waits this long for the
+    # gateways to route to enough groups before it stops (pdctl.ops.roll).
+    floor: float = 60.0
     poll: float = 0.5
 
 

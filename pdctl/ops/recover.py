@@ -31,7 +31,8 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
-from pdctl.ops.restart import Report, outcome, restart_pair, stop_pair
+from pdctl.ops.report import Report
+from pdctl.ops.restart import outcome, restart_pair, stop_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)

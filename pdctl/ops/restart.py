@@ -19,52 +19,18 @@ from pdctl import pdclient
 from pdctl.coord import gateways as liveness
 from pdctl.coord.history import Outcome
 from pdctl.errors import PdctlError
-from pdctl.ops import gateway, pending
+from pdctl.ops import gateway, pending, roll
 from pdctl.ops.context import Ops
 from pdctl.ops.health import concurrently, probe_engine
+from pdctl.ops.report import PHASES as PHASES  # re-exported: restart.PHASES
+from pdctl.ops.report import Interrupted, Report, StepFailed
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import Systemd
 from pdctl.spec import Role
 from pdctl.topology import TopologyInstance
 
-PHASES = ("drain", "stop", "start", "health", "canary", "verify", "register")
 JOURNAL_LINES = 30
 PROGRESS_EVERY_S = 5.0
-
-
-class StepFailed(PdctlError):
-    def __init__(self, phase: str, message: str) -> None:
-        self.phase = phase
-        super().__init__(f"{phase}: {message}")
-
-
-class Interrupted(PdctlError):
-    """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back."""
-
-    exit_code = 130  # 128 + SIGINT, what a shell reports for ^C
-
-    def __init__(self, pair: str, phase: str) -> None:
-        state = "may be out of" if phase == "drain" else "is out of"
-        if phase in PHASES[1:4]:
-            state += " the gateway (drained) and its engines may be stopped or starting"
-        else:
-            state += " the gateway (drained)"
-        super().__init__(
-            f"interrupted during {phase} of pair {pair}: it {state}; pdctl status shows it. "
-            f"Put it back with: pdctl restart --both --pair {pair}"
-        )
-
-
-@dataclass
-class Report:
-    """The outcome for one pair (or the gateway, or one instance)."""
-
-    target: str
-    ok: bool = True
-    lines: list[str] = field(default_factory=list)  # per instance: "OK: ..." / "FAILED: ..."
-    error: str | None = None
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
-    journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> last lines
 
 
 @contextlib.contextmanager
@@ -76,7 +42,7 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = round(time.monotonic() - t0, 3)
 
 
-def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
+def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> list[str]:
     t = ops.timeouts
     gw = ", ".join(g.url for g in ops.gateways)
     each = "each gateway" if len(ops.gateways) > 1 else "the gateway"
@@ -99,10 +65,7 @@ def plan_lines(ops: Ops, pairs: list[Pair]) -> list[str]:
             f"protocol {p.id}), wait until it routes to them",
         ]
     if len(pairs) > 1:
-        out.append(
-            "Pairs restart one at a time; the others keep serving. "
-            "The first failure stops the roll."
-        )
+        out.append(roll.plan_line(budget))
     return out
 
 
@@ -358,6 +321,10 @@ def _no_reason() -> str | None:
     return None
 
 
+def _any_phase(_: str) -> None:
+    return None
+
+
 class LockLost(StepFailed):
     """The fleet restart lock is no longer this restart's: stop before the next step."""
 
@@ -367,9 +334,11 @@ def restart_pair(
     pair: Pair,
     drain_required: bool = True,
     lock_lost: Callable[[], str | None] = _no_reason,
+    on_phase: Callable[[str], None] = _any_phase,
 ) -> Report:
     """The pair's steps in order; before each one `lock_lost` (the fencing check of the fleet
-    restart lock) must give no reason, or the restart stops there and says why."""
+    restart lock) must give no reason, or the restart stops there and says why. `on_phase`
+    hears each step's name as it begins (a roll names them on Ctrl-C)."""
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
@@ -386,6 +355,7 @@ def restart_pair(
     phase = steps[0][0]
     try:
         for phase, step in steps:
+            on_phase(phase)
             lost = lock_lost()
             if lost is not None:
                 raise LockLost(
@@ -409,19 +379,16 @@ def restart_pair(
 
 
 def restart_pairs(
-    ops: Ops, pairs: list[Pair], lock_lost: Callable[[], str | None] = _no_reason
+    ops: Ops,
+    pairs: list[Pair],
+    lock_lost: Callable[[], str | None] = _no_reason,
+    budget: roll.Budget = roll.ONE,
 ) -> list[Report]:
-    """One pair at a time; after a failure the remaining pairs are left alone, and so they
-    are once `lock_lost` gives a reason (the fleet restart lock is another's now)."""
-    reports: list[Report] = []
-    for pair in pairs:
-        reports.append(restart_pair(ops, pair, lock_lost=lock_lost))
-        if not reports[-1].ok:
-            skipped = [p.id for p in pairs[len(reports) :]]
-            if skipped:
-                ops.say(f"stopping the roll; untouched: {', '.join(skipped)}")
-            break
-    return reports
+    """Roll `pairs` through restart_pair: one at a time by default, at most `budget.max_out`
+    at once above a capacity floor with a bounded budget (pdctl.ops.roll). After a failure
+    the pairs not started are left alone, and so they are once `lock_lost` gives a reason
+    (the fleet restart lock is another's now)."""
+    return roll.run(ops, pairs, restart_pair, budget, lock_lost)
 
 
 def outcome(reports: list[Report]) -> Outcome:

@@ -1,0 +1,58 @@
+"""What a restart reports: per group a Report, the step that failed, and a Ctrl-C that names
+every group it leaves out of the gateways. Its own module so that the roll scheduler
+(ops.roll) and the group steps (ops.restart) share them without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdctl.errors import PdctlError
+
+PHASES = ("drain", "stop", "start", "health", "canary", "verify", "register")
+
+
+class StepFailed(PdctlError):
+    def __init__(self, phase: str, message: str) -> None:
+        self.phase = phase
+        super().__init__(f"{phase}: {message}")
+
+
+def _state(phase: str) -> str:
+    state = "may be out of" if phase == "drain" else "is out of"
+    if phase in PHASES[1:4]:
+        return state + " the gateway (drained) and its engines may be stopped or starting"
+    return state + " the gateway (drained)"
+
+
+class Interrupted(PdctlError):
+    """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back.
+    A roll of several groups at once names each one it leaves out (`more`: (group, phase))."""
+
+    exit_code = 130  # 128 + SIGINT, what a shell reports for ^C
+
+    def __init__(self, pair: str, phase: str, *more: tuple[str, str]) -> None:
+        self.out = [(pair, phase), *more]
+        if not more:
+            super().__init__(
+                f"interrupted during {phase} of pair {pair}: it {_state(phase)}; pdctl status "
+                f"shows it. Put it back with: pdctl restart --both --pair {pair}"
+            )
+            return
+        each = "; ".join(f"{p} during {ph}: it {_state(ph)}" for p, ph in self.out)
+        back = " ".join(f"--pair {p}" for p, _ in self.out)
+        super().__init__(
+            f"interrupted with {len(self.out)} groups out: {each}. pdctl status shows them. "
+            f"Put them back with: pdctl restart --both {back}"
+        )
+
+
+@dataclass
+class Report:
+    """The outcome for one pair (or the gateway, or one instance)."""
+
+    target: str
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)  # per instance: "OK: ..." / "FAILED: ..."
+    error: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> last lines
