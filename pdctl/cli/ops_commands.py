@@ -22,7 +22,7 @@ from rich.live import Live
 from pdctl.cli.options import deployment_options, format_option
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
-from pdctl.ops import lock, source
+from pdctl.ops import lock, roll, source
 from pdctl.ops.context import Ops, Timeouts, real_ops, restart_lock
 from pdctl.ops.doctor import doctor as run_doctor
 from pdctl.ops.recover import (
@@ -192,7 +192,12 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option(
     "--pair", "pairs", multiple=True, metavar="NAME", help="Pair NAME or HOST/NAME; repeatable."
 )
-@click.option("--all", "all_pairs", is_flag=True, help="Every pair, one at a time.")
+@click.option(
+    "--all",
+    "all_pairs",
+    is_flag=True,
+    help="Every pair, one at a time (or --max-unavailable at once).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True, help="Allow --prefill/--decode alone (degrades the pair).")
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
@@ -205,6 +210,36 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
     show_default=True,
     metavar="SECS",
     help="Wait up to SECS for a restart holding the lock (progress every 10 s), then exit 3.",
+)
+@click.option(
+    "--max-unavailable",
+    metavar="K|P%",
+    default=None,
+    help="Roll up to K groups at once (a count, or a percentage of the fleet's groups, "
+    "rounded down, at least 1), groups of one host in a row, above the --min-serving floor. "
+    "Default: one at a time, no floor.",
+)
+@click.option(
+    "--min-serving",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="The floor: a group is taken out only while the gateways still route to N groups "
+    "once it is out. Default with --max-unavailable: all groups but K.",
+)
+@click.option(
+    "--include-drained",
+    is_flag=True,
+    help="With a floor: restart chosen groups that are out of the gateways already (first); "
+    "without it they are refused.",
+)
+@click.option(
+    "--floor-timeout",
+    type=click.FloatRange(min=0),
+    default=Timeouts.floor,
+    show_default=True,
+    metavar="SECS",
+    help="With none of its groups out, wait up to SECS for the floor, then stop the roll.",
 )
 @fleet_lock_option
 def restart(
@@ -224,6 +259,10 @@ def restart(
     health_timeout: float,
     canary_timeout: float,
     lock_wait: float,
+    max_unavailable: str | None,
+    min_serving: int | None,
+    include_drained: bool,
+    floor_timeout: float,
     no_fleet_lock: bool,
 ) -> None:
     """Restart PD pairs the safe way: drain, stop both, start both, verify, re-register.
@@ -232,6 +271,15 @@ def restart(
     (bounded), both engines stop and start through the pair's systemd target, then /health on
     both, canary requests through the pair's PD path, and only then the gateway routes to it
     again. --all rolls pairs one at a time and stops at the first failure.
+
+    --max-unavailable K rolls up to K groups at once (never a group split), each through the
+    same steps, under the one fleet lock. Before each group is drained, the gateways' own
+    view must keep --min-serving groups routed once it is out (default: all but K); else the
+    roll waits for one of its groups to come back (or, with none out, --floor-timeout), then
+    stops. The first failure stops new groups from starting; those restarting finish and are
+    reported; the rest are listed untouched. A chosen group already out of the gateways is
+    refused (--include-drained restarts it, first). Progress on stderr: groups out, done,
+    left, and the time to go, from the phase times of the groups done.
 
     One restart at a time across the fleet: this host's lock (/run/pdstack/restart.lock),
     then the fleet restart lock in etcd (a key under a lease renewed while the restart runs;
@@ -242,7 +290,8 @@ def restart(
     restart is recorded in the fleet's history (pdctl history).
 
     \b
-    Exit codes: 0 done; 1 a pair failed (journal lines follow); 2 bad input or refused;
+    Exit codes: 0 done; 1 a pair failed (journal lines follow), or a roll's floor was not
+    met within --floor-timeout; 2 bad input or refused;
     3 another restart holds the lock (after --lock-wait); 5 etcd cannot serve the fleet
     restart lock; 130 interrupted (Ctrl-C): the message names the pair left out of the
     gateway and the command that puts it back.
@@ -250,6 +299,7 @@ def restart(
     Examples:
       pdctl restart --both --pair pd0
       pdctl restart --both --all --yes
+      pdctl restart --both --all --max-unavailable 25% --yes
       pdctl restart --gateways
     """
     sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
@@ -259,8 +309,15 @@ def restart(
         )
     if sides and not force:
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
-    timeouts = Timeouts(drain=drain_timeout, health=health_timeout, canary=canary_timeout)
+    bounded = max_unavailable is not None or min_serving is not None or include_drained
+    if bounded and not both:
+        raise PdctlError("--max-unavailable, --min-serving and --include-drained go with --both")
+    timeouts = Timeouts(
+        drain=drain_timeout, health=health_timeout, canary=canary_timeout, floor=floor_timeout
+    )
     ops = _ops(topology_path, inventory, profile, timeouts)
+    groups = len(ops.source.pairs())
+    budget = roll.budget(max_unavailable or ("1" if bounded else None), min_serving, groups)
     fleet = restart_lock(ops, no_fleet_lock, _warn)
 
     def locked(what: str) -> AbstractContextManager[lock.Acquired]:
@@ -293,7 +350,9 @@ def restart(
                 err=True,
             )
         else:
-            for line in plan_lines(ops, chosen):
+            if budget.min_serving is not None:
+                chosen = roll.prepare(ops, chosen, budget, include_drained)
+            for line in plan_lines(ops, chosen, budget):
                 click.echo(line, err=True)
             _confirm(
                 yes,
@@ -301,7 +360,7 @@ def restart(
                 f"Restart {len(chosen)} pair(s) as above?",
             )
             with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:
-                reports = restart_pairs(ops, chosen, got.lost)
+                reports = restart_pairs(ops, chosen, got.lost, budget)
                 got.record(outcome(reports))
     _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)

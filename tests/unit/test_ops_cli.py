@@ -716,3 +716,54 @@ def test_without_ansible_core_only_inventory_commands_fail(
     # From the topology file, no inventory: no Ansible needed.
     r = pdctl("restart", "--prefill", "--pair", "pd0", "--topology", str(topo_file))
     assert r.returncode == 2 and "refusing to restart the prefill alone" in r.stderr
+
+
+# ----- restart --max-unavailable: bad input before anything, the budget passed on -----------
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-unavailable", "0"], "--max-unavailable 0: at least one group"),
+        (["--max-unavailable", "150%"], "a percentage is at most 100%"),
+        (["--max-unavailable", "two"], "give a count of groups (2) or a percentage"),
+        (["--max-unavailable", "3"], "--max-unavailable 3 is more than the fleet's 2 groups"),
+        (["--min-serving", "2"], "--min-serving 2: the fleet has 2 groups, so none could"),
+        (["--max-unavailable", "2", "--min-serving", "1"], "cannot both hold"),
+        # the test topology's gateway does not run: the floor cannot be checked
+        (["--max-unavailable", "1"], "no gateway answered, so the capacity floor cannot"),
+    ],
+)
+def test_bad_roll_budgets_are_one_line_errors_before_anything_stops(
+    topo_file: Path, calls: Calls, args: list[str], needle: str
+) -> None:
+    r = run("restart", "--both", "--all", "--yes", *args, "--topology", str(topo_file))
+    _one_error_line(r, 2, needle)
+    assert calls.restarted == []
+
+
+def test_roll_options_go_with_both(topo_file: Path, calls: Calls) -> None:
+    r = run(
+        "restart", "--gateways", "--max-unavailable", "2", "--yes", "--topology", str(topo_file)
+    )
+    _one_error_line(r, 2, "--max-unavailable, --min-serving and --include-drained go with --both")
+    assert calls.routers == 0
+
+
+def test_a_roll_budget_reaches_the_roll_with_its_plan(
+    topo_file: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got: list[Any] = []
+
+    def pairs(_ops: Ops, chosen: list[Pair], _lost: Any, budget: Any) -> list[Report]:
+        got.append(budget)
+        return [Report(p.id) for p in chosen]
+
+    monkeypatch.setattr(ops_commands, "restart_pairs", pairs)
+    monkeypatch.setattr(ops_commands.roll, "prepare", lambda _o, chosen, *_: chosen[::-1])
+    r = run(
+        "restart", "--both", "--all", "--max-unavailable", "100%", "--yes",
+        "--topology", str(topo_file),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert got == [ops_commands.roll.Budget(2, 0)]
+    assert "1. pair node-a/pd1" in r.stderr  # in the roll's order
+    assert "Groups restart at most 2 at a time" in r.stderr
