@@ -349,10 +349,11 @@ class _Roll:
             len(self.pending),
             self.budget.max_out,
         )
+        ended = not self.out and not self.pending
         self.say(
             f"roll: out {', '.join(self.out) or 'none'}; done {len(self.reports)} of "
             f"{self.total}; left {len(self.pending)}"
-            + ("" if eta is None else f"; about {_duration(eta)} to go")
+            + ("" if eta is None or ended else f"; about {_duration(eta)} to go")
         )
 
 

@@ -23,7 +23,7 @@ import requests
 
 from pdctl import topology
 from pdctl.coord.history import History
-from pdctl.ops import lock, restart
+from pdctl.ops import lock, restart, roll
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.doctor import doctor
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
@@ -70,8 +70,8 @@ def coord(etcd: LocalEtcd) -> TopologyCoord:
     return etcd.coord
 
 
-@pytest.fixture
-def two_pairs(
+def local_pairs(
+    n_pairs: int,
     sim_factory: Callable[..., SimProc],
     gateway_factory: Callable[..., Gateway],
     tmp_path: Path,
@@ -80,7 +80,7 @@ def two_pairs(
 ) -> tuple[Ops, LocalUnits]:
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     pairs = []
-    for n in range(2):
+    for n in range(n_pairs):
         prefill = sim_factory("prefill", env=ENV)
         decode = sim_factory("decode", env={**ENV, **partner_env(prefill)})
         pairs.append(LocalPair(f"pd{n}", prefill, decode))
@@ -100,6 +100,17 @@ def two_pairs(
     gw.wait_ready()
     ops.say = lambda line: print(line, file=sys.stderr)
     return ops, units
+
+
+@pytest.fixture
+def two_pairs(
+    sim_factory: Callable[..., SimProc],
+    gateway_factory: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    coord: TopologyCoord,
+) -> tuple[Ops, LocalUnits]:
+    return local_pairs(2, sim_factory, gateway_factory, tmp_path, monkeypatch, coord)
 
 
 def _registered(ops: Ops) -> set[str]:
@@ -268,6 +279,54 @@ def test_restart_all_under_load_fails_no_client_request(
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 20, 30, "load after the restarts")
     assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
+    failed = [o.failure for o in outcomes if not o.ok]
+    assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
+    assert len(outcomes) > 100
+
+
+def test_a_roll_of_two_at_a_time_under_load_fails_no_request_and_keeps_the_floor(
+    sim_factory: Callable[..., SimProc],
+    gateway_factory: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    coord: TopologyCoord,
+) -> None:
+    """Four pairs, --max-unavailable 2 (floor: 2), under streaming load through the real
+    gateway, under the fleet lock in a real etcd: no failed request, two pairs out at once,
+    and the gateway's own worker list (polled every 50 ms) never routing to fewer than 2."""
+    ops, _ = local_pairs(4, sim_factory, gateway_factory, tmp_path, monkeypatch, coord)
+    pairs = ops.source.pairs()
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, file=sys.stderr)
+
+    ops.say = say
+    routed: list[int] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            ready = _registered(ops)
+            routed.append(sum({i.url for i in p.instances} <= ready for p in pairs))
+            time.sleep(0.05)
+
+    budget = roll.budget("2", None, len(pairs))
+    chosen = roll.prepare(ops, pairs, budget, include_drained=False)
+    watcher = threading.Thread(target=poll, daemon=True)
+    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+        wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
+        watcher.start()
+        with lock.held("pdctl restart --both --all", fleet=ops.fleet_lock) as got:
+            reports = restart_pairs(ops, chosen, got.lost, budget)
+        done.set()
+        watcher.join(5)
+        before_end = len(outcomes)
+        wait_until(lambda: len(outcomes) >= before_end + 20, 30, "load after the roll")
+    assert [r.ok for r in reports] == [True] * 4, [r.error for r in reports]
+    assert "roll: out local/pd0, local/pd1; done 0 of 4; left 2" in lines  # two out at once
+    assert routed and min(routed) >= 2, routed
     failed = [o.failure for o in outcomes if not o.ok]
     assert not failed, f"{len(failed)} of {len(outcomes)} client requests failed: {failed[:10]}"
     assert len(outcomes) > 100
