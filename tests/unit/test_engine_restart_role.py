@@ -154,3 +154,40 @@ def test_a_pending_pair_restarts_once_restart_on_change_is_back(
 def test_nothing_changed_restarts_nothing(tmp_path: Path) -> None:
     got = _evaluate(tmp_path, set(), [])
     assert got == {"changed": [], "plan": [], "running": []}
+
+
+def _for_each(template: str, values: list[Any]) -> str:
+    """`template` (a role expression reading pdstack_engine_roll_max_unavailable) evaluated for
+    each of `values` in one Ansible run: a list of it with the variable replaced by each."""
+    body = template.strip().removeprefix("{{").removesuffix("}}").replace("\n", " ")
+    each = [body.replace("pdstack_engine_roll_max_unavailable", f"({v!r})") for v in values]
+    return "[" + ", ".join(f"({e})" for e in each) + "]"
+
+
+def test_the_roll_passes_max_unavailable_to_pdctl_only_above_one(tmp_path: Path) -> None:
+    template = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_args"]
+    got = role_expression(
+        tmp_path, ROLE / "vars" / "main.yml", {}, _for_each(template, [1, "1", 2, "25%"])
+    )
+    assert got == [
+        [],  # as always: one at a time, no floor
+        [],
+        ["--max-unavailable", "2", "--include-drained"],
+        ["--max-unavailable", "25%", "--include-drained"],
+    ]
+    restart = _handler("Restart changed PD pairs")
+    assert "+ _pdstack_engine_roll_args" in restart["ansible.builtin.command"]["argv"]
+
+
+def test_preflight_refuses_a_roll_budget_pdctl_would_refuse(tmp_path: Path) -> None:
+    (check,) = [
+        t
+        for t in yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+        if t["name"] == "Check pdstack_engine_roll_max_unavailable"
+    ]
+    cases = {"1": True, "3": True, "4": False, "0": False, "100%": True, "101%": False}
+    cases |= {"x": False, "-1": False, "2.5": False}
+    facts = {"__pdstack_deployment": {"hosts": {"h1": {"pairs": [1, 2]}, "h2": {"pairs": [3]}}}}
+    that = check["ansible.builtin.assert"]["that"]
+    got = role_expression(tmp_path, ROLE / "vars" / "main.yml", facts, _for_each(that, list(cases)))
+    assert dict(zip(cases, got, strict=True)) == cases  # the fleet has 3 groups
