@@ -293,8 +293,8 @@ def restart(
     Exit codes: 0 done; 1 a pair failed (journal lines follow), or a roll's floor was not
     met within --floor-timeout; 2 bad input or refused;
     3 another restart holds the lock (after --lock-wait); 5 etcd cannot serve the fleet
-    restart lock; 130 interrupted (Ctrl-C): the message names the pair left out of the
-    gateway and the command that puts it back.
+    restart lock; 130 interrupted (Ctrl-C): the message names every pair left out of the
+    gateway and the command that puts them back.
     \b
     Examples:
       pdctl restart --both --pair pd0
@@ -351,7 +351,7 @@ def restart(
             )
         else:
             if budget.min_serving is not None:
-                chosen = roll.prepare(ops, chosen, budget, include_drained)
+                chosen = roll.prepare(ops, chosen, budget.min_serving, include_drained)
             for line in plan_lines(ops, chosen, budget):
                 click.echo(line, err=True)
             _confirm(

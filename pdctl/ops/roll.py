@@ -136,10 +136,10 @@ def order(pairs: list[Pair], topo: Topology, first: Collection[str] = ()) -> lis
     return sorted(pairs, key=lambda p: (p.id not in first, hosts.index(p.spec.host)))
 
 
-def prepare(ops: Ops, chosen: list[Pair], b: Budget, include_drained: bool) -> list[Pair]:
+def prepare(ops: Ops, chosen: list[Pair], floor: int, include_drained: bool) -> list[Pair]:
     """The roll's order, after the checks that need the gateways' view; PdctlError (exit 2)
     before anything stops: a chosen group out of the gateways already (unless
-    `include_drained`), or a floor the first group would break now."""
+    `include_drained`), or a `floor` the first group would break now."""
     everything = ops.source.pairs()
     now = serving(ops, everything)
     if now is None:
@@ -155,10 +155,9 @@ def prepare(ops: Ops, chosen: list[Pair], b: Budget, include_drained: bool) -> l
             "out of --pair"
         )
     ordered = order(chosen, ops.source.topology, set(out))
-    assert b.min_serving is not None  # a bounded budget
     left = left_serving(now, set(), ordered[0].id)
-    if left < b.min_serving:
-        raise PdctlError(_short(now, len(everything), ordered[0].id, left, b.min_serving))
+    if left < floor:
+        raise PdctlError(_short(now, len(everything), ordered[0].id, left, floor))
     return ordered
 
 

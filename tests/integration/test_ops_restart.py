@@ -313,7 +313,7 @@ def test_a_roll_of_two_at_a_time_under_load_fails_no_request_and_keeps_the_floor
             time.sleep(0.05)
 
     budget = roll.budget("2", None, len(pairs))
-    chosen = roll.prepare(ops, pairs, budget, include_drained=False)
+    chosen = roll.prepare(ops, pairs, 2, include_drained=False)
     watcher = threading.Thread(target=poll, daemon=True)
     with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")

@@ -151,23 +151,22 @@ def test_order_keeps_each_hosts_groups_in_a_row_and_drained_ones_first() -> None
 def test_a_chosen_group_out_of_the_gateways_is_refused_unless_included() -> None:
     ops, pairs, routed = fake_ops(fleet())
     routed.discard("b/pd0")
-    b = roll.budget("2", None, 4)
     with pytest.raises(PdctlError, match=r"out of the gateways already: b/pd0 .*--include-drained"):
-        roll.prepare(ops, pairs, b, include_drained=False)
-    assert roll.prepare(ops, pairs, b, include_drained=True)[0].id == "b/pd0"
+        roll.prepare(ops, pairs, 2, include_drained=False)
+    assert roll.prepare(ops, pairs, 2, include_drained=True)[0].id == "b/pd0"
 
 
 def test_a_floor_the_first_group_would_break_now_is_refused_before_anything_stops() -> None:
     ops, pairs, routed = fake_ops(fleet())
     routed.discard("b/pd1")  # not in the roll, out of the gateways
     with pytest.raises(PdctlError) as e:
-        roll.prepare(ops, pairs[:1], roll.budget("1", None, 4), include_drained=False)
+        roll.prepare(ops, pairs[:1], 3, include_drained=False)
     assert str(e.value) == (
         "the gateways route to 3 of 4 groups; taking a/pd0 out would leave 2, below --min-serving 3"
     )
     ops.gateways.clear()
     with pytest.raises(PdctlError, match="no gateway answered, so the capacity floor cannot"):
-        roll.prepare(ops, pairs, roll.budget("1", None, 4), include_drained=False)
+        roll.prepare(ops, pairs, 3, include_drained=False)
 
 
 def test_time_left_from_the_phase_times_of_the_groups_done() -> None:
