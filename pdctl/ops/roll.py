@@ -291,26 +291,26 @@ class _Roll:
             time.sleep(self.ops.timeouts.poll)
 
     def _start(self, pair: Pair) -> None:
-        self.out[pair.id] = _Out(pair, time.monotonic())
+        out = self.out[pair.id] = _Out(pair, time.monotonic())
         self._progress()
         if self.budget.max_out == 1:
-            self._work(pair)  # in this thread: Ctrl-C interrupts its step as it always did
+            self._work(out)  # in this thread: Ctrl-C interrupts its step as it always did
         else:
             threading.Thread(
-                target=self._work, args=(pair,), name=f"restart {pair.id}", daemon=True
+                target=self._work, args=(out,), name=f"restart {pair.id}", daemon=True
             ).start()
 
-    def _work(self, pair: Pair) -> None:
+    def _work(self, out: _Out) -> None:
         def on_phase(phase: str) -> None:
-            self.out[pair.id].phase = phase
+            out.phase = phase
 
         try:
             got: Report | BaseException = self.step(
-                self.ops, pair, lock_lost=self.fence, on_phase=on_phase
+                self.ops, out.pair, lock_lost=self.fence, on_phase=on_phase
             )
         except BaseException as e:  # Interrupted, or a bug: the scheduler raises it
             got = e
-        self.finished.put((pair.id, got))
+        self.finished.put((out.pair.id, got))
 
     def _reap(self, pid: str, got: Report | BaseException) -> None:
         if isinstance(got, BaseException):
