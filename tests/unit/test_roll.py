@@ -4,6 +4,8 @@ failure stops new starts, the rest listed untouched, Ctrl-C names every group ou
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -335,6 +337,39 @@ def test_ctrl_c_names_every_group_out_and_the_others_stop_before_their_next_step
     assert msg.endswith("Put them back with: pdctl restart --both --pair a/pd0 --pair a/pd1")
     assert e.value.exit_code == 130
     assert ran == list(PHASES[: PHASES.index("canary") + 1])  # a/pd0 stopped before verify
+
+
+def test_a_ctrl_c_while_the_roll_waits_names_every_group_out() -> None:
+    """A real SIGINT reaches the calling thread, which waits for its groups' ends."""
+    ops, pairs, _ = fake_ops(fleet())
+    release, lock = threading.Event(), threading.Lock()
+    waiting: list[str] = []
+
+    def step(
+        ops: Ops,
+        pair: Pair,
+        *,
+        lock_lost: Callable[[], str | None],
+        on_phase: Callable[[str], None],
+    ) -> Report:
+        for phase in PHASES:
+            on_phase(phase)
+            lock_lost()
+            if phase == "health":
+                with lock:
+                    waiting.append(pair.id)
+                    if len(waiting) == 2:
+                        os.kill(os.getpid(), signal.SIGINT)
+                assert release.wait(10)
+        return Report(pair.id)
+
+    with pytest.raises(Interrupted) as e:
+        roll.run(ops, pairs, step, roll.budget("2", None, 4), lambda: None)
+    release.set()
+    msg = str(e.value)
+    assert "a/pd0 during health: it is out of the gateway (drained) and its engines" in msg
+    assert "a/pd1 during health: it is out of the gateway (drained) and its engines" in msg
+    assert msg.endswith("Put them back with: pdctl restart --both --pair a/pd0 --pair a/pd1")
 
 
 def test_one_at_a_time_without_a_floor_runs_in_the_calling_thread() -> None:
