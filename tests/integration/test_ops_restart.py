@@ -70,47 +70,46 @@ def coord(etcd: LocalEtcd) -> TopologyCoord:
     return etcd.coord
 
 
+@pytest.fixture
 def local_pairs(
-    n_pairs: int,
     sim_factory: Callable[..., SimProc],
     gateway_factory: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     coord: TopologyCoord,
-) -> tuple[Ops, LocalUnits]:
-    monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
-    pairs = []
-    for n in range(n_pairs):
-        prefill = sim_factory("prefill", env=ENV)
-        decode = sim_factory("decode", env={**ENV, **partner_env(prefill)})
-        pairs.append(LocalPair(f"pd{n}", prefill, decode))
-    for p in pairs:
-        p.prefill.wait_healthy()
-        p.decode.wait_healthy()
-    # The gateway's default retries and round_robin, as deployed. The workers are registered
-    # the way pdctl registers them (pdctl.ops.restart.register_pair): each pair's two bound
-    # to each other by smg's pairing protocol. Without that, smg's round robin combines
-    # workers of different pairs from the start and after re-registrations, which the sim
-    # (like NIXL) fails with stale peer metadata once one of them restarted
-    # (docs/operations.md, "Pairs stay pairs").
-    gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_ops(pairs, gw, coord=coord)
-    for pair in ops.source.pairs():
-        register_pair(ops, pair)
-    gw.wait_ready()
-    ops.say = lambda line: print(line, file=sys.stderr)
-    return ops, units
+) -> Callable[[int], tuple[Ops, LocalUnits]]:
+    """N local pairs behind one real gateway, under the fleet lock in a real etcd."""
+
+    def make(n_pairs: int) -> tuple[Ops, LocalUnits]:
+        monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
+        pairs = []
+        for n in range(n_pairs):
+            prefill = sim_factory("prefill", env=ENV)
+            decode = sim_factory("decode", env={**ENV, **partner_env(prefill)})
+            pairs.append(LocalPair(f"pd{n}", prefill, decode))
+        for p in pairs:
+            p.prefill.wait_healthy()
+            p.decode.wait_healthy()
+        # The gateway's default retries and round_robin, as deployed. The workers are
+        # registered the way pdctl registers them (pdctl.ops.restart.register_pair): each
+        # pair's two bound to each other by smg's pairing protocol. Without that, smg's round
+        # robin combines workers of different pairs from the start and after
+        # re-registrations, which the sim (like NIXL) fails with stale peer metadata once one
+        # of them restarted (docs/operations.md, "Pairs stay pairs").
+        gw = gateway_factory([], [], "--policy", "round_robin")
+        ops, units = local_ops(pairs, gw, coord=coord)
+        for pair in ops.source.pairs():
+            register_pair(ops, pair)
+        gw.wait_ready()
+        ops.say = lambda line: print(line, file=sys.stderr)
+        return ops, units
+
+    return make
 
 
 @pytest.fixture
-def two_pairs(
-    sim_factory: Callable[..., SimProc],
-    gateway_factory: Callable[..., Gateway],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    coord: TopologyCoord,
-) -> tuple[Ops, LocalUnits]:
-    return local_pairs(2, sim_factory, gateway_factory, tmp_path, monkeypatch, coord)
+def two_pairs(local_pairs: Callable[[int], tuple[Ops, LocalUnits]]) -> tuple[Ops, LocalUnits]:
+    return local_pairs(2)
 
 
 def _registered(ops: Ops) -> set[str]:
@@ -285,16 +284,12 @@ def test_restart_all_under_load_fails_no_client_request(
 
 
 def test_a_roll_of_two_at_a_time_under_load_fails_no_request_and_keeps_the_floor(
-    sim_factory: Callable[..., SimProc],
-    gateway_factory: Callable[..., Gateway],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    coord: TopologyCoord,
+    local_pairs: Callable[[int], tuple[Ops, LocalUnits]],
 ) -> None:
     """Four pairs, --max-unavailable 2 (floor: 2), under streaming load through the real
     gateway, under the fleet lock in a real etcd: no failed request, two pairs out at once,
     and the gateway's own worker list (polled every 50 ms) never routing to fewer than 2."""
-    ops, _ = local_pairs(4, sim_factory, gateway_factory, tmp_path, monkeypatch, coord)
+    ops, _ = local_pairs(4)
     pairs = ops.source.pairs()
     lines: list[str] = []
 

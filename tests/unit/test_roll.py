@@ -19,40 +19,11 @@ from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.report import PHASES, Interrupted, Report
 from pdctl.ops.source import Pair, Source
 from pdctl.topology import Topology
+from tests.unit.test_ops_modules import topo as topology
 
 
 def fleet(hosts: tuple[str, ...] = ("a", "b"), per_host: int = 2) -> Topology:
-    instances, pairs = [], []
-    for h, host in enumerate(hosts):
-        for n in range(per_host):
-            name, ids = f"pd{n}", {}
-            for r, role in enumerate(("prefill", "decode")):
-                ids[role] = f"{host}/pd{n}-{role}"
-                instances.append(
-                    {
-                        "id": ids[role],
-                        "host": host,
-                        "name": f"{name}-{role}",
-                        "pair": name,
-                        "role": role,
-                        "unit": f"pdstack-{name}-{role}.service",
-                        "url": f"http://10.0.{h}.1:{30000 + 10 * n + r}",
-                        "numa_node": 0,
-                        "gpus": [r],
-                        "bootstrap_port": 8998 + n if role == "prefill" else None,
-                    }
-                )
-            pairs.append({"host": host, "name": name, "target": f"pdstack-{name}.target", **ids})
-    router = {"host": hosts[0], "url": "http://gw:8000", "metrics_url": "http://gw:1/metrics"}
-    return Topology.model_validate(
-        {
-            "model": "sim",
-            "engine": "sim",
-            "instances": instances,
-            "pairs": pairs,
-            "router": {**router, "unit": "pdstack-gateway.service"},
-        }
-    )
+    return topology(hosts, tuple(f"pd{n}" for n in range(per_host)))
 
 
 class ViewGateway:
