@@ -47,6 +47,12 @@ def _slice_start() -> int:
     return PORT_BASE + (index % PORT_SLICES) * PORT_SLICE
 
 
+# Local engines talk over 127.0.0.1 only. Left to itself UCX opens every interface it lists at
+# start-up, and a test host's veth that goes away meanwhile (a module tearing its host down,
+# a cut link) stops the engine: "uct_iface_open(tcp/ve-pde2e-down) failed: No such device".
+LOCAL_UCX = {"UCX_NET_DEVICES": "lo"}
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now and not handed out before by this process (a stack asks
     for several before any is listening: a 3-member etcd once got one peer port twice)."""
@@ -149,7 +155,12 @@ class SimProc:
             *extra,
         ]
         return cls(
-            mode, port, bootstrap_port, log_dir / f"{mode}-{port}.log", argv, {**os.environ, **env}
+            mode,
+            port,
+            bootstrap_port,
+            log_dir / f"{mode}-{port}.log",
+            argv,
+            {**LOCAL_UCX, **os.environ, **env},
         )
 
     @property

@@ -299,3 +299,14 @@ def test_the_sim_profile_env_moves_kv_over_loopback(
     finally:
         for sim in procs:
             sim.stop()
+
+
+def test_harness_engines_keep_ucx_on_loopback_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test host's veth removed while a local engine starts must not stop it (CI: "No such
+    device"): the harness limits UCX to lo; a test's own UCX_NET_DEVICES still wins."""
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    assert SimProc.create("prefill", tmp_path, {}).env["UCX_NET_DEVICES"] == "lo"
+    told = SimProc.create("prefill", tmp_path, {"UCX_NET_DEVICES": "bogus0"})
+    assert told.env["UCX_NET_DEVICES"] == "bogus0"
