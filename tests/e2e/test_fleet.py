@@ -22,6 +22,7 @@ under streaming load through gateway 2 is recovered automatically at the first t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -297,30 +298,60 @@ def serving(fleet: TestFleet, *pair_ids: str) -> bool:
     return all(pairs[i]["gateway"] == "routed" and pairs[i]["canary"]["ok"] for i in pair_ids)
 
 
+RELEASE = "/run/pdstack-test-release"
+
+
+@contextlib.contextmanager
+def start_held(host: TestHost, unit: str) -> Iterator[None]:
+    """The unit's next start waits (a runtime drop-in's ExecStartPre) until the block ends: a
+    restart of its pair holds the fleet lock until then, however slow the machine is."""
+    dropin = f"/run/systemd/system/{unit}.d"
+    conf = (
+        "[Service]\nTimeoutStartSec=infinity\n"
+        f"ExecStartPre=+/bin/sh -c 'until [ -e {RELEASE} ]; do sleep 0.2; done'\n"
+    )
+    made = host.ssh(
+        f"rm -f {RELEASE} && mkdir -p {dropin} && cat > {dropin}/hold.conf"
+        " && systemctl daemon-reload",
+        input=conf,
+    )
+    assert made.returncode == 0, made.stderr
+    try:
+        yield
+    finally:
+        host.ssh(f"touch {RELEASE}", check=True)
+        host.ssh(f"rm -rf {dropin} {RELEASE} && systemctl daemon-reload", check=True)
+
+
 def test_the_fleet_lock_refuses_a_second_restarter_naming_the_first(
     fleet_site: Site, fleet: TestFleet
 ) -> None:
     first, second = fleet.hosts[:2]
-    # Both pairs of the first host: one lease held long enough for the two commands below.
+    # Both pairs of the first host, under one lease: the first one's start waits until both
+    # commands below have answered.
     mine = [f"{first.name}/{p}" for p in PAIRS]
     theirs = f"{second.name}/pd1"
     start = time.monotonic()
     pairs = " ".join(f"--pair {p}" for p in mine)
-    holder = _background(first, f"{PDCTL} restart --both {pairs} --yes")
-    try:
-        held = wait_for(lambda: lease(first), 60, "the first host's restart to take the lock")
-        # From the controller, for a pair of the other host, not waiting; and its status.
-        with ThreadPoolExecutor(2) as pool:
-            refusing = pool.submit(
-                controller_pdctl, fleet, fleet_site.profile,
-                "restart", "--both", "--pair", theirs, "--yes", "--lock-wait", "0",
-            )  # fmt: skip
-            showing = pool.submit(
-                controller_pdctl, fleet, fleet_site.profile, "status", "--format", "json"
-            )
-            refused, status = refusing.result(), showing.result()
-    finally:
-        out, err = holder.communicate(timeout=600)
+    with start_held(first, names.engine_unit(PAIRS[0], "prefill")):
+        holder = _background(first, f"{PDCTL} restart --both {pairs} --yes")
+        try:
+            held = wait_for(lambda: lease(first), 60, "the first host's restart to take the lock")
+            # From the controller, for a pair of the other host, not waiting; and its status.
+            with ThreadPoolExecutor(2) as pool:
+                refusing = pool.submit(
+                    controller_pdctl, fleet, fleet_site.profile,
+                    "restart", "--both", "--pair", theirs, "--yes", "--lock-wait", "0",
+                )  # fmt: skip
+                showing = pool.submit(
+                    controller_pdctl, fleet, fleet_site.profile, "status", "--format", "json"
+                )
+                refused, status = refusing.result(), showing.result()
+            assert holder.poll() is None, "the holder ended while its start was held"
+        except BaseException:
+            holder.kill()
+            raise
+    out, err = holder.communicate(timeout=600)
     assert holder.returncode == 0, out[-3000:] + err[-3000:]
     what = f"pdctl restart --both {' '.join(mine)}"
     assert held["host"] == first.name and held["command"] == what, held
