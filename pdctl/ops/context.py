@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops.gateway import GatewayAdmin, api_key
+from pdctl.ops.health import in_flight
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
 from pdctl.pdclient import CANARIES_VERIFY
@@ -47,6 +48,7 @@ class Ops:
     # restarts take only this host's lock.
     store: Store | None = None
     fleet_lock: RestartLock | None = None
+    in_flight: Callable[[str], int | None] = in_flight  # requests an engine holds (drain)
 
     def systemd(self, host: str) -> Systemd:
         return self.systemd_for(host)

@@ -1,7 +1,8 @@
 """The gateway's (smg) admin API: its workers, readiness, and taking a pair out and back in.
 
 smg 1.13: `DELETE /workers/{id}` answers 202 and marks the worker `draining` (no new
-requests; `load` counts the ones still in flight), then removes it a few seconds later.
+requests; `load` counts the ones still in flight, but not streamed ones: those only the
+engines count, pdctl.ops.health.in_flight), then removes it a few seconds later.
 `POST /workers` answers 202 at once and a background job adds the worker when its engine
 answers (up to smg's --worker-startup-timeout-secs, 30 min): GET /workers lists it only then.
 `POST /workers` with an URL it holds or is still adding answers 409: taken as "already

@@ -70,6 +70,21 @@ def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
     )
 
 
+def in_flight(url: str, timeout: float = 3.0) -> int | None:
+    """Requests the engine holds: running plus waiting, which in SGLang's LoadInquirer counts the
+    disaggregation queues too (a prefill's bootstrap queue; a decode's prealloc and transfer
+    queues), so a pair whose engines both say 0 has nothing in flight. smg's own `load` misses
+    streamed requests (docs/operations.md, "Drain"). None: the engine did not answer."""
+    try:
+        r = requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=timeout)
+        r.raise_for_status()
+        return sum(
+            int(x["num_running_reqs"]) + int(x["num_waiting_reqs"]) for x in r.json()["loads"]
+        )
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return None
+
+
 def concurrently(calls: dict[K, Callable[[], T]], workers: int = 16) -> dict[K, T]:
     """Run the calls in threads; each call bounds its own time (HTTP and ssh timeouts)."""
     if not calls:

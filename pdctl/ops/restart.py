@@ -267,6 +267,7 @@ def register_gateways(
 
 def _drain(ops: Ops, pair: Pair, required: bool) -> None:
     urls = [i.url for i in pair.instances]
+    deadline = time.monotonic() + ops.timeouts.drain
     try:
         # Every gateway must answer before any stops routing: a gateway left out would keep
         # sending requests to engines about to stop.
@@ -280,11 +281,28 @@ def _drain(ops: Ops, pair: Pair, required: bool) -> None:
             raise StepFailed("drain", f"{e}; nothing was stopped") from None
         ops.say(f"  {pair.id}: cannot drain ({e}); going on")
         return
-    if not all(waited.values()):
+    # smg's `load` stays 0 for streamed requests, so the gateways' word is not enough: the
+    # engines' own count, within what is left of the same window.
+    left = deadline - time.monotonic()
+    busy = {} if not all(waited.values()) else _wait_idle(ops, urls, left)
+    if not all(waited.values()) or busy:
+        held = f" ({', '.join(f'{u}: {n}' for u, n in busy.items())})" if busy else ""
         ops.say(
-            f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s; "
+            f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s{held}; "
             "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
         )
+
+
+def _wait_idle(ops: Ops, urls: list[str], timeout: float) -> dict[str, int]:
+    """Poll the engines until none holds a request; what each still holds on timeout. An
+    engine that does not answer holds nothing it could finish."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = concurrently({u: partial(ops.in_flight, u) for u in urls})
+        busy = {u: n for u, n in counts.items() if n}
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(ops.timeouts.poll)
 
 
 def stop_pair(sd: Systemd, pair: Pair) -> None:

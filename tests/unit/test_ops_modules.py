@@ -295,6 +295,7 @@ def fake_ops(sd: FakeSystemd, gw: FakeGateway, *others: FakeGateway) -> Ops:
         [gw, *others],  # type: ignore[list-item]
         Timeouts(health=0.3, canary=0.3, poll=0.01),
         say=lambda _l: None,
+        in_flight=lambda _u: 0,
     )
 
 
@@ -450,6 +451,54 @@ def test_restart_drains_and_registers_at_every_gateway(monkeypatch: pytest.Monke
     assert "remove both from each gateway (http://gw1:8000, http://gw2:8000)" in "\n".join(
         restart.plan_lines(ops, [pair])
     )
+
+
+def _restart_with_engine_counts(
+    monkeypatch: pytest.MonkeyPatch, counts: dict[str, list[int | None]], drain: float
+) -> tuple[FakeSystemd, list[str], list[str]]:
+    """Restart pd0 while its engines report `counts` in turn (the last repeats); the systemd
+    jobs, what was said, and each poll's URL."""
+    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
+    monkeypatch.setattr(
+        restart.pdclient, "pair_canary", lambda *a, **k: CanaryResult(True, 1, 0, 0.01)
+    )
+    sd, said, polls = FakeSystemd(), [], []
+    ops = fake_ops(sd, FakeGateway())
+    ops.say, ops.timeouts = said.append, replace(ops.timeouts, drain=drain)
+
+    def in_flight(url: str) -> int | None:
+        assert sd.jobs == [], "an engine was polled after the stop"
+        polls.append(url)
+        left = counts.get(url, [0])
+        return left.pop(0) if len(left) > 1 else left[0]
+
+    ops.in_flight = in_flight
+    (rep,) = restart.restart_pairs(ops, [ops.source.pairs()[0]])
+    assert rep.ok, rep.error
+    return sd, said, polls
+
+
+def test_the_drain_waits_for_the_engines_own_in_flight_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """smg's `load` stays 0 for streamed requests: the stop waits until both engines say 0."""
+    decode = "http://10.0.0.1:30001"
+    sd, said, polls = _restart_with_engine_counts(monkeypatch, {decode: [2, 1, 0]}, drain=30)
+    assert polls.count(decode) == 3
+    assert sd.jobs[0][0] == "stop"
+    assert not [line for line in said if "still in flight" in line]
+
+
+def test_a_drain_that_times_out_names_the_busy_engine_and_stops_anyway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decode, prefill = "http://10.0.0.1:30001", "http://10.0.0.1:30000"
+    sd, said, _ = _restart_with_engine_counts(
+        monkeypatch, {decode: [3], prefill: [None]}, drain=0.1
+    )
+    (line,) = [line for line in said if "still in flight" in line]
+    assert f"({decode}: 3)" in line and prefill not in line  # unanswered: nothing to wait for
+    assert sd.jobs[0][0] == "stop"
 
 
 def test_an_unreachable_gateway_during_drain_stops_nothing(

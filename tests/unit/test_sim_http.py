@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from pdctl.ops.health import in_flight
 from pdctl.sim.sampling import EOS_TOKEN_ID, Sampler, SamplingParams
 from pdctl.sim.server import SimServer
 from pdctl.testing.stack import free_port, in_process
@@ -527,6 +528,9 @@ def test_loads_count_the_bootstrap_queue_as_waiting() -> None:
         for section, keys in LOAD_SECTION_KEYS.items():
             assert list(load[section]) == keys
         assert load["num_waiting_reqs"] == 2 and load["queues"]["waiting"] == 0
+        # What a restart's drain waits on (smg's own load misses streamed requests).
+        assert await asyncio.to_thread(in_flight, server.url) == 2
+        assert await asyncio.to_thread(in_flight, f"http://127.0.0.1:{free_port()}") is None
         assert load["disaggregation"]["prefill_bootstrap_queue_reqs"] == 2
         assert load["memory"]["token_capacity"] == load["max_total_num_tokens"]
         async with http.get("/v1/loads", params={"include": "core"}) as r:
