@@ -14,7 +14,7 @@ import jinja2
 
 from pdctl import names
 from pdctl.escape import FILTERS, systemd_command, systemd_word
-from pdctl.spec import Deployment, EngineKind, Instance, Role
+from pdctl.spec import Deployment, EngineKind, Instance, Profile, Role
 from pdctl.spec.deployment import EtcdMember
 
 STOP_TIMEOUT_S = 120
@@ -34,7 +34,12 @@ def templates_dir() -> Path:
 
 def launch_args(inst: Instance, dep: Deployment) -> list[str]:
     """SGLang `launch_server` arguments for one instance (the executable excluded)."""
-    p, t = dep.profile, inst.tuning
+    return engine_args(inst, dep.profile)
+
+
+def engine_args(inst: Instance, p: Profile) -> list[str]:
+    """`launch_args` from the profile alone (`pdctl capacity --profile` has no inventory)."""
+    t = inst.tuning
     args = [
         "--model-path", p.model.path,
         "--served-model-name", p.model.served_name,

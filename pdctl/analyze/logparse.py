@@ -157,7 +157,7 @@ class EngineFlags(NamedTuple):
     flags: dict[str, FlagValue]
 
 
-def _flag_value(raw: bytes) -> FlagValue:
+def flag_value(raw: bytes) -> FlagValue:
     text = raw.decode(errors="replace")
     if text.startswith("'"):
         return text.strip("'")
@@ -181,7 +181,7 @@ def parse_flags(line: bytes) -> EngineFlags:
         name = key.decode()
         name = _FLAG_ALIASES.get(name, name)
         if name in KEPT_FLAGS:
-            found[name] = _flag_value(raw)
+            found[name] = flag_value(raw)
     return EngineFlags(found)
 
 

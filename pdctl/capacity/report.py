@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -16,18 +17,40 @@ FIRST_BOOTSTRAP_PORT = 8998
 NUMA_NODES = 2  # per host, GPUs split evenly between them (the reference host's shape)
 
 
-def _member(gpus: list[int], per_host: int, port: int, bootstrap: int | None) -> str:
-    numa = gpus[0] // max(per_host // NUMA_NODES, 1)
-    text = f"{{numa_node: {numa}, gpus: [{', '.join(map(str, gpus))}], port: {port}"
+@dataclass(frozen=True)
+class Site:
+    """Where the snippet puts engines: GPUs per host, the first engine and bootstrap ports,
+    host names for `host:` (else host1, host2, …) and each NUMA node's GPUs (else the GPUs
+    split evenly over NUMA_NODES); `--profile` gives its own."""
+
+    gpus_per_host: int = 8
+    first_port: int = FIRST_PORT
+    first_bootstrap_port: int = FIRST_BOOTSTRAP_PORT
+    hosts: tuple[str, ...] = ()
+    numa_gpus: dict[int, list[int]] | None = None
+
+    def numa(self, gpu: int) -> int:
+        for node, gpus in (self.numa_gpus or {}).items():
+            if gpu in gpus:
+                return node
+        return gpu // max(self.gpus_per_host // NUMA_NODES, 1)
+
+    def host(self, n: int) -> str:
+        return self.hosts[n] if n < len(self.hosts) else f"host{n + 1}"
+
+
+def _member(gpus: list[int], site: Site, port: int, bootstrap: int | None) -> str:
+    text = f"{{numa_node: {site.numa(gpus[0])}, gpus: [{', '.join(map(str, gpus))}], port: {port}"
     return text + (f", bootstrap_port: {bootstrap}}}" if bootstrap is not None else "}")
 
 
-def layout_snippet(option: Option, shape: Shape, per_host: int) -> str:
+def layout_snippet(option: Option, shape: Shape, site: Site) -> str:
     """`layout:` for a profile. Equal counts that tile hosts evenly become host-local pairs
     (repeated on every [pd_hosts] host); anything else one xPyD group, its members placed on
     hosts in order (`host:` names to replace with the inventory's)."""
     np_, nd = option.prefill_instances, option.decode_instances
     gp, gd = shape.gpus_per_prefill, shape.gpus_per_decode
+    per_host, port0, boot0 = site.gpus_per_host, site.first_port, site.first_bootstrap_port
     per_pair_host = per_host // (gp + gd)
     if np_ == nd and per_pair_host and (np_ <= per_pair_host or np_ % per_pair_host == 0):
         on_host = min(np_, per_pair_host)
@@ -35,18 +58,16 @@ def layout_snippet(option: Option, shape: Shape, per_host: int) -> str:
         lines = [f"layout:  # on {hosts} [pd_hosts] host{'s' if hosts > 1 else ''}", "  pairs:"]
         for i in range(on_host):
             base = i * (gp + gd)
-            prefill = _member(list(range(base, base + gp)), per_host, FIRST_PORT + 2 * i,
-                              FIRST_BOOTSTRAP_PORT + i)  # fmt: skip
-            decode = _member(list(range(base + gp, base + gp + gd)), per_host,
-                             FIRST_PORT + 2 * i + 1, None)  # fmt: skip
+            prefill = _member(list(range(base, base + gp)), site, port0 + 2 * i, boot0 + i)
+            decode = _member(list(range(base + gp, base + gp + gd)), site, port0 + 2 * i + 1, None)
             lines += [f"    - name: pd{i}", f"      prefill: {prefill}", f"      decode: {decode}"]
         return "\n".join(lines)
     placed: dict[str, list[tuple[int, str]]] = {"prefill": [], "decode": []}
-    host, used, port, boot = 0, 0, FIRST_PORT, FIRST_BOOTSTRAP_PORT
+    host, used, port, boot = 0, 0, port0, boot0
     for role, gpus in [("prefill", gp)] * np_ + [("decode", gd)] * nd:
         if used + gpus > per_host:
-            host, used, port, boot = host + 1, 0, FIRST_PORT, FIRST_BOOTSTRAP_PORT
-        member = _member(list(range(used, used + gpus)), per_host, port,
+            host, used, port, boot = host + 1, 0, port0, boot0
+        member = _member(list(range(used, used + gpus)), site, port,
                          boot if role == "prefill" else None)  # fmt: skip
         placed[role].append((host, member))
         used, port, boot = used + gpus, port + 1, boot + (role == "prefill")
@@ -59,7 +80,7 @@ def layout_snippet(option: Option, shape: Shape, per_host: int) -> str:
     for role, members in placed.items():
         lines.append(f"      {role}:")
         for h, member in members:
-            where = f"host: host{h + 1}, " if spans else ""
+            where = f"host: {site.host(h)}, " if spans else ""
             lines.append(f"        - {{{where}{member[1:]}")
     return "\n".join(lines)
 

@@ -314,11 +314,16 @@ def _resolve_host(name: str, profile: Profile, inventory: Inventory) -> HostSpec
     hardware = (override and override.hardware) or profile.hardware
     layout = (override and override.layout) or profile.layout
     address = _address(name, inventory)
-    instances = [
-        _instance(name, address, group, role, member, spec, profile)
+    instances = layout_instances(name, address, layout, profile)
+    return HostSpec(name=name, address=address, hardware=hardware, instances=instances)
+
+
+def layout_instances(host: str, address: str, layout: Layout, profile: Profile) -> list[Instance]:
+    """The instances `layout` puts on one host, in `members` order."""
+    return [
+        _instance(host, address, group, role, member, spec, profile)
         for group, role, member, spec in members(layout)
     ]
-    return HostSpec(name=name, address=address, hardware=hardware, instances=instances)
 
 
 def members(layout: Layout) -> Iterator[tuple[str, Role, int | None, InstanceSpec]]:

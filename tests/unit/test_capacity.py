@@ -29,7 +29,7 @@ from pdctl.capacity.model import (
     quantile,
 )
 from pdctl.capacity.prefill import Arrivals, Handoff, PrefillSide, predict_prefill, replay
-from pdctl.capacity.report import layout_snippet
+from pdctl.capacity.report import Site, layout_snippet
 from pdctl.capacity.search import Buckets, Engines, NoOption, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
 from pdctl.cli import cli
@@ -187,7 +187,7 @@ def _option(np_: int, nd: int) -> Option:
 
 
 def test_layout_is_pairs_for_equal_counts_and_a_group_otherwise() -> None:
-    pairs = layout_snippet(_option(2, 2), Shape(4, 4), 8)
+    pairs = layout_snippet(_option(2, 2), Shape(4, 4), Site())
     assert pairs.splitlines()[:3] == [
         "layout:  # on 2 [pd_hosts] hosts",
         "  pairs:",
@@ -195,7 +195,7 @@ def test_layout_is_pairs_for_equal_counts_and_a_group_otherwise() -> None:
     ]
     assert "prefill: {numa_node: 0, gpus: [0, 1, 2, 3], port: 30000, bootstrap_port: 8998}" in pairs
     assert "decode: {numa_node: 1, gpus: [4, 5, 6, 7], port: 30001}" in pairs
-    group = layout_snippet(_option(2, 1), Shape(2, 4), 8)
+    group = layout_snippet(_option(2, 1), Shape(2, 4), Site())
     assert group.splitlines() == [
         "layout:",
         "  groups:",
@@ -206,7 +206,7 @@ def test_layout_is_pairs_for_equal_counts_and_a_group_otherwise() -> None:
         "      decode:",
         "        - {numa_node: 1, gpus: [4, 5, 6, 7], port: 30002}",
     ]
-    spread = layout_snippet(_option(1, 3), Shape(4, 4), 8)
+    spread = layout_snippet(_option(1, 3), Shape(4, 4), Site())
     assert "- {host: host2, numa_node: 1, gpus: [4, 5, 6, 7], port: 30001}" in spread
 
 
@@ -450,3 +450,68 @@ def test_trace_and_other_lengths_are_exclusive(
     trace.write_bytes(b"\xff\xfe")
     code, _, exc = _run(*map(str, law_files), "--trace", str(trace), "--rate", "1", *TARGETS)
     assert "not UTF-8 text (byte 0): not a trace" in str(exc)
+
+
+# ----- --profile: the deployment the plan is for ----------------------------------------------
+
+PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
+
+
+def _law_pair(root: Path, flags: str) -> tuple[str, str]:
+    """A decode and a prefill law measured under the start-up line `flags` (none if empty)."""
+    head = f"[2026-11-29 09:00:00] server_args=ServerArgs({flags})\n" if flags else ""
+    decode = head + "".join(journal_lines(SynthJournal(seed=5, noise=0.0), 20_000))
+    prefill = head + "".join(prefill_journal_lines(SynthPrefill(seed=5, noise=0.0), 600))
+    paths = root / "decode.json", root / "prefill.json"
+    for path, text in zip(paths, (decode, prefill), strict=True):
+        path.write_text(json.dumps(analyze_stream(io.BytesIO(text.encode())).as_dict()))
+    return str(paths[0]), str(paths[1])
+
+
+def _warnings(*args: str) -> list[str]:
+    code, out, exc = _run(*args, "--rate", "4", *FIXED, *TARGETS, "--format=json")
+    assert code == 0, (out, exc)
+    return list(json.loads(out)["warnings"])
+
+
+def test_profile_warns_of_each_flag_the_law_was_measured_under_otherwise(tmp_path: Path) -> None:
+    reference = str(PROFILES / "reference.yml")
+    laws = _law_pair(tmp_path, "tp_size=4, context_length=8192, disable_cuda_graph=True")
+    found = _warnings(*laws, "--profile", reference)
+    for role in ("decode", "prefill"):
+        (line,) = [w for w in found if w.startswith(f"the {role} law") and "disable_cuda" in w]
+        assert line.endswith(f"{reference} gives its {role} disable_cuda_graph=False")
+    assert not [w for w in found if "context_length" in w or "tp_size" in w]  # the same there
+    assert _warnings(*_law_pair(tmp_path, "tp_size=4"), "--profile", reference) == []
+
+
+def test_profile_gives_the_gpus_an_explicit_option_overrides(tmp_path: Path) -> None:
+    sim = str(PROFILES / "sim.yml")  # one GPU per engine
+    laws = _law_pair(tmp_path, "tp_size=4, context_length=8192")
+    found = _warnings(*laws, "--profile", sim)
+    assert [w for w in found if "tp_size=4, the layout gives a decode 1 GPUs" in w]
+    assert [w for w in found if "tp_size=4, the layout gives a prefill 1 GPUs" in w]
+    found = _warnings(*laws, "--profile", sim, "--gpus-per-decode", "4")
+    assert not [w for w in found if "gives a decode" in w]
+    assert [w for w in found if "gives a prefill 1 GPUs" in w]
+
+
+def test_profile_with_laws_that_name_no_flags_says_so(tmp_path: Path) -> None:
+    reference = str(PROFILES / "reference.yml")
+    found = _warnings(*_law_pair(tmp_path, ""), "--profile", reference)
+    for role in ("decode", "prefill"):
+        assert [
+            w for w in found if w.startswith(f"the {role} law") and "names no engine flags" in w
+        ]
+
+
+def test_a_bad_profile_is_one_line(law_files: tuple[Path, Path], tmp_path: Path) -> None:
+    not_a_mapping = tmp_path / "p.yml"
+    not_a_mapping.write_text("- a list\n")
+    for path, message in (
+        (not_a_mapping, "a profile must be a YAML mapping"),
+        (tmp_path / "none.yml", "none.yml"),
+    ):
+        code, _, exc = _run(*map(str, law_files), "--rate", "1", *FIXED, *TARGETS, "-p", str(path))
+        assert code != 0 and isinstance(exc, PdctlError), (path, exc)
+        assert message in str(exc) and "\n" not in str(exc), (message, str(exc))
