@@ -503,9 +503,10 @@ def busy_pair(
     prefill.wait_healthy()
     decode.wait_healthy()
     gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_ops(
-        [LocalPair("pd0", prefill, decode)], gw, Timeouts(health=60, canary=8, poll=0.2)
-    )
+    # A drain window shorter than the held request: the stop meets a prefill that still holds
+    # it, as on a host whose decode died (the drain waits for the engines' own count).
+    timeouts = Timeouts(health=60, canary=8, poll=0.2, drain=0.5)
+    ops, units = local_ops([LocalPair("pd0", prefill, decode)], gw, timeouts)
     (pair,) = ops.source.pairs()
     register_pair(ops, pair)
     gw.wait_ready()
