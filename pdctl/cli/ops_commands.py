@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from pdctl.cli.options import deployment_options, format_option
+from pdctl.cli.status_view import to_json, view
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
 from pdctl.ops import lock, roll, source
@@ -43,7 +44,7 @@ from pdctl.ops.restart import (
     restart_pairs,
     restart_router,
 )
-from pdctl.ops.status import collect, to_json, view
+from pdctl.ops.status import collect
 from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
 from pdctl.spec import Role
 from pdctl.topology import PATH as TOPOLOGY_PATH

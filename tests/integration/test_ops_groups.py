@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from pdctl import pdclient
+from pdctl.cli.status_view import to_json
 from pdctl.ops import doctor
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
-from pdctl.ops.status import collect, to_json
+from pdctl.ops.status import collect
 from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,

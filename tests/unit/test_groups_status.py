@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 from rich.console import Console
 
+from pdctl.cli import status_view
 from pdctl.ops import doctor, status
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayWorker
@@ -117,7 +118,7 @@ def _collect(monkeypatch: pytest.MonkeyPatch, *pairings: dict[str, str | None]) 
 
 def _render(s: status.Status, width: int) -> list[str]:
     console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
-    console.print(status.view(s))
+    console.print(status_view.view(s))
     return console.export_text().splitlines()
 
 
@@ -141,7 +142,7 @@ def test_status_shows_a_group_with_its_members_per_role(
     assert len({line.index("PID") for line in member_lines}) == 1
     pd0 = [line for line in engines[:g0] if line.startswith("    ") and line[4] != " "]
     assert [line.split()[0] for line in pd0] == ["prefill", "decode"]
-    data = status.to_json(s)
+    data = status_view.to_json(s)
     pair, group = data["pairs"]
     assert "members" not in pair  # a pair's entry is what it was before groups
     assert group["members"] == {

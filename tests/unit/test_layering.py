@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RUNTIME = [
     "pdctl.ops",
@@ -43,12 +46,18 @@ def test_runtime_module_imports_no_harness_or_sim(module: str) -> None:
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
 
 
-OPS = [m for m in RUNTIME if m.startswith(("pdctl.ops", "pdctl.coord"))]
+# Every ops module (a new one is held to it without editing a list) and the coordination core.
+OPS = [
+    "pdctl.ops",
+    *sorted(f"pdctl.ops.{p.stem}" for p in (ROOT / "pdctl/ops").glob("[!_]*.py")),
+    *(m for m in RUNTIME if m.startswith("pdctl.coord")),
+]
 
 
 @pytest.mark.parametrize("module", OPS)
 def test_the_ops_layer_imports_no_cli_toolkit(module: str) -> None:
-    """ops takes plain values and raises pdctl's errors: prompts, colours and echo are cli's."""
-    code = f"import sys, {module}\nprint('click' in sys.modules)\n"
+    """ops takes plain values, raises pdctl's errors and returns typed results: prompts, echo
+    and every rendering (rich's tables and colours) are cli's."""
+    code = f"import sys, {module}\nprint(sorted({{'click', 'rich'}} & set(sys.modules)))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False", f"{module} imports click"
+    assert out.stdout.strip() == "[]", f"{module} imports {out.stdout.strip()}"

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 
 from pdctl import names, render
+from pdctl.cli import status_view
 from pdctl.coord.history import History
 from pdctl.coord.lock import Holder, RestartLock
 from pdctl.coord.store import Store
@@ -988,7 +989,7 @@ def test_collect_marks_a_pair_out_of_the_gateway_with_engines_up(
         ("node-a/pd2", "not routed", False),
     ]
     assert not s.healthy
-    pairs = status.to_json(s)["pairs"]
+    pairs = status_view.to_json(s)["pairs"]
     assert [p["drained"] for p in pairs] == [False, True, False]
 
 
@@ -1183,7 +1184,7 @@ def _render(s: Status, width: int) -> list[str]:
 
     from rich.console import Console
 
-    from pdctl.ops.status import view
+    from pdctl.cli.status_view import view
 
     console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
     console.print(view(s))

@@ -12,6 +12,7 @@ from rich.console import Console
 from test_ops_modules import FakeGateway, FakeSystemd, fake_ops, topo
 
 from pdctl import names
+from pdctl.cli import status_view
 from pdctl.ops import pending, restart, status, systemd
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayWorker
@@ -98,13 +99,13 @@ def test_status_shows_pending_in_table_and_json(monkeypatch: pytest.MonkeyPatch)
     ops = Ops(Source(topo(), None), lambda _h: sd, [Listing()])  # type: ignore[list-item]
     s = status.collect(ops, 1)
     assert s.healthy  # pending is news, not a fault: the pair serves on its old files
-    pairs = status.to_json(s)["pairs"]
+    pairs = status_view.to_json(s)["pairs"]
     assert [p["restart_pending"] for p in pairs] == [
         None,
         "restart pending: /etc/pdstack/pd1-decode.env changed (since 2026-11-30T21:00:00Z)",
     ]
     console = Console(width=80, record=True)
-    console.print(status.view(s))
+    console.print(status_view.view(s))
     text = console.export_text()
     assert "restart pending: /etc/pdstack/pd1-decode.env changed" in text
     assert text.count("restart pending") == 1
