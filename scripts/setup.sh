@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${PDSTACK_CACHE:-/var/cache/pdstack}
 mkdir -p "$CACHE"
+# Checkouts share the Debian packages and the cached environments below: two set-ups at once
+# (worktrees, a CI clone beside a checkout) would race apt and rebuild each other's SGLang
+# parser environment. The venv is per checkout and the test host roots have a lock of their own.
+exec 7>"$CACHE/.setup.lock"
+flock -w 1800 7 || { echo "setup: timed out waiting for $CACHE/.setup.lock" >&2; exit 1; }
 
 APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
               prometheus prometheus-node-exporter make nftables shellcheck etcd-server etcd-client)
