@@ -1,33 +1,45 @@
-"""The monitoring roles' templates: Ansible renders the rule template exactly as
-`python -m monitoring.build` does, the Prometheus configuration generated for the reference
+"""The monitoring roles' templates: Ansible installs the rules `python -m monitoring.build`
+makes, the Prometheus configuration generated for the reference
 deployment passes promtool, and the Grafana provisioning keeps its fixed uid and read-only
 flags."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import jinja2
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
-from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render_rules
+from monitoring.config import load
+from monitoring.rules import render_rules
 from pdctl.spec import load_deployment
 from pdctl.topology import from_deployment
-from tests.conftest import ROOT, require_tool, role_expression, two_gateways_inventory
+from tests.conftest import (
+    ROOT,
+    filter_plugin,
+    require_tool,
+    role_expression,
+    two_gateways_inventory,
+)
 from tests.prometheus_role import render_prometheus_config, templates
 
 GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
+PROMETHEUS_VARS = ROOT / "roles" / "pdstack_prometheus" / "vars" / "main.yml"
 
 
-def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> None:
-    """The `#jinja2:` header must make Ansible's template module use [[ ]] as well."""
-    overrides = {"ttft_p95_seconds": 3.5}
+def test_ansible_installs_the_rules_the_build_makes(tmp_path: Path) -> None:
+    """The role's content expression, run by Ansible: the pack's rules with the deployment's
+    thresholds and runbook address, Prometheus' own {{ }} templating left alone."""
     out = tmp_path / "rules.yml"
-    extra = json.dumps({"t": {**default_thresholds(), **overrides}})
-    src = ROOT / "monitoring" / "rules" / "pdstack.rules.yml.j2"
+    rb = "https://git.example.org/pdstack/docs/runbook.md"
+    role_vars = {"pdstack_prometheus_alert_thresholds": {"ttft_p95_seconds": 3.5}}
+    expression = yaml.safe_load(PROMETHEUS_VARS.read_text())["_pdstack_prometheus_rules"]
+    rules_var = {"_pdstack_prometheus_rules": expression}
     result = subprocess.run(
         [
             str(ROOT / ".venv" / "bin" / "ansible"),
@@ -35,20 +47,36 @@ def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> Non
             "-c",
             "local",
             "-m",
-            "template",
+            "copy",
             "-a",
-            f"src={src} dest={out}",
+            json.dumps({"content": "{{ _pdstack_prometheus_rules }}", "dest": str(out)}),
             "-e",
-            extra,
+            json.dumps({**role_vars, "pdstack_prometheus_runbook_url": rb, **rules_var}),
         ],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=ROOT,
         check=False,
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert GENERATED_HEADER + out.read_text() == render_rules(overrides)
+    built = render_rules(load({"thresholds": {"ttft_p95_seconds": 3.5}, "runbook_url": rb}))
+    assert out.read_text() == built
+    assert "{{ $labels.pair }}" in built and "> 3.5" in built
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "runbook", "message"),
+    [
+        ({"ttft_p95": 1}, "", "unknown key thresholds.ttft_p95"),
+        ({}, "docs/runbook.md", "runbook_url must be an absolute http(s) address"),
+    ],
+)
+def test_the_rule_filter_names_what_cannot_build(
+    thresholds: dict[str, object], runbook: str, message: str
+) -> None:
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        filter_plugin().pdstack_monitoring_rules(thresholds, runbook)
 
 
 @pytest.fixture
