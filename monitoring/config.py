@@ -69,7 +69,7 @@ def load(overrides: dict[str, Any] | None = None) -> Config:
     data = _merge(_defaults(), overrides or {}, "")
     for name in SELECTORS:
         if not str(data["selectors"][name]).strip():
-            raise ConfigError(f"selectors.{name} is empty: give a label matcher such as job=\"x\"")
+            raise ConfigError(f'selectors.{name} is empty: give a label matcher such as job="x"')
     if not _WINDOW.match(str(data["rate_window"])):
         raise ConfigError(f"rate_window must be a duration such as 5m, not {data['rate_window']!r}")
     if not re.match(r"^https?://", str(data["runbook_url"])):

@@ -28,7 +28,9 @@ def rank_rate_sum(
 
 def quantile(q: float, histogram: str, selector: str, by: str, window: str = RATE_INTERVAL) -> str:
     """histogram_quantile over buckets summed by `by` (plus `le`)."""
-    return f"histogram_quantile({q}, {rate_sum(histogram + '_bucket', selector, 'le, ' + by, window)})"
+    return (
+        f"histogram_quantile({q}, {rate_sum(histogram + '_bucket', selector, 'le, ' + by, window)})"
+    )
 
 
 def counted_from_zero(counter: str, window: str) -> str:

@@ -14,7 +14,8 @@ from monitoring.dashboards.panels import (
     engine_selector,
     engine_variables,
 )
-from monitoring.queries import RATE_INTERVAL as RATE, rank_rate_sum, rate_sum
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import rank_rate_sum, rate_sum
 
 UID = "pdstack-decode"
 

@@ -13,7 +13,8 @@ from monitoring.dashboards.panels import (
     quantiles,
     query_variable,
 )
-from monitoring.queries import RATE_INTERVAL as RATE, rate_sum, series
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import rate_sum, series
 
 UID = "pdstack-gateway"
 

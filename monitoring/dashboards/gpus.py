@@ -15,7 +15,8 @@ from monitoring.dashboards.panels import (
     build_dashboard,
     query_variable,
 )
-from monitoring.queries import RATE_INTERVAL as RATE, counted_from_zero, series
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import counted_from_zero, series
 
 UID = "pdstack-gpus"
 GPU_LEGEND = "{{host}} GPU {{gpu}} {{role}} NUMA {{numa_node}}"

@@ -16,7 +16,7 @@ from monitoring.dashboards.panels import (
     engine_variables,
     quantiles,
 )
-from monitoring.queries import RATE_INTERVAL as RATE, rate_sum, series
+from monitoring.queries import rate_sum, series
 
 UID = "pdstack-overview"
 # Recorded per pair or group and role (monitoring/rules: PDGroupMembersDown reads the same).
@@ -57,7 +57,7 @@ def build(cfg: Config) -> Dashboard:
                 "group's: every prefill and every decode) succeeded; 0 means it is degraded "
                 "even if its engines look up.",
                 "none",
-                [Query(f'pdstack_pair_canary_success{{{canary}}}', "{{pair}}")],
+                [Query(f"pdstack_pair_canary_success{{{canary}}}", "{{pair}}")],
                 kind="stat",
                 width=6,
                 height=5,
@@ -103,8 +103,11 @@ def build(cfg: Config) -> Dashboard:
                         "aborted {{engine}}",
                     ),
                     Query(
-                        f'sum by (status_code) (rate(smg_http_responses_total{{{cfg.selectors.gateway}, '
-                        f'status_code=~"5.."}}[{RATE}]))',
+                        rate_sum(
+                            "smg_http_responses_total",
+                            f'{cfg.selectors.gateway}, status_code=~"5.."',
+                            "status_code",
+                        ),
                         "gateway {{status_code}}",
                     ),
                 ],

@@ -164,7 +164,9 @@ def build_dashboard(
 ) -> dashboard.Dashboard:
     source = dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
     if cfg.datasource:
-        source = source.current(VariableOption(selected=True, text=cfg.datasource, value=cfg.datasource))
+        source = source.current(
+            VariableOption(selected=True, text=cfg.datasource, value=cfg.datasource)
+        )
     board = (
         dashboard.Dashboard(title)
         .uid(uid)

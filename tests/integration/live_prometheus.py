@@ -16,8 +16,8 @@ from typing import Any
 
 import requests
 
-from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.config import load
+from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.rules import render_rules
 from pdctl.testing.stack import (
     Gateway,

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.config import load
+from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.rules import render_rules
 from pdctl.exporter.gpu import THROTTLE_REASONS
 from pdctl.testing.nvml import (

@@ -27,8 +27,8 @@ import pytest
 import requests
 import yaml
 
-from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.config import load
+from monitoring.dashboards.export import expressions, render_dashboards
 from monitoring.rules import render_rules
 from pdctl.sim.scheduler_prefill import forces_prefill_retry
 from pdctl.testing.etcd import local_etcd
