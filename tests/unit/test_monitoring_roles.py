@@ -15,6 +15,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from monitoring.build import DASHBOARDS_DIR
 from monitoring.config import load
 from monitoring.rules import render_rules
 from pdctl.spec import load_deployment
@@ -77,6 +78,53 @@ def test_the_rule_filter_names_what_cannot_build(
 ) -> None:
     with pytest.raises(AnsibleFilterError, match=re.escape(message)):
         filter_plugin().pdstack_monitoring_rules(thresholds, runbook)
+
+
+def _grafana_dashboards(tmp_path: Path, source: str) -> list[str]:
+    """The dashboards pdstack_grafana installs (its configure loop), as Ansible lists them."""
+    out = tmp_path / "boards.json"
+    listed = (
+        "{{ query('ansible.builtin.fileglob', _pdstack_grafana_dashboards_source ~ '/*.json')"
+        " | map('basename') | list | to_json }}"
+    )
+    expression = yaml.safe_load(GRAFANA_VARS.read_text())["_pdstack_grafana_dashboards_source"]
+    role_vars = {
+        "pdstack_grafana_dashboards_source": source,
+        "_pdstack_grafana_dashboards_source": expression,
+    }
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "--playbook-dir",
+            str(ROOT),
+            "-m",
+            "copy",
+            "-a",
+            json.dumps({"content": listed, "dest": str(out)}),
+            "-e",
+            json.dumps(role_vars),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return sorted(json.loads(out.read_text()))
+
+
+def test_grafana_installs_the_committed_build_or_the_deployments(tmp_path: Path) -> None:
+    committed = sorted(p.name for p in DASHBOARDS_DIR.glob("*.json"))
+    assert len(committed) == 5
+    assert _grafana_dashboards(tmp_path, "") == committed
+    own = tmp_path / "pack" / "dashboards"
+    own.mkdir(parents=True)
+    (own / "pdstack-overview.json").write_text("{}")
+    assert _grafana_dashboards(tmp_path, str(own)) == ["pdstack-overview.json"]
 
 
 @pytest.fixture
