@@ -33,36 +33,55 @@ GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
 PROMETHEUS_VARS = ROOT / "roles" / "pdstack_prometheus" / "vars" / "main.yml"
 
 
-def test_ansible_installs_the_rules_the_build_makes(tmp_path: Path) -> None:
-    """The role's content expression, run by Ansible: the pack's rules with the deployment's
-    thresholds and runbook address, Prometheus' own {{ }} templating left alone."""
-    out = tmp_path / "rules.yml"
-    rb = "https://git.example.org/pdstack/docs/runbook.md"
-    role_vars = {"pdstack_prometheus_alert_thresholds": {"ttft_p95_seconds": 3.5}}
-    expression = yaml.safe_load(PROMETHEUS_VARS.read_text())["_pdstack_prometheus_rules"]
-    rules_var = {"_pdstack_prometheus_rules": expression}
+def _ansible_writes(tmp_path: Path, content: str, extra_vars: dict[str, object]) -> str:
+    """What Ansible (an ad-hoc copy, the roles' filters and `playbook_dir` the checkout)
+    writes for `content` with `extra_vars`."""
+    out = tmp_path / "written"
     result = subprocess.run(
         [
             str(ROOT / ".venv" / "bin" / "ansible"),
             "localhost",
             "-c",
             "local",
+            "--playbook-dir",
+            str(ROOT),
             "-m",
             "copy",
             "-a",
-            json.dumps({"content": "{{ _pdstack_prometheus_rules }}", "dest": str(out)}),
+            json.dumps({"content": content, "dest": str(out)}),
             "-e",
-            json.dumps({**role_vars, "pdstack_prometheus_runbook_url": rb, **rules_var}),
+            json.dumps(extra_vars),
         ],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=tmp_path,
         check=False,
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    return out.read_text()
+
+
+def _role_var(vars_file: Path, name: str) -> dict[str, object]:
+    """A role's internal variable (its expression), to hand an ad-hoc run."""
+    return {name: yaml.safe_load(vars_file.read_text())[name]}
+
+
+def test_ansible_installs_the_rules_the_build_makes(tmp_path: Path) -> None:
+    """The role's content expression, run by Ansible: the pack's rules with the deployment's
+    thresholds and runbook address, Prometheus' own {{ }} templating left alone."""
+    rb = "https://git.example.org/pdstack/docs/runbook.md"
+    written = _ansible_writes(
+        tmp_path,
+        "{{ _pdstack_prometheus_rules }}",
+        {
+            "pdstack_prometheus_alert_thresholds": {"ttft_p95_seconds": 3.5},
+            "pdstack_prometheus_runbook_url": rb,
+            **_role_var(PROMETHEUS_VARS, "_pdstack_prometheus_rules"),
+        },
+    )
     built = render_rules(load({"thresholds": {"ttft_p95_seconds": 3.5}, "runbook_url": rb}))
-    assert out.read_text() == built
+    assert written == built
     assert "{{ $labels.pair }}" in built and "> 3.5" in built
 
 
@@ -82,39 +101,16 @@ def test_the_rule_filter_names_what_cannot_build(
 
 def _grafana_dashboards(tmp_path: Path, source: str) -> list[str]:
     """The dashboards pdstack_grafana installs (its configure loop), as Ansible lists them."""
-    out = tmp_path / "boards.json"
-    listed = (
+    listed = _ansible_writes(
+        tmp_path,
         "{{ query('ansible.builtin.fileglob', _pdstack_grafana_dashboards_source ~ '/*.json')"
-        " | map('basename') | list | to_json }}"
+        " | map('basename') | list | to_json }}",
+        {
+            "pdstack_grafana_dashboards_source": source,
+            **_role_var(GRAFANA_VARS, "_pdstack_grafana_dashboards_source"),
+        },
     )
-    expression = yaml.safe_load(GRAFANA_VARS.read_text())["_pdstack_grafana_dashboards_source"]
-    role_vars = {
-        "pdstack_grafana_dashboards_source": source,
-        "_pdstack_grafana_dashboards_source": expression,
-    }
-    result = subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "ansible"),
-            "localhost",
-            "-c",
-            "local",
-            "--playbook-dir",
-            str(ROOT),
-            "-m",
-            "copy",
-            "-a",
-            json.dumps({"content": listed, "dest": str(out)}),
-            "-e",
-            json.dumps(role_vars),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return sorted(json.loads(out.read_text()))
+    return sorted(json.loads(listed))
 
 
 def test_grafana_installs_the_committed_build_or_the_deployments(tmp_path: Path) -> None:
