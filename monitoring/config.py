@@ -5,14 +5,13 @@ import: Ansible's filter plugin builds the rules through this module on the cont
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "config.yml"
-SELECTORS = ("engines", "gateway", "exporter", "node", "etcd")
 _WINDOW = re.compile(r"^[0-9]+[smhdw]$")
 
 
@@ -27,6 +26,9 @@ class Selectors:
     exporter: str
     node: str
     etcd: str
+
+
+SELECTORS = tuple(f.name for f in fields(Selectors))
 
 
 @dataclass(frozen=True)
