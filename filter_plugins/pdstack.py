@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ansible.errors import AnsibleFilterError
+from ansible.utils.unsafe_proxy import wrap_var
 
 from pdctl import converge, escape, names
 from pdctl.escape import systemd_command
@@ -286,12 +288,38 @@ def pdstack_unit_verify(unit: str) -> str:
     return f"/bin/sh -c {shlex.quote(script)} {shlex.quote(unit)} %s"
 
 
+# The checkout this plugin belongs to: monitoring/ (the rule builder) sits beside it, outside
+# the pdctl package.
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def pdstack_monitoring_rules(thresholds: dict[str, Any], runbook_url: str = "") -> str:
+    """The pack's rules (monitoring/rules.py) with the deployment's thresholds over the defaults
+    and its runbook address ("": the pack's). The selectors stay the defaults: they are the
+    job names of the role's own scrape config."""
+    if str(CHECKOUT) not in sys.path:
+        sys.path.append(str(CHECKOUT))
+    from monitoring.config import ConfigError, load
+    from monitoring.rules import render_rules
+
+    overrides: dict[str, Any] = {"thresholds": thresholds}
+    if runbook_url:
+        overrides["runbook_url"] = runbook_url
+    try:
+        cfg = load(overrides)
+    except ConfigError as e:
+        raise AnsibleFilterError(f"the alert rules cannot be built: {e}") from e
+    # Unsafe: the rules hold Prometheus' own {{ }} templating, never Ansible's.
+    return wrap_var(render_rules(cfg))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
             "pdstack_unit_verify": pdstack_unit_verify,
+            "pdstack_monitoring_rules": pdstack_monitoring_rules,
             **escape.FILTERS,
             **converge.FILTERS,
             "pdstack_stale_pairs": pdstack_stale_pairs,

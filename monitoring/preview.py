@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from PIL import Image
 
-from monitoring.dashboards.export import JSON_DIR
+from monitoring.build import DASHBOARDS_DIR
 
 COLUMNS = 24
 # Grafana's grid: 30 px rows with 8 px margins; the preview is a 1280 px wide dashboard.
@@ -714,7 +714,7 @@ def _utc(t: float) -> str:
 
 def boards(uid: str | None = None) -> list[dict[str, Any]]:
     """The committed dashboard JSON, or the one with `uid` (ValueError when none has it)."""
-    found = [json.loads(p.read_text()) for p in sorted(JSON_DIR.glob("*.json"))]
+    found = [json.loads(p.read_text()) for p in sorted(DASHBOARDS_DIR.glob("*.json"))]
     chosen = [b for b in found if uid in (None, b["uid"])]
     if not chosen:
         raise ValueError(f"no dashboard {uid!r}; have {', '.join(b['uid'] for b in found)}")

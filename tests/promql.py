@@ -1,7 +1,7 @@
 """Just enough PromQL reading for the tests' checks on our own expressions: which metric names
 an expression selects, whether counters only appear under rate/increase, and Grafana variables
 replaced by values Prometheus accepts. Tests only: the builder writes PromQL, it never reads it
-(its helpers are in monitoring/dashboards/panels.py)."""
+(its helpers are in monitoring/queries.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def name_regexes(expr: str) -> list[str]:
     return _NAME_MATCHER.findall(expr)
 
 
-# monitoring.dashboards.panels.counted_from_zero's raw uses of the counter are its own: they
+# monitoring.queries.counted_from_zero's raw uses of the counter are its own: they
 # read as increase().
 _FROM_ZERO = re.compile(
     r"\(\(increase\((?P<c>[^\[\]()]+)\[(?P<w>[^\]]+)\]\) and (?P=c) offset (?P=w)\) or (?P=c)\)"

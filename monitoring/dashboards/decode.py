@@ -4,26 +4,27 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
+from monitoring.config import Config
 from monitoring.dashboards.panels import (
-    ENGINE,
-    RATE,
     TOKENS_PER_S,
     Panel,
     Query,
     Section,
     build_dashboard,
+    engine_selector,
     engine_variables,
-    rank_rate_sum,
-    rate_sum,
 )
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import rank_rate_sum, rate_sum
 
 UID = "pdstack-decode"
-# Exporter series about an engine carry its pair and engine labels (not role: that is the
-# exporter's own target label).
-JOURNAL = 'pair=~"$pair", engine=~"$engine"'
 
 
-def build() -> Dashboard:
+def build(cfg: Config) -> Dashboard:
+    engine = engine_selector(cfg)
+    # Exporter series about an engine carry its pair and engine labels (not role: that is the
+    # exporter's own target label).
+    journal = f'{cfg.selectors.exporter}, pair=~"$pair", engine=~"$engine"'
     graphs = Section(
         "CUDA graphs",
         [
@@ -36,7 +37,7 @@ def build() -> Dashboard:
                     Query(
                         rank_rate_sum(
                             "sglang:cuda_graph_passes_total",
-                            f'{ENGINE}, mode=~"decode_.*"',
+                            f'{engine}, mode=~"decode_.*"',
                             "engine, mode",
                         ),
                         "{{engine}} {{mode}}",
@@ -51,7 +52,7 @@ def build() -> Dashboard:
                 "ops",
                 [
                     Query(
-                        rate_sum("pdstack_decode_batches_total", JOURNAL, "engine, mode"),
+                        rate_sum("pdstack_decode_batches_total", journal, "engine, mode"),
                         "{{engine}} {{mode}}",
                     )
                 ],
@@ -65,11 +66,11 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rank_rate_sum("sglang:num_retracted_requests_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_retracted_requests_total", engine, "engine"),
                         "retracted/s {{engine}}",
                     ),
                     Query(
-                        f'max by (engine) (sglang:num_retracted_reqs{{{ENGINE}, role="decode"}})',
+                        f'max by (engine) (sglang:num_retracted_reqs{{{engine}, role="decode"}})',
                         "last batch {{engine}}",
                     ),
                 ],
@@ -82,11 +83,11 @@ def build() -> Dashboard:
                 "short",
                 [
                     Query(
-                        f'max by (engine) (sglang:num_running_reqs{{{ENGINE}, role="decode"}})',
+                        f'max by (engine) (sglang:num_running_reqs{{{engine}, role="decode"}})',
                         "running {{engine}}",
                     ),
                     Query(
-                        f"max by (engine) (pdstack_decode_cuda_graph_max_batch_size{{{JOURNAL}}})",
+                        f"max by (engine) (pdstack_decode_cuda_graph_max_batch_size{{{journal}}})",
                         "largest graph {{engine}}",
                     ),
                 ],
@@ -104,9 +105,9 @@ def build() -> Dashboard:
                 TOKENS_PER_S,
                 [
                     Query(
-                        f"sum by (engine) (rate(sglang:generation_tokens_total{{{ENGINE}, "
+                        f"sum by (engine) (rate(sglang:generation_tokens_total{{{engine}, "
                         f'role="decode"}}[{RATE}])) / sum by (engine) (sglang:num_running_reqs{{'
-                        f'{ENGINE}, role="decode"}})',
+                        f'{engine}, role="decode"}})',
                         "{{engine}}",
                     )
                 ],
@@ -119,7 +120,7 @@ def build() -> Dashboard:
                 TOKENS_PER_S,
                 [
                     Query(
-                        f'sum by (engine) (sglang:gen_throughput{{{ENGINE}, role="decode"}})',
+                        f'sum by (engine) (sglang:gen_throughput{{{engine}, role="decode"}})',
                         "{{engine}}",
                     )
                 ],
@@ -131,9 +132,9 @@ def build() -> Dashboard:
                 "s",
                 [
                     Query(
-                        rate_sum("pdstack_decode_step_seconds_sum", JOURNAL, "engine")
+                        rate_sum("pdstack_decode_step_seconds_sum", journal, "engine")
                         + " / "
-                        + rate_sum("pdstack_decode_step_seconds_count", JOURNAL, "engine"),
+                        + rate_sum("pdstack_decode_step_seconds_count", journal, "engine"),
                         "{{engine}}",
                     )
                 ],
@@ -145,7 +146,7 @@ def build() -> Dashboard:
                 [
                     Query(
                         f"histogram_quantile({q}, sum by (le, engine) "
-                        f"(rate(pdstack_decode_running_requests_bucket{{{JOURNAL}}}[{RATE}])))",
+                        f"(rate(pdstack_decode_running_requests_bucket{{{journal}}}[{RATE}])))",
                         f"p{round(q * 100)} {{{{engine}}}}",
                     )
                     for q in (0.5, 0.95)
@@ -158,5 +159,6 @@ def build() -> Dashboard:
         "Decode efficiency",
         "Whether decode stays inside its CUDA graphs and what each added request costs.",
         [graphs, throughput],
-        engine_variables(),
+        engine_variables(cfg),
+        cfg,
     )

@@ -1,25 +1,26 @@
-"""Dashboard JSON as committed under json/, plus the helpers tests use to read it back."""
+"""Dashboard JSON as committed under json/ (the default config's build), plus the helpers
+tests use to read it back."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from monitoring.config import DEFAULT, Config
 from monitoring.dashboards import decode, gateway, gpus, overview, pipeline
 
-JSON_DIR = Path(__file__).resolve().parent / "json"
 MODULES = (overview, pipeline, decode, gpus, gateway)
 
 
-def render_dashboards() -> dict[Path, str]:
+def render_dashboards(cfg: Config = DEFAULT) -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
     out = {}
     for module in MODULES:
-        board = json.loads(JSONEncoder().encode(module.build().build()))
-        out[JSON_DIR / f"{module.UID}.json"] = json.dumps(board, indent=2, sort_keys=True) + "\n"
+        board = json.loads(JSONEncoder().encode(module.build(cfg).build()))
+        out[f"{module.UID}.json"] = json.dumps(board, indent=2, sort_keys=True) + "\n"
     return out
 
 

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable
 
+from monitoring.config import Config
 from monitoring.dashboards.panels import (
-    RATE,
     Panel,
     Query,
     Section,
     build_dashboard,
     quantiles,
     query_variable,
-    rate_sum,
 )
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import rate_sum, series
 
 UID = "pdstack-gateway"
-GW = 'job="smg", instance=~"$instance"'
 
 
-def variables() -> list[QueryVariable]:
-    return [query_variable("instance", "Gateway", 'label_values(up{job="smg"}, instance)')]
+def variables(cfg: Config) -> list[QueryVariable]:
+    return [
+        query_variable(
+            "instance", "Gateway", f"label_values({series('up', cfg.selectors.gateway)}, instance)"
+        )
+    ]
 
 
-def build() -> Dashboard:
+def build(cfg: Config) -> Dashboard:
+    GW = f'{cfg.selectors.gateway}, instance=~"$instance"'
     traffic = Section(
         "Requests",
         [
@@ -218,5 +223,6 @@ def build() -> Dashboard:
         "Gateway",
         "The smg gateway: requests, errors, retries, latency, worker health and circuit breakers.",
         [traffic, errors, latency, workers],
-        variables(),
+        variables(cfg),
+        cfg,
     )

@@ -6,44 +6,39 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable
 
+from monitoring.config import Config
 from monitoring.dashboards.panels import (
-    RATE,
     UP_THRESHOLDS,
     Panel,
     Query,
     Section,
     build_dashboard,
-    counted_from_zero,
     query_variable,
 )
+from monitoring.queries import RATE_INTERVAL as RATE
+from monitoring.queries import counted_from_zero, series
 
 UID = "pdstack-gpus"
-GPU = 'host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'
 GPU_LEGEND = "{{host}} GPU {{gpu}} {{role}} NUMA {{numa_node}}"
-NODE = 'job="node", host=~"$host"'
 
 
 def _gpu(title: str, description: str, unit: str, expr: str) -> Panel:
     return Panel(title, description, unit, [Query(expr, GPU_LEGEND)], width=8)
 
 
-def variables() -> list[QueryVariable]:
+def variables(cfg: Config) -> list[QueryVariable]:
+    # Node exporter runs on every host of the deployment, pd-exporter on the engine hosts.
+    memory = f'pdstack_gpu_memory_total_bytes{{{cfg.selectors.exporter}, host=~"$host"}}'
     return [
-        query_variable("host", "Host", 'label_values(up{job=~"pd-exporter|node"}, host)'),
-        query_variable(
-            "gpu_role",
-            "GPU role",
-            'label_values(pdstack_gpu_memory_total_bytes{host=~"$host"}, role)',
-        ),
-        query_variable(
-            "numa_node",
-            "NUMA node",
-            'label_values(pdstack_gpu_memory_total_bytes{host=~"$host"}, numa_node)',
-        ),
+        query_variable("host", "Host", f"label_values({series('up', cfg.selectors.node)}, host)"),
+        query_variable("gpu_role", "GPU role", f"label_values({memory}, role)"),
+        query_variable("numa_node", "NUMA node", f"label_values({memory}, numa_node)"),
     ]
 
 
-def build() -> Dashboard:
+def build(cfg: Config) -> Dashboard:
+    gpu = f'{cfg.selectors.exporter}, host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'
+    node = f'{cfg.selectors.node}, host=~"$host"'
     gpus = Section(
         "GPUs",
         [
@@ -52,7 +47,7 @@ def build() -> Dashboard:
                 "1 when pd-exporter reads the GPUs through NVML; 0 on hosts "
                 "without a driver or when NVML fails.",
                 "none",
-                [Query('pdstack_gpu_up{host=~"$host"}', "{{host}}")],
+                [Query(f'pdstack_gpu_up{{{cfg.selectors.exporter}, host=~"$host"}}', "{{host}}")],
                 kind="stat",
                 width=24,
                 height=4,
@@ -62,41 +57,41 @@ def build() -> Dashboard:
                 "SM utilisation",
                 "Share of time at least one kernel ran on the GPU.",
                 "percentunit",
-                f"pdstack_gpu_sm_utilization_ratio{{{GPU}}}",
+                f"pdstack_gpu_sm_utilization_ratio{{{gpu}}}",
             ),
             _gpu(
                 "Memory-controller utilisation",
                 "Share of time device memory was read or "
                 "written; low next to high SM utilisation means latency-bound.",
                 "percentunit",
-                f"pdstack_gpu_memory_utilization_ratio{{{GPU}}}",
+                f"pdstack_gpu_memory_utilization_ratio{{{gpu}}}",
             ),
             _gpu(
                 "Power vs limit",
                 "Power draw as a share of the enforced power limit.",
                 "percentunit",
-                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_watts{{{GPU}}}) / "
-                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_limit_watts{{{GPU}}})",
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_watts{{{gpu}}}) / "
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_power_limit_watts{{{gpu}}})",
             ),
-            _gpu("Power", "Power draw.", "watt", f"pdstack_gpu_power_watts{{{GPU}}}"),
+            _gpu("Power", "Power draw.", "watt", f"pdstack_gpu_power_watts{{{gpu}}}"),
             _gpu(
                 "GPU memory used",
                 "Device memory in use (weights, KV pool, graphs, activations).",
                 "percentunit",
-                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_used_bytes{{{GPU}}}) / "
-                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_total_bytes{{{GPU}}})",
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_used_bytes{{{gpu}}}) / "
+                f"sum by (host, gpu, role, numa_node) (pdstack_gpu_memory_total_bytes{{{gpu}}})",
             ),
             _gpu(
                 "Temperature",
                 "GPU core temperature.",
                 "celsius",
-                f"pdstack_gpu_temperature_celsius{{{GPU}}}",
+                f"pdstack_gpu_temperature_celsius{{{gpu}}}",
             ),
             _gpu(
                 "SM clock",
                 "Current SM clock; drops under throttling.",
                 "hertz",
-                f'pdstack_gpu_clock_hertz{{{GPU}, clock="sm"}}',
+                f'pdstack_gpu_clock_hertz{{{gpu}, clock="sm"}}',
             ),
             _gpu(
                 "PCIe throughput",
@@ -104,7 +99,7 @@ def build() -> Dashboard:
                 "decode go over PCIe without NVLink).",
                 "Bps",
                 f"sum by (host, gpu, role, numa_node) (pdstack_gpu_pcie_throughput_bytes_per_second"
-                f"{{{GPU}}})",
+                f"{{{gpu}}})",
             ),
             Panel(
                 "Throttle reasons",
@@ -113,7 +108,7 @@ def build() -> Dashboard:
                 "none",
                 [
                     Query(
-                        f"pdstack_gpu_throttle_reason{{{GPU}}} == 1",
+                        f"pdstack_gpu_throttle_reason{{{gpu}}} == 1",
                         "GPU {{gpu}} {{role}} {{reason}}",
                     )
                 ],
@@ -126,7 +121,7 @@ def build() -> Dashboard:
                 [
                     Query(
                         "sum by (host, gpu, role, numa_node, xid) "
-                        + counted_from_zero(f"pdstack_gpu_xid_errors_total{{{GPU}}}", RATE),
+                        + counted_from_zero(f"pdstack_gpu_xid_errors_total{{{gpu}}}", RATE),
                         "GPU {{gpu}} {{role}} XID {{xid}}",
                     )
                 ],
@@ -144,7 +139,7 @@ def build() -> Dashboard:
                 "percentunit",
                 [
                     Query(
-                        f'1 - avg by (host) (rate(node_cpu_seconds_total{{{NODE}, mode="idle"}}'
+                        f'1 - avg by (host) (rate(node_cpu_seconds_total{{{node}, mode="idle"}}'
                         f"[{RATE}]))",
                         "{{host}}",
                     )
@@ -157,8 +152,8 @@ def build() -> Dashboard:
                 "percentunit",
                 [
                     Query(
-                        f"1 - sum by (host) (node_memory_MemAvailable_bytes{{{NODE}}}) / "
-                        f"sum by (host) (node_memory_MemTotal_bytes{{{NODE}}})",
+                        f"1 - sum by (host) (node_memory_MemAvailable_bytes{{{node}}}) / "
+                        f"sum by (host) (node_memory_MemTotal_bytes{{{node}}})",
                         "{{host}}",
                     )
                 ],
@@ -170,12 +165,12 @@ def build() -> Dashboard:
                 "Bps",
                 [
                     Query(
-                        f"sum by (host) (rate(node_network_receive_bytes_total{{{NODE}, "
+                        f"sum by (host) (rate(node_network_receive_bytes_total{{{node}, "
                         f'device!="lo"}}[{RATE}]))',
                         "{{host}} in",
                     ),
                     Query(
-                        f"-sum by (host) (rate(node_network_transmit_bytes_total{{{NODE}, "
+                        f"-sum by (host) (rate(node_network_transmit_bytes_total{{{node}, "
                         f'device!="lo"}}[{RATE}]))',
                         "{{host}} out",
                     ),
@@ -190,5 +185,6 @@ def build() -> Dashboard:
         "Per-GPU power, utilisation, memory, clocks, PCIe, throttling "
         "and XID errors by role and NUMA node; host CPU, memory and network.",
         [gpus, hosts],
-        variables(),
+        variables(cfg),
+        cfg,
     )

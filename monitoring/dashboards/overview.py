@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
+from monitoring.config import Config
 from monitoring.dashboards.panels import (
-    ENGINE,
-    RATE,
     TOKENS_PER_S,
     UP_THRESHOLDS,
     Panel,
     Query,
     Section,
     build_dashboard,
+    engine_selector,
     engine_variables,
     quantiles,
-    rate_sum,
 )
-from monitoring.rules_source import default_thresholds
+from monitoring.queries import rate_sum, series
 
 UID = "pdstack-overview"
 # Recorded per pair or group and role (monitoring/rules: PDGroupMembersDown reads the same).
@@ -25,7 +24,9 @@ MEMBERS = 'pair_role:pdstack_group_members:max{pair=~"$pair", role=~"$role"}'
 MEMBERS_UP = 'pair_role:sglang_members_up:sum{pair=~"$pair", role=~"$role"}'
 
 
-def build() -> Dashboard:
+def build(cfg: Config) -> Dashboard:
+    engine = engine_selector(cfg)
+    canary = f'{cfg.selectors.exporter}, pair=~"$pair"'
     health = Section(
         "Health",
         [
@@ -34,7 +35,7 @@ def build() -> Dashboard:
                 "1 when Prometheus scrapes the engine's /metrics; 0 when it is down "
                 "or still loading.",
                 "none",
-                [Query(f"up{{{ENGINE}}}", "{{engine}}")],
+                [Query(f"up{{{engine}}}", "{{engine}}")],
                 kind="stat",
                 width=6,
                 height=5,
@@ -44,7 +45,7 @@ def build() -> Dashboard:
                 "Gateway up",
                 "1 when the smg gateway's metrics port answers.",
                 "none",
-                [Query('up{job="smg"}', "{{instance}}")],
+                [Query(series("up", cfg.selectors.gateway), "{{instance}}")],
                 kind="stat",
                 width=6,
                 height=5,
@@ -56,7 +57,7 @@ def build() -> Dashboard:
                 "group's: every prefill and every decode) succeeded; 0 means it is degraded "
                 "even if its engines look up.",
                 "none",
-                [Query('pdstack_pair_canary_success{pair=~"$pair"}', "{{pair}}")],
+                [Query(f"pdstack_pair_canary_success{{{canary}}}", "{{pair}}")],
                 kind="stat",
                 width=6,
                 height=5,
@@ -87,7 +88,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("sglang:num_requests_total", ENGINE, "pair, role"),
+                        rate_sum("sglang:num_requests_total", engine, "pair, role"),
                         "{{pair}} {{role}}",
                     )
                 ],
@@ -98,12 +99,15 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("sglang:num_aborted_requests_total", ENGINE, "engine"),
+                        rate_sum("sglang:num_aborted_requests_total", engine, "engine"),
                         "aborted {{engine}}",
                     ),
                     Query(
-                        f'sum by (status_code) (rate(smg_http_responses_total{{job="smg", '
-                        f'status_code=~"5.."}}[{RATE}]))',
+                        rate_sum(
+                            "smg_http_responses_total",
+                            f'{cfg.selectors.gateway}, status_code=~"5.."',
+                            "status_code",
+                        ),
                         "gateway {{status_code}}",
                     ),
                 ],
@@ -114,7 +118,7 @@ def build() -> Dashboard:
                 TOKENS_PER_S,
                 [
                     Query(
-                        rate_sum("sglang:prompt_tokens_total", f'{ENGINE}, role="prefill"', "pair"),
+                        rate_sum("sglang:prompt_tokens_total", f'{engine}, role="prefill"', "pair"),
                         "{{pair}}",
                     )
                 ],
@@ -126,7 +130,7 @@ def build() -> Dashboard:
                 [
                     Query(
                         rate_sum(
-                            "sglang:generation_tokens_total", f'{ENGINE}, role="decode"', "pair"
+                            "sglang:generation_tokens_total", f'{engine}, role="decode"', "pair"
                         ),
                         "{{pair}}",
                     )
@@ -143,7 +147,7 @@ def build() -> Dashboard:
                 "prefill, bootstrap and KV transfer; a PD prefill never records TTFT.",
                 "s",
                 quantiles(
-                    "sglang:time_to_first_token_seconds", f'{ENGINE}, role!="prefill"', "role"
+                    "sglang:time_to_first_token_seconds", f'{engine}, role!="prefill"', "role"
                 ),
                 width=8,
             ),
@@ -153,7 +157,7 @@ def build() -> Dashboard:
                 "client sees it), quantiles; a PD prefill never records it.",
                 "s",
                 quantiles(
-                    "sglang:inter_token_latency_seconds", f'{ENGINE}, role!="prefill"', "role"
+                    "sglang:inter_token_latency_seconds", f'{engine}, role!="prefill"', "role"
                 ),
                 width=8,
             ),
@@ -161,7 +165,7 @@ def build() -> Dashboard:
                 "End-to-end latency",
                 "Request latency from arrival to last token, quantiles by role.",
                 "s",
-                quantiles("sglang:e2e_request_latency_seconds", ENGINE, "role"),
+                quantiles("sglang:e2e_request_latency_seconds", engine, "role"),
                 width=8,
             ),
         ],
@@ -173,7 +177,7 @@ def build() -> Dashboard:
                 "Running requests",
                 "Requests in the running batch of each engine.",
                 "short",
-                [Query(f"sum by (engine) (sglang:num_running_reqs{{{ENGINE}}})", "{{engine}}")],
+                [Query(f"sum by (engine) (sglang:num_running_reqs{{{engine}}})", "{{engine}}")],
                 width=8,
             ),
             Panel(
@@ -181,7 +185,7 @@ def build() -> Dashboard:
                 "Requests waiting for admission on each engine (PD queues are "
                 "on the PD pipeline dashboard).",
                 "short",
-                [Query(f"sum by (engine) (sglang:num_queue_reqs{{{ENGINE}}})", "{{engine}}")],
+                [Query(f"sum by (engine) (sglang:num_queue_reqs{{{engine}}})", "{{engine}}")],
                 width=8,
             ),
             Panel(
@@ -189,9 +193,9 @@ def build() -> Dashboard:
                 "Share of the KV pool in use (evictable prefix cache excluded); "
                 "alerts above 95% and when it stays up at idle (leak).",
                 "percentunit",
-                [Query(f"max by (engine) (sglang:token_usage{{{ENGINE}}})", "{{engine}}")],
+                [Query(f"max by (engine) (sglang:token_usage{{{engine}}})", "{{engine}}")],
                 width=8,
-                thresholds=((None, "green"), (default_thresholds()["kv_usage_ratio"], "red")),
+                thresholds=((None, "green"), (cfg.thresholds["kv_usage_ratio"], "red")),
             ),
         ],
     )
@@ -200,5 +204,6 @@ def build() -> Dashboard:
         "PD overview",
         "SGLang prefill/decode serving: health, traffic, latency and load.",
         [health, traffic, latency, load],
-        engine_variables(),
+        engine_variables(cfg),
+        cfg,
     )

@@ -19,34 +19,23 @@ from grafana_foundation_sdk.models.dashboard import (
     GridPos,
     Threshold,
     ThresholdsMode,
+    VariableOption,
     VariableRefresh,
     VariableSort,
 )
 
+from monitoring.config import Config
+from monitoring.queries import quantile
+
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-# Engines are scrape job `sglang`; file_sd adds the pair/role/engine labels the variables use
-# (pair: a pair's or group's id, HOST/NAME).
-ENGINE = 'job="sglang", pair=~"$pair", role=~"$role", engine=~"$engine"'
-RATE = "$__rate_interval"
 # Grafana's custom unit: the value, then the suffix (token rates read as such, not as "2.4 K").
 TOKENS_PER_S = "suffix: tok/s"
 
 
-def rate_sum(metric: str, selector: str, by: str) -> str:
-    return f"sum by ({by}) (rate({metric}{{{selector}}}[{RATE}]))"
-
-
-def rank_rate_sum(metric: str, selector: str, by: str) -> str:
-    """For counters every TP rank increments for the same event (failures, retractions,
-    decode passes): one rank's rate, not TP times it (docs/monitoring.md)."""
-    return f"sum by ({by}) (max without (tp_rank) (rate({metric}{{{selector}}}[{RATE}])))"
-
-
-def counted_from_zero(counter: str, window: str) -> str:
-    """The increase of `counter` (a selector) over `window`, counting the whole value of a
-    series born inside it: increase() needs two samples, so it misses the events that created
-    a series, and an exporter writes a labelled counter (an XID code) at its first event."""
-    return f"((increase({counter}[{window}]) and {counter} offset {window}) or {counter})"
+def engine_selector(cfg: Config) -> str:
+    """The engines' series narrowed by the dashboard's variables (the scrape config adds the
+    pair/role/engine labels; pair: a pair's or group's id, HOST/NAME)."""
+    return f'{cfg.selectors.engines}, pair=~"$pair", role=~"$role", engine=~"$engine"'
 
 
 @dataclass(frozen=True)
@@ -58,10 +47,10 @@ class Query:
 def quantiles(
     histogram: str, selector: str, by: str, qs: tuple[float, ...] = (0.5, 0.95, 0.99)
 ) -> list[Query]:
-    """histogram_quantile per q over buckets summed by `by` (plus `le`)."""
+    """A query per quantile q, legended by `by`."""
     return [
         Query(
-            f"histogram_quantile({q}, {rate_sum(histogram + '_bucket', selector, 'le, ' + by)})",
+            quantile(q, histogram, selector, by),
             f"p{round(q * 100)} {{{{{by}}}}}",
         )
         for q in qs
@@ -150,16 +139,17 @@ def query_variable(name: str, label: str, query: str) -> dashboard.QueryVariable
     )
 
 
-def engine_variables() -> list[dashboard.QueryVariable]:
+def engine_variables(cfg: Config) -> list[dashboard.QueryVariable]:
     """group (label pair: a pair is a 1P1D group) -> role -> engine (a member), each narrowed
     by the ones before it."""
+    up = cfg.selectors.engines
     return [
-        query_variable("pair", "Group", 'label_values(up{job="sglang"}, pair)'),
-        query_variable("role", "Role", 'label_values(up{job="sglang", pair=~"$pair"}, role)'),
+        query_variable("pair", "Group", f"label_values(up{{{up}}}, pair)"),
+        query_variable("role", "Role", f'label_values(up{{{up}, pair=~"$pair"}}, role)'),
         query_variable(
             "engine",
             "Engine",
-            'label_values(up{job="sglang", pair=~"$pair", role=~"$role"}, engine)',
+            f'label_values(up{{{up}, pair=~"$pair", role=~"$role"}}, engine)',
         ),
     ]
 
@@ -170,7 +160,13 @@ def build_dashboard(
     description: str,
     sections: list[Section],
     variables: list[dashboard.QueryVariable],
+    cfg: Config,
 ) -> dashboard.Dashboard:
+    source = dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+    if cfg.datasource:
+        source = source.current(
+            VariableOption(selected=True, text=cfg.datasource, value=cfg.datasource)
+        )
     board = (
         dashboard.Dashboard(title)
         .uid(uid)
@@ -180,9 +176,7 @@ def build_dashboard(
         .refresh("30s")
         .time("now-1h", "now")
         .timezone("browser")
-        .with_variable(
-            dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
-        )
+        .with_variable(source)
     )
     for variable in variables:
         board = board.with_variable(variable)

@@ -4,26 +4,28 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
+from monitoring.config import Config
 from monitoring.dashboards.panels import (
-    ENGINE,
     Panel,
     Query,
     Section,
     build_dashboard,
+    engine_selector,
     engine_variables,
     quantiles,
-    rank_rate_sum,
-    rate_sum,
 )
+from monitoring.queries import rank_rate_sum, rate_sum, series
 
 UID = "pdstack-pipeline"
 
 
-def _gauge(metric: str) -> Query:
-    return Query(f"sum by (engine) ({metric}{{{ENGINE}}})", "{{engine}}")
+def _gauge(metric: str, engine: str) -> Query:
+    return Query(f"sum by (engine) ({series(metric, engine)})", "{{engine}}")
 
 
-def build() -> Dashboard:
+def build(cfg: Config) -> Dashboard:
+    engine = engine_selector(cfg)
+    canary = f'{cfg.selectors.exporter}, pair=~"$pair"'
     queues = Section(
         "Queues",
         [
@@ -33,28 +35,28 @@ def build() -> Dashboard:
                 "bootstrap (fetch the route, register KV buffers). Growing with no traffic = the "
                 "decode cannot reach the prefill.",
                 "short",
-                [_gauge("sglang:num_prefill_bootstrap_queue_reqs")],
+                [_gauge("sglang:num_prefill_bootstrap_queue_reqs", engine)],
                 width=6,
             ),
             Panel(
                 "Prefill inflight queue",
                 "Requests prefilled whose KV is being sent to decode.",
                 "short",
-                [_gauge("sglang:num_prefill_inflight_queue_reqs")],
+                [_gauge("sglang:num_prefill_inflight_queue_reqs", engine)],
                 width=6,
             ),
             Panel(
                 "Decode prealloc queue",
                 "Requests on decode waiting for KV memory to be preallocated for their transfer.",
                 "short",
-                [_gauge("sglang:num_decode_prealloc_queue_reqs")],
+                [_gauge("sglang:num_decode_prealloc_queue_reqs", engine)],
                 width=6,
             ),
             Panel(
                 "Decode transfer queue",
                 "Requests on decode waiting for their KV to arrive from prefill.",
                 "short",
-                [_gauge("sglang:num_decode_transfer_queue_reqs")],
+                [_gauge("sglang:num_decode_transfer_queue_reqs", engine)],
                 width=6,
             ),
             Panel(
@@ -62,7 +64,7 @@ def build() -> Dashboard:
                 "Requests on decode whose KV is being received into host memory "
                 "(hierarchical cache); 0 without it.",
                 "short",
-                [_gauge("sglang:num_decode_host_receive_queue_reqs")],
+                [_gauge("sglang:num_decode_host_receive_queue_reqs", engine)],
             ),
             Panel(
                 "Pending prealloc token usage",
@@ -72,7 +74,7 @@ def build() -> Dashboard:
                 [
                     Query(
                         "max by (engine) (sglang:pending_prealloc_token_usage"
-                        f'{{{ENGINE}, role="decode"}})',
+                        f'{{{engine}, role="decode"}})',
                         "{{engine}}",
                     )
                 ],
@@ -86,28 +88,28 @@ def build() -> Dashboard:
                 "KV transfer latency",
                 "Time to move one request's KV from prefill to decode.",
                 "ms",
-                quantiles("sglang:kv_transfer_latency_ms", ENGINE, "engine", (0.5, 0.95)),
+                quantiles("sglang:kv_transfer_latency_ms", engine, "engine", (0.5, 0.95)),
                 width=6,
             ),
             Panel(
                 "KV transfer speed",
                 "Per-request KV transfer throughput (median and slowest 5%).",
                 "GBs",
-                quantiles("sglang:kv_transfer_speed_gb_s", ENGINE, "engine", (0.5, 0.05)),
+                quantiles("sglang:kv_transfer_speed_gb_s", engine, "engine", (0.5, 0.05)),
                 width=6,
             ),
             Panel(
                 "Bootstrap time",
                 "Time for a request's bootstrap handshake.",
                 "ms",
-                quantiles("sglang:kv_transfer_bootstrap_ms", ENGINE, "engine", (0.5, 0.95)),
+                quantiles("sglang:kv_transfer_bootstrap_ms", engine, "engine", (0.5, 0.95)),
                 width=6,
             ),
             Panel(
                 "KV per request",
                 "KV cache size transferred per request.",
                 "decmbytes",
-                quantiles("sglang:kv_transfer_total_mb", ENGINE, "engine", (0.5, 0.95)),
+                quantiles("sglang:kv_transfer_total_mb", engine, "engine", (0.5, 0.95)),
                 width=6,
             ),
         ],
@@ -122,7 +124,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rank_rate_sum("sglang:num_bootstrap_failed_reqs_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_bootstrap_failed_reqs_total", engine, "engine"),
                         "{{engine}}",
                     )
                 ],
@@ -136,7 +138,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rank_rate_sum("sglang:num_transfer_failed_reqs_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_transfer_failed_reqs_total", engine, "engine"),
                         "{{engine}}",
                     )
                 ],
@@ -149,11 +151,11 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rank_rate_sum("sglang:num_prefill_retries_total", ENGINE, "engine"),
+                        rank_rate_sum("sglang:num_prefill_retries_total", engine, "engine"),
                         "retries {{engine}}",
                     ),
                     Query(
-                        rate_sum("sglang:num_aborted_requests_total", ENGINE, "engine"),
+                        rate_sum("sglang:num_aborted_requests_total", engine, "engine"),
                         "aborted {{engine}}",
                     ),
                 ],
@@ -170,19 +172,19 @@ def build() -> Dashboard:
                 "Where a request's time goes: prefill bootstrap, KV "
                 "send, decode prepare/bootstrap/waiting/transferred.",
                 "s",
-                quantiles("sglang:per_stage_req_latency_seconds", ENGINE, "stage", (0.95,)),
+                quantiles("sglang:per_stage_req_latency_seconds", engine, "stage", (0.95,)),
             ),
             Panel(
                 "Queue time",
                 "Time requests wait in each engine's queue before running.",
                 "s",
-                quantiles("sglang:queue_time_seconds", ENGINE, "role", (0.5, 0.95)),
+                quantiles("sglang:queue_time_seconds", engine, "role", (0.5, 0.95)),
             ),
             Panel(
                 "Pair canary latency",
                 "Duration of the exporter's one-token generate through each pair.",
                 "s",
-                [Query('pdstack_pair_canary_duration_seconds{pair=~"$pair"}', "{{pair}}")],
+                [Query(f"pdstack_pair_canary_duration_seconds{{{canary}}}", "{{pair}}")],
             ),
             Panel(
                 "Pair canary failures",
@@ -190,7 +192,7 @@ def build() -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("pdstack_pair_canary_failures_total", 'pair=~"$pair"', "pair"),
+                        rate_sum("pdstack_pair_canary_failures_total", canary, "pair"),
                         "{{pair}}",
                     )
                 ],
@@ -204,5 +206,6 @@ def build() -> Dashboard:
         "Bootstrap, KV transfer and decode queues between each prefill and "
         "decode; PD failures; per-stage latency; the pair canary.",
         [queues, transfer, failures, stages],
-        engine_variables(),
+        engine_variables(cfg),
+        cfg,
     )

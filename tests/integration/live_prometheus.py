@@ -16,8 +16,9 @@ from typing import Any
 
 import requests
 
+from monitoring.config import load
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.rules_source import render_rules
+from monitoring.rules import render_rules
 from pdctl.testing.stack import (
     Gateway,
     SimProc,
@@ -146,7 +147,7 @@ def render_prometheus_config(
     """The role's config for one host at 127.0.0.1 (ports: exporter, node), scraped and
     evaluated every second."""
     hostvars = {host: {"ansible_host": "127.0.0.1"}}
-    rules = render_rules(rule_overrides)
+    rules = render_rules(load({"thresholds": rule_overrides}))
     return prometheus_role.render_prometheus_config(root, topo, hostvars, ports, rules, "1s", "1s")
 
 

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
+from monitoring.config import load
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.rules_source import render_rules
+from monitoring.rules import render_rules
 from pdctl.exporter.gpu import THROTTLE_REASONS
 from pdctl.testing.nvml import (
     GIB,
@@ -155,7 +156,7 @@ def stack(tmp_path: Path) -> Iterator[GpuStack]:
 def gpu_rules() -> dict[str, str]:
     return {
         r["alert"]: r["expr"]
-        for g in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]
+        for g in yaml.safe_load(render_rules(load({"thresholds": RULE_OVERRIDES})))["groups"]
         for r in g["rules"]
         if r.get("alert") in GPU_ALERTS
     }

@@ -27,8 +27,9 @@ import pytest
 import requests
 import yaml
 
+from monitoring.config import load
 from monitoring.dashboards.export import expressions, render_dashboards
-from monitoring.rules_source import render_rules
+from monitoring.rules import render_rules
 from pdctl.sim.scheduler_prefill import forces_prefill_retry
 from pdctl.testing.etcd import local_etcd
 from pdctl.testing.stack import Gateway, SimProc, free_port, stop_pid, wait_until
@@ -290,7 +291,7 @@ def test_every_expression_has_data_and_failures_fire(live: Live) -> None:
             if not live.prom.query(substitute(expr, RATE_INTERVAL)):
                 empty.append((board["uid"], title))
             unseen |= unseen_names(live.prom, expr)
-    for rule in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]:
+    for rule in yaml.safe_load(render_rules(load({"thresholds": RULE_OVERRIDES})))["groups"]:
         for r in rule["rules"]:
             name, result = r.get("record") or r["alert"], live.prom.query(r["expr"])
             unseen |= unseen_names(live.prom, r["expr"])
@@ -373,7 +374,7 @@ def assert_counted_once(prom: Prometheus) -> None:
     record = "engine:sglang_transfer_failed_reqs:rate5m"
     rule = next(
         r["expr"]
-        for g in yaml.safe_load(render_rules(RULE_OVERRIDES))["groups"]
+        for g in yaml.safe_load(render_rules(load({"thresholds": RULE_OVERRIDES})))["groups"]
         for r in g["rules"]
         if r.get("record") == record
     )

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from monitoring import build
-from monitoring.dashboards.export import JSON_DIR, expressions, panels, render_dashboards
+from monitoring.build import DASHBOARDS_DIR
+from monitoring.dashboards.export import expressions, panels, render_dashboards
 from tests.conftest import ROOT
 from tests.promql import counters_outside_rate, metric_names
 
 SGLANG_METRICS = ROOT / "tests" / "data" / "sglang_0.5.23_metrics.txt"
-BOARDS = {path.name: json.loads(text) for path, text in render_dashboards().items()}
+BOARDS = {name: json.loads(text) for name, text in render_dashboards().items()}
 
 
 def sglang_series_names() -> set[str]:
@@ -32,7 +33,7 @@ def sglang_series_names() -> set[str]:
 
 def test_committed_json_is_regenerated_source() -> None:
     assert build.main(["--check"]) == 0, "run python -m monitoring.build"
-    assert sorted(p.name for p in JSON_DIR.glob("*.json")) == sorted(BOARDS)
+    assert sorted(p.name for p in DASHBOARDS_DIR.glob("*.json")) == sorted(BOARDS)
 
 
 def test_the_five_dashboards_exist() -> None:

@@ -10,7 +10,7 @@ import click
 import yaml
 
 from monitoring.dashboards.export import render_dashboards
-from monitoring.rules_source import render_rules
+from monitoring.rules import render_rules
 from pdctl.cli import ops_commands
 from pdctl.lint import RULES
 from tests.conftest import ROOT

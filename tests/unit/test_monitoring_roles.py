@@ -1,45 +1,56 @@
-"""The monitoring roles' templates: Ansible renders the rule template exactly as
-`python -m monitoring.build` does, the Prometheus configuration generated for the reference
+"""The monitoring roles' templates: Ansible installs the rules `python -m monitoring.build`
+makes, the Prometheus configuration generated for the reference
 deployment passes promtool, and the Grafana provisioning keeps its fixed uid and read-only
 flags."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import jinja2
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
-from monitoring.rules_source import GENERATED_HEADER, default_thresholds, render_rules
+from monitoring.build import DASHBOARDS_DIR
+from monitoring.config import load
+from monitoring.rules import render_rules
 from pdctl.spec import load_deployment
 from pdctl.topology import from_deployment
-from tests.conftest import ROOT, require_tool, role_expression, two_gateways_inventory
+from tests.conftest import (
+    ROOT,
+    filter_plugin,
+    require_tool,
+    role_expression,
+    two_gateways_inventory,
+)
 from tests.prometheus_role import render_prometheus_config, templates
 
 GRAFANA_VARS = ROOT / "roles" / "pdstack_grafana" / "vars" / "main.yml"
+PROMETHEUS_VARS = ROOT / "roles" / "pdstack_prometheus" / "vars" / "main.yml"
 
 
-def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> None:
-    """The `#jinja2:` header must make Ansible's template module use [[ ]] as well."""
-    overrides = {"ttft_p95_seconds": 3.5}
-    out = tmp_path / "rules.yml"
-    extra = json.dumps({"t": {**default_thresholds(), **overrides}})
-    src = ROOT / "monitoring" / "rules" / "pdstack.rules.yml.j2"
+def _ansible_writes(tmp_path: Path, content: str, extra_vars: dict[str, object]) -> str:
+    """What Ansible (an ad-hoc copy, the roles' filters and `playbook_dir` the checkout)
+    writes for `content` with `extra_vars`."""
+    out = tmp_path / "written"
     result = subprocess.run(
         [
             str(ROOT / ".venv" / "bin" / "ansible"),
             "localhost",
             "-c",
             "local",
+            "--playbook-dir",
+            str(ROOT),
             "-m",
-            "template",
+            "copy",
             "-a",
-            f"src={src} dest={out}",
+            json.dumps({"content": content, "dest": str(out)}),
             "-e",
-            extra,
+            json.dumps(extra_vars),
         ],
         capture_output=True,
         text=True,
@@ -48,7 +59,68 @@ def test_ansible_renders_the_rule_template_like_the_build(tmp_path: Path) -> Non
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert GENERATED_HEADER + out.read_text() == render_rules(overrides)
+    return out.read_text()
+
+
+def _role_var(vars_file: Path, name: str) -> dict[str, object]:
+    """A role's internal variable (its expression), to hand an ad-hoc run."""
+    return {name: yaml.safe_load(vars_file.read_text())[name]}
+
+
+def test_ansible_installs_the_rules_the_build_makes(tmp_path: Path) -> None:
+    """The role's content expression, run by Ansible: the pack's rules with the deployment's
+    thresholds and runbook address, Prometheus' own {{ }} templating left alone."""
+    rb = "https://git.example.org/pdstack/docs/runbook.md"
+    written = _ansible_writes(
+        tmp_path,
+        "{{ _pdstack_prometheus_rules }}",
+        {
+            "pdstack_prometheus_alert_thresholds": {"ttft_p95_seconds": 3.5},
+            "pdstack_prometheus_runbook_url": rb,
+            **_role_var(PROMETHEUS_VARS, "_pdstack_prometheus_rules"),
+        },
+    )
+    built = render_rules(load({"thresholds": {"ttft_p95_seconds": 3.5}, "runbook_url": rb}))
+    assert written == built
+    assert "{{ $labels.pair }}" in built and "> 3.5" in built
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "runbook", "message"),
+    [
+        ({"ttft_p95": 1}, "", "unknown key thresholds.ttft_p95"),
+        ({}, "docs/runbook.md", "runbook_url must be an absolute http(s) address"),
+    ],
+)
+def test_the_rule_filter_names_what_cannot_build(
+    thresholds: dict[str, object], runbook: str, message: str
+) -> None:
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        filter_plugin().pdstack_monitoring_rules(thresholds, runbook)
+
+
+def _grafana_dashboards(tmp_path: Path, source: str) -> list[str]:
+    """The dashboards pdstack_grafana installs (its configure loop), as Ansible lists them."""
+    listed = _ansible_writes(
+        tmp_path,
+        "{{ query('ansible.builtin.fileglob', _pdstack_grafana_dashboards_source ~ '/*.json')"
+        " | map('basename') | list | to_json }}",
+        {
+            "pdstack_grafana_dashboards_source": source,
+            **_role_var(GRAFANA_VARS, "_pdstack_grafana_dashboards_source"),
+        },
+    )
+    return sorted(json.loads(listed))
+
+
+def test_grafana_installs_the_committed_build_or_the_deployments(tmp_path: Path) -> None:
+    committed = sorted(p.name for p in DASHBOARDS_DIR.glob("*.json"))
+    assert len(committed) == 5
+    assert _grafana_dashboards(tmp_path, "") == committed
+    own = tmp_path / "pack" / "dashboards"
+    own.mkdir(parents=True)
+    (own / "pdstack-overview.json").write_text("{}")
+    assert _grafana_dashboards(tmp_path, str(own)) == ["pdstack-overview.json"]
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitoring.rules_source import RULES_FILE, render_rules
+from monitoring.config import DEFAULT, load
+from monitoring.rules import RULES_FILE, render_rules
 from tests.conftest import ROOT, require_tool
 from tests.promql import metric_names, name_regexes
 
@@ -36,7 +37,7 @@ def runbook_anchors() -> set[str]:
     return {h.strip().lower().replace(" ", "-") for h in headings if not h.startswith("Procedure")}
 
 
-def test_committed_rules_match_the_template() -> None:
+def test_committed_rules_are_the_default_build() -> None:
     assert RULES_FILE.read_text() == render_rules(), "run python -m monitoring.build"
 
 
@@ -72,7 +73,7 @@ def test_alert_shape(alert: dict[str, Any]) -> None:
     assert "{{" not in notes["summary"], "summary stays static so alerts group"
     assert "{{ $labels." in notes["description"]
     page, _, anchor = notes["runbook_url"].partition("#")
-    assert page == "docs/runbook.md"
+    assert page == DEFAULT.runbook_url and page.startswith("https://")
     assert anchor == alert["alert"].lower()
     assert anchor in runbook_anchors()
 
@@ -89,7 +90,9 @@ def test_recording_rule_names_follow_level_metric_operations() -> None:
 
 
 def test_thresholds_are_variables() -> None:
-    text = render_rules({"ttft_p95_seconds": 7.5, "runbook_url": "https://example.org/rb"})
+    text = render_rules(
+        load({"thresholds": {"ttft_p95_seconds": 7.5}, "runbook_url": "https://example.org/rb"})
+    )
     assert "pair:sglang_time_to_first_token_seconds:p95_5m > 7.5" in text
     assert "https://example.org/rb#pdenginedown" in text
 
