@@ -1,11 +1,31 @@
-"""`pdctl etcd`: the coordination store's controller-side chores (the TLS files)."""
+"""`pdctl etcd`: the coordination store's controller-side chores (the TLS files, the member
+set check before site.yml starts members)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
+
+
+def _pki_and_members(f: Callable[..., None]) -> Callable[..., None]:
+    """--dir (the controller's PKI directory, the CA key in it) and --member NAME=ADDRESS."""
+    f = click.option(
+        "--member",
+        "members",
+        multiple=True,
+        metavar="NAME=ADDRESS",
+        help="An [etcd] host and its address (repeat per member).",
+    )(f)
+    return click.option(
+        "--dir",
+        "pki_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        required=True,
+        help="The controller's PKI directory (holds the CA key; keep it off the hosts).",
+    )(f)
 
 
 @click.group()
@@ -14,20 +34,7 @@ def etcd() -> None:
 
 
 @etcd.command("pki")
-@click.option(
-    "--dir",
-    "pki_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    required=True,
-    help="The controller's PKI directory (holds the CA key; keep it off the hosts).",
-)
-@click.option(
-    "--member",
-    "members",
-    multiple=True,
-    metavar="NAME=ADDRESS",
-    help="An [etcd] host and its address (repeat per member).",
-)
+@_pki_and_members
 @click.option(
     "--client", "clients", multiple=True, metavar="NAME", help="A host given a client certificate."
 )
@@ -45,22 +52,11 @@ def pki(pki_dir: Path, members: tuple[str, ...], clients: tuple[str, ...]) -> No
 
 
 @etcd.command("members")
+@_pki_and_members
 @click.option(
-    "--dir",
-    "pki_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    required=True,
-    help="The controller's PKI directory (its client certificate asks the store).",
+    "--client-port", type=click.IntRange(1, 65535), required=True, help="etcd.client_port"
 )
-@click.option(
-    "--member",
-    "members",
-    multiple=True,
-    metavar="NAME=ADDRESS",
-    help="An [etcd] host and its address (repeat per member).",
-)
-@click.option("--client-port", type=click.IntRange(1, 65535), required=True)
-@click.option("--peer-port", type=click.IntRange(1, 65535), required=True)
+@click.option("--peer-port", type=click.IntRange(1, 65535), required=True, help="etcd.peer_port")
 @click.option("--data", "with_data", multiple=True, metavar="NAME", help="A member with data.")
 @click.option("--no-data", "without", multiple=True, metavar="NAME", help="A member without.")
 @click.option(
@@ -81,8 +77,8 @@ def members(
 ) -> None:
     """Check the running store's members against [etcd] before site.yml starts any.
 
-    Hosts named by neither --data nor --no-data are not in this run. Exits 1 with one line
-    per host that must change first (etcdctl member add/remove, or joining as existing).
+    Hosts named by neither --data nor --no-data are not in this run. Fails (exit 2) with one
+    line per host that must change first (etcdctl member add/remove, or joining as existing).
     """
     from pdctl.coord import members as members_mod
     from pdctl.coord import pki as pki_mod
