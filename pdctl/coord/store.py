@@ -23,6 +23,7 @@ from etcd3gw.exceptions import (
     Etcd3Exception,
 )
 
+from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.topology import TopologyCoord
 
@@ -144,7 +145,10 @@ class Store:
                 + ("none knows a leader" if not any(s.leader for s in answering) else "fail")
                 + f"; down: {', '.join(s.endpoint for s in statuses if not s.answers) or 'none'}"
             )
-        return f"no etcd member answers ({'; '.join(errors)})"
+        return (
+            f"no etcd member answers ({'; '.join(errors)}): check that {names.ETCD_UNIT} runs "
+            "on the [etcd] hosts and that their firewall lets this host in"
+        )
 
     def members(self) -> list[MemberStatus]:
         """Every member's own status, asked of each one directly (no leader needed)."""
@@ -159,6 +163,14 @@ class Store:
             member = int(st.get("header", {}).get("member_id", 0) or 0)
             out.append(MemberStatus(ep, True, leader != 0, leader != 0 and leader == member))
         return out
+
+    def member_list(self) -> list[dict[str, Any]]:
+        """The store's members as the gateway lists them (each member answers from its own
+        view, no quorum needed): ID, name, peerURLs, clientURLs."""
+        res = self._call(
+            "list the members", lambda c: c.post(c.get_url("/cluster/member/list"), json={})
+        )
+        return list(res.get("members", []))
 
     # ----- keys and leases --------------------------------------------------------------
     def _key(self, key: str) -> str:

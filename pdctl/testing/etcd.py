@@ -45,7 +45,8 @@ class LocalEtcd:
     token: str = field(default="pdstack-test")
     pki: Path | None = None  # with TLS: the PKI directory (pdctl.coord.pki)
 
-    def start(self, i: int) -> None:
+    def start(self, i: int, state: str = "new") -> None:
+        """Member `i`; `state` existing: it joins the running store (after `member add`)."""
         m = self.members[i]
         argv = [
             shutil.which(ETCD) or ETCD,
@@ -57,6 +58,7 @@ class LocalEtcd:
             f"--initial-advertise-peer-urls={m.peer_url}",
             f"--initial-cluster={self.cluster}",
             f"--initial-cluster-token={self.token}",
+            f"--initial-cluster-state={state}",
             "--log-outputs=stderr",
         ]
         if m.metrics_url:
@@ -65,6 +67,19 @@ class LocalEtcd:
             argv += _tls_args(self.pki, m.name)
         with m.log.open("ab") as out:
             m.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def new_member(self) -> Member:
+        """One more member's ports, directories and certificate, in the initial cluster of
+        members started from now on; not started, and not in the store until `member add`."""
+        first = self.members[0]
+        m = _member(len(self.members), first.client_url.partition(":")[0], first.data_dir.parent)
+        self.members.append(m)
+        self.cluster += f",{m.name}={m.peer_url}"
+        if self.pki is not None:
+            from pdctl.coord import pki
+
+            pki.ensure(self.pki, [pki.Member(x.name, "127.0.0.1") for x in self.members], ["local"])
+        return m
 
     def stop(self, i: int) -> None:
         m = self.members[i]
@@ -104,18 +119,7 @@ def local_etcd(
     if shutil.which(ETCD) is None:
         raise RuntimeError("no etcd on PATH: apt-get install etcd-server (scripts/setup.sh)")
     workdir.mkdir(parents=True, exist_ok=True)
-    scheme = "https" if tls else "http"
-    members = [
-        Member(
-            f"m{i}",
-            f"{scheme}://127.0.0.1:{free_port()}",
-            f"{scheme}://127.0.0.1:{free_port()}",
-            workdir / f"m{i}",
-            workdir / f"m{i}.log",
-            f"http://127.0.0.1:{free_port()}",
-        )
-        for i in range(size)
-    ]
+    members = [_member(i, "https" if tls else "http", workdir) for i in range(size)]
     files = {"ca_file": "", "cert_file": "", "key_file": ""}
     pki_dir = workdir / "pki" if tls else None
     if pki_dir is not None:
@@ -137,8 +141,19 @@ def local_etcd(
         etcd.wait_healthy()
         yield etcd
     finally:
-        for i in range(size):
+        for i in range(len(etcd.members)):  # with those new_member added
             etcd.stop(i)
+
+
+def _member(i: int, scheme: str, workdir: Path) -> Member:
+    return Member(
+        f"m{i}",
+        f"{scheme}://127.0.0.1:{free_port()}",
+        f"{scheme}://127.0.0.1:{free_port()}",
+        workdir / f"m{i}",
+        workdir / f"m{i}.log",
+        f"http://127.0.0.1:{free_port()}",
+    )
 
 
 def _tls_args(pki_dir: Path, name: str) -> list[str]:

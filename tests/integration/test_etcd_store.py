@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +15,8 @@ import pytest
 import requests
 
 from pdctl.coord import health, pki
-from pdctl.coord.store import Store
+from pdctl.coord.members import Wanted, check, running
+from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.lint import Severity
 from pdctl.ops import doctor
 from pdctl.testing.etcd import LocalEtcd, local_etcd
@@ -97,3 +100,78 @@ def test_the_store_client_uses_the_deployments_ca_whatever_the_environment(
     s = Store(store.coord)
     s.put("tls-check", b"ok")
     assert s.get("tls-check") is not None
+
+
+def test_a_wrong_client_certificate_or_ca_is_one_line_naming_the_files(
+    store: LocalEtcd, tmp_path: Path
+) -> None:
+    pki.ensure(tmp_path, [pki.Member("x", "127.0.0.1")], [])
+    other = pki.controller_tls(tmp_path)
+    for wrong in (
+        {k: v for k, v in other.items() if k != "ca_file"},
+        {"ca_file": other["ca_file"]},
+    ):
+        coord = store.coord.model_copy(update=wrong)
+        with pytest.raises(StoreUnavailable) as e:
+            Store(coord).get("k")
+        assert str(e.value) == (
+            f"cannot read: etcd refused this client's TLS at {store.coord.endpoints[0]}: check "
+            f"the CA {coord.ca_file} and the client certificate {coord.cert_file}"
+        ), wrong
+
+
+def test_unreachable_endpoints_are_one_line_naming_each_and_what_to_check(
+    store: LocalEtcd,
+) -> None:
+    down = [f"https://127.0.0.1:{free_port()}" for _ in range(2)]
+    with pytest.raises(StoreUnavailable) as e:
+        Store(store.coord.model_copy(update={"endpoints": down})).get("k")
+    assert str(e.value) == (
+        f"cannot read: no etcd member answers ({down[0]} refused; {down[1]} refused): check "
+        "that pdstack-etcd.service runs on the [etcd] hosts and that their firewall lets this "
+        "host in"
+    )
+
+
+def _etcdctl(etcd: LocalEtcd, *args: str) -> str:
+    c = etcd.coord
+    tls = [f"--cacert={c.ca_file}", f"--cert={c.cert_file}", f"--key={c.key_file}"]
+    argv = ["etcdctl", f"--endpoints={c.endpoints[0]}", *tls, *args]
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+def test_the_member_set_changes_only_through_member_add_and_remove(tmp_path: Path) -> None:
+    """A host added to [etcd] is refused until `member add`, then joins as `existing` (the
+    procedure in docs/operations.md); a member dropped from [etcd], or one that lost its data,
+    is named with what to do. The member list answers without a quorum, too."""
+    with local_etcd(tmp_path / "etcd", tls=True) as etcd:
+        new = etcd.new_member()
+
+        def problems(state: str = "new", **data: bool) -> list[str]:
+            wanted = [
+                Wanted(m.name, m.peer_url, data[m.name]) for m in etcd.members if m.name in data
+            ]
+            return check(wanted, running(etcd.coord), state)
+
+        (line,) = problems(m0=True, m1=False)
+        assert line.startswith("m1: in [etcd] but not a member of the running store: ")
+        assert f"etcdctl member add m1 --peer-urls={new.peer_url}" in line
+        _etcdctl(etcd, "member", "add", "m1", f"--peer-urls={new.peer_url}")
+        (line,) = problems(m0=True, m1=False)
+        assert line.startswith("m1: added to the store (member "), line
+        assert problems("existing", m0=True, m1=False) == []
+
+        etcd.start(1, state="existing")
+        etcd.wait_healthy()
+        listed = running(etcd.coord)
+        assert listed is not None and sorted(m.name for m in listed if m.started) == ["m0", "m1"]
+        assert problems(m0=True, m1=True) == []
+        (line,) = problems(m0=True)  # [etcd] without m1, which the store still has
+        m1 = next(m for m in listed if m.name == "m1")
+        assert line.startswith(f"m1: member {m1.id:x} of the store ({new.peer_url}) is not in")
+
+        etcd.stop(1)  # and its disk is lost: m0 alone has no quorum of 2, yet lists them
+        shutil.rmtree(new.data_dir)
+        (line,) = problems(m0=True, m1=False)
+        assert line.startswith(f"m1: member {m1.id:x} of the store has no data on m1 (it lost")
+        assert f"etcdctl member remove {m1.id:x}, then etcdctl member add m1" in line
