@@ -10,11 +10,11 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
-from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
-from pdctl.ops.health import EngineProbe, probe_engine
+from pdctl.ops.gateway import Gateway, GatewayError, GatewayWorker
+from pdctl.ops.health import EngineProbe
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
-from pdctl.pdclient import CANARIES_STATUS, CanaryResult, gateway_canary, group_canary
+from pdctl.pdclient import CANARIES_STATUS, CanaryResult
 from pdctl.topology import TopologyInstance
 
 # Probes in flight at once. Status makes 2 per instance (unit, engine), 1 per pair (canary),
@@ -115,14 +115,13 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
     # Every probe at once, each kept as a typed future beside what it probes.
     with ThreadPoolExecutor(max_workers=PROBE_WORKERS) as pool:
         units = {i.id: pool.submit(_unit, ops, i) for i in topo.instances}
-        probes = {i.id: pool.submit(probe_engine, i.url) for i in topo.instances}
-        canaries = {p.id: pool.submit(group_canary, p.canary_legs(), canary_count) for p in pairs}
+        probes = {i.id: pool.submit(ops.engines.probe, i.url) for i in topo.instances}
+        canaries = {
+            p.id: pool.submit(ops.canaries.group, p.canary_legs(), canary_count) for p in pairs
+        }
         markers = {p.id: pool.submit(_pending, ops, p) for p in pairs}
         recoveries = {p.id: pool.submit(_recovery, ops, p) for p in pairs}
-        answers = [
-            pool.submit(_gateway, g.url, admin, pairs)
-            for g, admin in zip(topo.gateways, ops.gateways, strict=True)
-        ]
+        answers = [pool.submit(_gateway, gw, pairs) for gw in ops.gateways]
         held = pool.submit(_lock, ops)
     engines = {k: f.result() for k, f in probes.items()}
     gateways = [f.result() for f in answers]
@@ -192,19 +191,17 @@ def _routing(
     return "drained" if up else "not routed"
 
 
-def _gateway(
-    url: str, admin: GatewayAdmin, pairs: list[Pair]
-) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
+def _gateway(gw: Gateway, pairs: list[Pair]) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
     """A gateway's status and workers (None: it did not list them)."""
     try:
-        ready, detail = admin.readiness()
-        canary = gateway_canary(url, admin.headers)
-        workers = admin.workers()
+        ready, detail = gw.readiness()
+        canary = gw.canary()
+        workers = gw.workers()
     except GatewayError as e:
-        return GatewayStatus(url, False, str(e)), None
+        return GatewayStatus(gw.url, False, str(e)), None
     pairing = {i.url: p.id for p in pairs for i in p.instances}
     ours = [w for w in workers if w.url in pairing]
     up = sum(w.status == "ready" and w.healthy for w in ours)
     bound = sum(w.pairing == pairing[w.url] for w in ours)
     view = f"{up}/{len(pairing)} ready, {bound} bound"
-    return GatewayStatus(url, ready, detail, canary, view), workers
+    return GatewayStatus(gw.url, ready, detail, canary, view), workers
