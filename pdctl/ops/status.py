@@ -29,7 +29,9 @@ class InstanceStatus:
     unit: UnitStatus | None
     unit_error: str | None
     probe: EngineProbe
-    gateway: GatewayWorker | None  # at Status.viewed_from; None: not registered there
+    # Its entry at each gateway that listed its workers, in Status.views' order; None: not
+    # registered there.
+    workers: tuple[GatewayWorker | None, ...]
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,9 @@ class Status:
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
     lock_store: str | None = None  # where the fleet restart lock lives; None: this host's lock
-    # The gateway whose worker list the instances show (the first that listed its workers);
-    # None: no gateway listed them, so registration is unknown.
-    viewed_from: str | None = None
     # Every gateway that listed its workers, in the topology's order: URL -> its workers by
-    # URL (doctor checks each one's bindings; viewed_from is the first).
+    # URL (doctor checks each one's bindings). Empty: no gateway listed them, so registration
+    # is unknown.
     views: dict[str, dict[str, GatewayWorker]] = field(default_factory=dict)
 
     @property
@@ -128,9 +128,10 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
     # Each answering gateway's workers by URL: a pair is routed when every one routes it, and
     # a gateway that is down (its host lost) leaves the others' view.
     views = [(g.url, {w.url: w for w in workers}) for g, workers in gateways if workers is not None]
-    by_url = views[0][1] if views else {}
     instances = [
-        InstanceStatus(i, *units[i.id].result(), engines[i.id], by_url.get(i.url))
+        InstanceStatus(
+            i, *units[i.id].result(), engines[i.id], tuple(v.get(i.url) for _, v in views)
+        )
         for i in topo.instances
     ]
     holder, lock_error = held.result()
@@ -153,7 +154,6 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         lock=holder,
         lock_error=lock_error,
         lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
-        viewed_from=views[0][0] if views else None,
         views=dict(views),
     )
 

@@ -97,7 +97,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
-    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         (rep,) = restart_pairs(ops, [g0])
         before_end = len(outcomes)

@@ -54,12 +54,14 @@ def topo(hosts: tuple[str, ...] = ("node-a",), pairs: tuple[str, ...] = ("pd0", 
             "engine": "sim",
             "instances": instances,
             "pairs": pair_specs,
-            "router": {
-                "host": hosts[0],
-                "url": "http://10.0.0.1:8000",
-                "metrics_url": "http://10.0.0.1:29000/metrics",
-                "unit": "pdstack-gateway.service",
-            },
+            "gateways": [
+                {
+                    "host": hosts[0],
+                    "url": "http://10.0.0.1:8000",
+                    "metrics_url": "http://10.0.0.1:29000/metrics",
+                    "unit": "pdstack-gateway.service",
+                }
+            ],
         }
     )
 
@@ -245,7 +247,7 @@ def fleet_status(lock_holder: Holder | None = None) -> Status:
         if n == 3:  # one engine down, with the long error a refused connection gives
             probe = EngineProbe(inst.url, "unreachable (ConnectionError: [Errno 111] refused)")
         worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0)
-        insts.append(InstanceStatus(inst, unit, None, probe, None if n == 5 else worker))
+        insts.append(InstanceStatus(inst, unit, None, probe, (None if n == 5 else worker,)))
     ok = CanaryResult(True, 3, 0, 0.05)
     bad = CanaryResult(False, 3, 2, None, "decode answered HTTP 500: [internal] KV transfer failed")
     pairs = [
@@ -258,4 +260,5 @@ def fleet_status(lock_holder: Holder | None = None) -> Status:
         for n, p in enumerate(t.pairs)
     ]
     gw = GatewayStatus("http://gateway.dc1.example.com:8000", True, "ready", ok)
-    return Status(insts, pairs, [gw], lock_holder, viewed_from=gw.url)
+    held = {w.url: w for i in insts for w in i.workers if w}
+    return Status(insts, pairs, [gw], lock_holder, views={gw.url: held})

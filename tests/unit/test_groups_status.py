@@ -72,7 +72,6 @@ def _topology(gateways: int = 1) -> Topology:
             "instances": instances,
             "pairs": pairs,
             "groups": groups,
-            "router": routers[0],
             "gateways": routers,
         }
     )
@@ -175,7 +174,7 @@ def test_doctor_reads_every_gateways_bindings() -> None:
     """Bound at the first gateway, held under the pair's id at the second: the finding names
     the second."""
     s = _collect({}, {"g0-decode0": f"{HOST}/pd0"})
-    assert s.viewed_from == "http://10.0.9.1:8000"
+    assert list(s.views) == ["http://10.0.9.1:8000", "http://10.0.9.2:8000"]
     (f,) = doctor.binding_findings(s)
     assert (f.id, f.where) == ("live-misbound", f"{HOST}/g0-decode0")
     assert "registered at http://10.0.9.2:8000 under" in f.message

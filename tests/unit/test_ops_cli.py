@@ -218,10 +218,10 @@ def _status(ok: bool) -> Status:
         ok, 3, 0 if ok else 2, 0.05 if ok else None, None if ok else "decode answered HTTP 500"
     )
     return Status(
-        [InstanceStatus(inst, unit, None, probe, None)],
+        [InstanceStatus(inst, unit, None, probe, (None,))],
         [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
         [GatewayStatus("http://gw:8000", True, "ready", CanaryResult(True, 1, 0, 0.01))],
-        viewed_from="http://gw:8000",
+        views={"http://gw:8000": {}},
     )
 
 
@@ -244,12 +244,14 @@ def yaml_topology() -> dict[str, Any]:
             }
         ],
         "pairs": [],
-        "router": {
-            "host": "node-a",
-            "url": "http://gw:8000",
-            "metrics_url": "http://gw:29000",
-            "unit": "pdstack-gateway.service",
-        },
+        "gateways": [
+            {
+                "host": "node-a",
+                "url": "http://gw:8000",
+                "metrics_url": "http://gw:29000",
+                "unit": "pdstack-gateway.service",
+            }
+        ],
     }
 
 
@@ -266,15 +268,17 @@ def test_status_json(
     assert inst["id"] == "node-a/pd0-prefill" and inst["pid"] == 4242
     assert inst["active"] == "active" and inst["health"] == "ok"
     assert (inst["running"], inst["token_usage"], inst["cuda_graph"]) == (3, 0.25, True)
-    assert inst["gateway"] is None
+    assert inst["gateways"] == {"http://gw:8000": None}  # listed its workers, not this one
     assert out["pairs"][0]["canary"]["ok"] is ok
-    assert out["gateway"]["ready"] is True
-    # scripts read these keys: the fleet view added one (restart_lock) and changed none
-    assert list(out) == ["healthy", "instances", "pairs", "gateway", "gateways", "restart_lock"]
+    (gateway,) = out["gateways"]
+    assert gateway["ready"] is True
+    # scripts read these keys: the fleet view added one (restart_lock); the gateways are a
+    # list, each engine's registration one entry per gateway (no "first gateway" key)
+    assert list(out) == ["healthy", "instances", "pairs", "gateways", "restart_lock"]
     assert list(inst) == [
         "id", "pair", "role", "unit", "active", "sub", "pid", "uptime_s", "restarts",
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
-        "gen_throughput", "metrics_error", "url", "gateway",
+        "gen_throughput", "metrics_error", "url", "gateways",
     ]  # fmt: skip
     # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
     # recovery: null unless its recovery waits)
@@ -282,7 +286,7 @@ def test_status_json(
         "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery"
     ]  # fmt: skip
     assert out["pairs"][0]["restart_pending"] is None and out["pairs"][0]["recovery"] is None
-    assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
+    assert list(gateway) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
 
@@ -434,7 +438,7 @@ def junk_stack(
         engine.url,
         engine.url,
         bootstrap_port=1,
-        router_url=gw.url,
+        gateway_url=gw.url,
         metrics_url=gw.url + "/metrics",
     )
     path.write_text(topology.dump(topo.model_copy(update={"coord": etcd_coord})))
@@ -452,7 +456,7 @@ def test_status_and_doctor_survive_non_json_engines_and_gateway(
     out = json.loads(r.stdout)
     assert (
         "GET /workers answered 200 but not smg's worker list (not JSON"
-        in (out["gateway"]["detail"])
+        in (out["gateways"][0]["detail"])
     )
     assert all(i["health"] == "ok" for i in out["instances"])  # /health 200 is healthy
     assert all("/metrics is not Prometheus text" in i["metrics_error"] for i in out["instances"])

@@ -43,7 +43,7 @@ def _status(
         probe = EngineProbe(inst.url, health, running=0, queued=0, token_usage=usage)
         bound = (pairing or {}).get(inst.pair, f"node-a/{inst.pair}")
         worker = GatewayWorker("id", inst.url, inst.role.value, "ready", True, 0, bound)
-        insts.append(InstanceStatus(inst, unit, None, probe, worker))
+        insts.append(InstanceStatus(inst, unit, None, probe, (worker,)))
     canary = CanaryResult(
         canary_ok, 8, 0 if canary_ok else 5, None, None if canary_ok else "decode answered HTTP 500"
     )
@@ -51,8 +51,7 @@ def _status(
         insts,
         [PairStatus(f"node-a/{p}", f"pdstack-{p}.target", canary) for p in pairs],
         [GatewayStatus("http://gw", True, "ready", CanaryResult(True, 1, 0, 0.01))],
-        viewed_from="http://gw",
-        views={"http://gw": {i.instance.url: i.gateway for i in insts if i.gateway}},
+        views={"http://gw": {w.url: w for i in insts for w in i.workers if w}},
     )
 
 
@@ -139,7 +138,7 @@ def test_drift_between_the_running_process_and_its_units_execstart() -> None:
         UnitStatus(**{**unit.__dict__, "exec_start": execstart}),
         None,
         s.instances[1].probe,
-        s.instances[1].gateway,
+        s.instances[1].workers,
     )
     (f,) = doctor.drift_findings(fake_ops(Drifted(), FakeGateway()), s)
     assert f.id == "live-drift" and f.where == "node-a/pd0-decode"

@@ -64,10 +64,10 @@ def test_collect_reads_routing_from_every_gateway_that_answers() -> None:
             return [GatewayWorker(u, u, "?", "ready", True, 0) for u in routes[self.url]]
 
     def collect(*others: str) -> status.Status:
-        router = t.router.model_dump()
-        more = [{**router, "host": f"gw{n}", "url": u} for n, u in enumerate(others)]
-        fleet = Topology.model_validate({**t.model_dump(), "gateways": [router, *more]})
-        admins = [Down(t.router.url), *(Routing(u) for u in others)]
+        first = t.gateways[0].model_dump()
+        more = [{**first, "host": f"gw{n}", "url": u} for n, u in enumerate(others)]
+        fleet = Topology.model_validate({**t.model_dump(), "gateways": [first, *more]})
+        admins = [Down(first["url"]), *(Routing(u) for u in others)]
         ops = Ops(
             Source(fleet, None),
             lambda _h: FakeSystemd(),
@@ -78,22 +78,21 @@ def test_collect_reads_routing_from_every_gateway_that_answers() -> None:
         return status.collect(ops, 1)
 
     s = collect("http://10.0.1.1:8000")
-    assert s.viewed_from == "http://10.0.1.1:8000"
+    assert list(s.views) == ["http://10.0.1.1:8000"]  # the one that answered
     assert [g.ready for g in s.gateways] == [False, True]
     assert [p.gateway for p in s.pairs] == ["routed", "routed"]
-    assert all(i.gateway is not None for i in s.instances)
+    assert all(None not in i.workers for i in s.instances)
     # A third gateway routes only node-b's pair: node-a's pair is drained.
     s = collect("http://10.0.1.1:8000", "http://10.0.2.1:8000")
     assert [p.gateway for p in s.pairs] == ["drained", "routed"]
 
 
-def _fleet_topology(urls: list[str], router_url: str) -> Topology:
+def _fleet_topology(urls: list[str], gateway_url: str) -> Topology:
     """topo() on two hosts with two pairs each, its engines at `urls` (8 of them)."""
     d = topo(hosts=("node-a", "node-b"), pairs=("pd0", "pd1")).model_dump(mode="json")
     for inst, url in zip(d["instances"], urls, strict=True):
         inst["url"] = url
-    d["router"]["url"] = router_url
-    d["gateways"][0]["url"] = router_url  # the router is the first gateway
+    d["gateways"][0]["url"] = gateway_url
     return Topology.model_validate(d)
 
 
