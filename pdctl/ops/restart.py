@@ -437,7 +437,7 @@ def _gateway_ready(gw: gateway.Gateway) -> Callable[[], bool]:
     return ready
 
 
-def restart_router(ops: Ops) -> list[Report]:
+def restart_gateways(ops: Ops) -> list[Report]:
     """Every gateway, one at a time (the others keep serving); the first failure stops."""
     reports: list[Report] = []
     for r, gw in zip(ops.source.topology.gateways, ops.gateways, strict=True):

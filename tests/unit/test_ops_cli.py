@@ -91,7 +91,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
         return Report(inst.id, lines=[f"OK: {inst.id}"])
 
     monkeypatch.setattr(ops_commands, "restart_pairs", pairs)
-    monkeypatch.setattr(ops_commands, "restart_router", router)
+    monkeypatch.setattr(ops_commands, "restart_gateways", router)
     monkeypatch.setattr(ops_commands, "restart_instance", single)
     yield c
 
@@ -151,6 +151,17 @@ def test_gateways_restarts_only_the_gateways(topo_file: Path, calls: Calls, flag
     r = run("restart", flag, "--yes", "--topology", str(topo_file))
     assert r.exit_code == 0, r.stderr
     assert (calls.routers, calls.restarted, calls.singles) == (1, [], [])
+    warned = "Warning: --router is deprecated and will be removed: use --gateways"
+    assert (warned in r.stderr) is (flag == "--router")
+
+
+@pytest.mark.parametrize(
+    ("command", "former"),
+    [("restart", "--router"), ("recover", "--lock-timeout"), ("capacity", "--router-policy")],
+)
+def test_former_option_names_are_hidden(command: str, former: str) -> None:
+    r = run(command, "--help")
+    assert r.exit_code == 0 and former not in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -664,7 +675,7 @@ def test_recover_waits_for_a_restart_holding_the_lock(
     t = threading.Thread(target=hold)
     t.start()
     release.wait(30)
-    r = _recover(topo_file, tmp_path / "state" / "recover.json", "--lock-timeout", "60")
+    r = _recover(topo_file, tmp_path / "state" / "recover.json", "--lock-wait", "60")
     t.join(30)
     assert r.exit_code == 0, r.stderr
     assert "waiting for the restart lock: PID" in r.stderr
@@ -681,6 +692,8 @@ def test_recover_gives_up_after_the_lock_timeout_naming_the_holder(
     _one_error_line(
         r, 3, f"PID {os.getpid()} pdctl restart --both --pair pd1 holds", "after waiting 0.2s"
     )
+    # its former name still works, and says which to use
+    assert "Warning: --lock-timeout is deprecated and will be removed: use --lock-wait" in r.stderr
     assert recovered == []
 
 

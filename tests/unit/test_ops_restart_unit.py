@@ -287,7 +287,7 @@ def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary() -> None
 
 def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
     sd, gw = FakeSystemd(), FakeGateway()
-    (rep,) = restart.restart_router(fake_ops(sd, gw))
+    (rep,) = restart.restart_gateways(fake_ops(sd, gw))
     assert rep.ok and rep.lines == ["OK: node-a/gateway (pdstack-gateway.service)"]
     assert sd.jobs == [("restart", ("pdstack-gateway.service",))]
     assert gw.calls.count("readiness") == 3
