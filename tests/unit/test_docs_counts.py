@@ -30,6 +30,13 @@ def test_readme_counts_the_lint_rules_registered() -> None:
     assert _count("rules") == len(RULES)
 
 
+def test_the_validate_table_lists_the_rules_registered_and_no_other() -> None:
+    docs = (ROOT / "docs" / "spec.md").read_text()
+    section = docs.split("## `pdctl validate`", 1)[1].split("\n## ", 1)[0]
+    table = dict(re.findall(r"^\| `([\w-]+)` \| (\w+) \|", section, re.M))
+    assert table == {r.id: str(r.severity) for r in RULES}
+
+
 def test_readme_counts_the_alerts_and_dashboards_built() -> None:
     groups = yaml.safe_load(render_rules())["groups"]
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
