@@ -107,32 +107,16 @@ def test_flag_drift_against_the_units_execstart() -> None:
 
 
 def test_drift_between_the_running_process_and_its_units_execstart() -> None:
+    argv = ["/opt/pdstack/venv/bin/python", "-m", "pdctl.sim", "--port", "30001"]
+
     class Drifted(FakeSystemd):
         def cmdline(self, pid: int) -> list[str]:
-            return [
-                "/opt/pdstack/venv/bin/python",
-                "-m",
-                "pdctl.sim",
-                "--port",
-                "30001",
-                "--cuda-graph-max-bs-decode",
-                "32",
-            ]
+            return [*argv, "--cuda-graph-max-bs-decode", "32"]
 
     s = _status(True)
     unit = s.instances[1].unit
     assert unit is not None
-    execstart = [
-        "/usr/bin/numactl",
-        "--cpunodebind=0",
-        "/opt/pdstack/venv/bin/python",
-        "-m",
-        "pdctl.sim",
-        "--port",
-        "30001",
-        "--cuda-graph-max-bs-decode",
-        "64",
-    ]
+    execstart = ["/usr/bin/numactl", "--cpunodebind=0", *argv, "--cuda-graph-max-bs-decode", "64"]
     s.instances[1] = InstanceStatus(
         s.instances[1].instance,
         UnitStatus(**{**unit.__dict__, "exec_start": execstart}),
