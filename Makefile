@@ -24,7 +24,7 @@ demo-fleet-down:
 
 # Every shell script (tests/unit/test_lint_coverage.py keeps this list whole); -x follows the
 # files they source.
-SHELL_SCRIPTS := scripts/*.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost roles/pdstack_etcd/files/pdstack-etcd-snapshot
+SHELL_SCRIPTS := scripts/*.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost deploy/testhost/lib/*.sh roles/pdstack_etcd/files/pdstack-etcd-snapshot
 
 lint: setup
 	.venv/bin/ruff check .

@@ -155,7 +155,7 @@ def main() -> None:
         changed.flush()
         stop = threading.Event()
         headers = {"Authorization": f"Bearer {api_key}"}
-        with constant_load(topo.router.url, clients=a.clients, headers=headers) as outcomes:
+        with constant_load(topo.gateways[0].url, clients=a.clients, headers=headers) as outcomes:
             cap = sample(gateways, pairs, stop)
             time.sleep(3)
             t0 = time.monotonic()

@@ -105,9 +105,9 @@ def fleet(delay: float) -> tuple[Topology, str, list[ThreadingHTTPServer]]:
     }
     gw_url, gw_server = serve(gw_routes, delay)
     servers.append(gw_server)
-    router = {"host": "gpu-node-017", "url": gw_url, "metrics_url": gw_url, "unit": "gw.service"}
+    gateway = {"host": "gpu-node-017", "url": gw_url, "metrics_url": gw_url, "unit": "gw.service"}
     topo = {"model": "sim", "engine": "sim", "instances": instances, "pairs": pairs}
-    return Topology.model_validate({**topo, "router": router}), gw_url, servers
+    return Topology.model_validate({**topo, "gateways": [gateway]}), gw_url, servers
 
 
 def main() -> None:

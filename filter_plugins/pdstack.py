@@ -190,13 +190,12 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "wheelhouse_args": _wheelhouse_args(packages),
         "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
         "gateway": {
-            "host": dep.router_host,
             # Every [router] host runs a gateway over all pairs; its URL by host.
             "urls": {g.name: dep.gateway_url(g) for g in dep.gateways},
             "unit": names.GATEWAY_UNIT,
             "env_file": names.GATEWAY_ENV_FILE,
             "key_var": names.GATEWAY_KEY_VAR,
-            "url": dep.router_url,
+            "url": dep.client_url,  # a client's default (the end-to-end tests)
             "port": r.port,
             "metrics_port": r.metrics_port,
             # The key's line only when the role has a key to write into env_file.

@@ -1,5 +1,6 @@
 """Decisions the roles take from what a converge run found: which pairs restart and why, the
-firewall's sources, whether a unit runs old code, which ports clash.
+firewall's sources, whether a unit runs old code, which ports clash; and the few values the
+roles derive from their settings (the roll's options, a wait's tries, the PKI folder).
 
 The roles pass their registered results in through filter_plugins/pdstack.py; the logic is
 Python here rather than Jinja in vars files, so it has unit tests and types. Plain data in and
@@ -9,6 +10,8 @@ out: Ansible hands in its own dicts and lists, and stores only plain types in va
 from __future__ import annotations
 
 import json
+import math
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -124,6 +127,35 @@ def firewall_sources(given: Sequence[str], resolved: Iterable[Sequence[str]]) ->
     return sorted({*(g for g in given if g not in names), *found})
 
 
+def controller_address(ssh_client: str) -> list[str]:
+    """The controller's address as the host sees it: the first word of the SSH connection's
+    $SSH_CLIENT ("ADDRESS PORT PORT"); none without one (a local connection)."""
+    return ssh_client.split()[:1]
+
+
+def roll_args(max_unavailable: int | str) -> list[str]:
+    """pdctl restart's roll options for the role's pdstack_engine_roll_max_unavailable: none
+    for 1 (one at a time, no floor, as always); else K, and --include-drained (a changed pair
+    left out of the gateways by an earlier failure is restarted, first, as the plain roll
+    does)."""
+    k = str(max_unavailable)
+    return [] if k == "1" else ["--max-unavailable", k, "--include-drained"]
+
+
+def ready_retries(timeout: int | str, each: Mapping[str, float]) -> int:
+    """Tries of a readiness wait, each at most `each["timeout"]` s then `each["delay"]` s
+    apart, so the whole wait stays within `timeout` s (a setting: it may come as a string)."""
+    return math.ceil(int(timeout) / (each["timeout"] + each["delay"]))
+
+
+def pki_dir(given: str, default: str, inventory_dir: str) -> str:
+    """The controller's etcd PKI folder: `given` (pdstack_etcd_pki_dir) when set, relative to
+    the inventory's folder unless absolute; else the deployment's default."""
+    if not given:
+        return default
+    return given if posixpath.isabs(given) else f"{inventory_dir}/{given}"
+
+
 def started_at(show_stdout: str) -> float:
     """`systemctl show -P ActiveEnterTimestamp --timestamp=unix` ("@SECONDS", or "" when the
     unit never started) as seconds; 0 when not running."""
@@ -189,4 +221,8 @@ FILTERS = {
     "pdstack_registered_changed": registered_changed,
     "pdstack_listen_ports": listen_ports,
     "pdstack_port_clashes": port_clashes,
+    "pdstack_controller_address": controller_address,
+    "pdstack_roll_args": roll_args,
+    "pdstack_ready_retries": ready_retries,
+    "pdstack_pki_dir": pki_dir,
 }

@@ -3,8 +3,7 @@
 pdctl on a host reads it instead of the inventory and profile, so it works where Ansible and the
 deployment sources are absent. It holds the whole deployment (every host's pairs and the
 gateways), because a pair's peer and the gateways may live on other hosts. Every host of the
-inventory's [router] group runs a gateway over every pair (`gateways`); `router` is the first
-of them, the one clients and `pdctl status` use by default.
+inventory's [router] group runs a gateway over every pair (`gateways`, all alike).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdctl import names
 from pdctl.errors import PdctlError, SpecError
@@ -60,7 +59,7 @@ class TopologyGroup(_Frozen):
     decode: list[str]
 
 
-class TopologyRouter(_Frozen):
+class TopologyGateway(_Frozen):
     host: str
     url: str
     metrics_url: str
@@ -88,15 +87,20 @@ class Topology(_Frozen):
     pairs: list[TopologyPair]
     # Left out of the file when empty, so a pairs-only deployment writes what it always did.
     groups: list[TopologyGroup] = []
-    router: TopologyRouter
-    gateways: list[TopologyRouter] = []  # router first; left out: [router]
+    gateways: list[TopologyGateway] = Field(min_length=1)  # in inventory order
     coord: TopologyCoord | None = None  # the etcd store; left out by pdstack before it
 
     @model_validator(mode="before")
     @classmethod
-    def _router_is_first_gateway(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "gateways" not in data and "router" in data:
-            return {**data, "gateways": [data["router"]]}
+    def _former_router(cls, data: Any) -> Any:
+        """Files written before gateways were a list name the first one `router` too (and
+        before there were several, only `router`): both stay readable."""
+        if isinstance(data, dict) and "router" in data:
+            rest = {k: v for k, v in data.items() if k != "router"}
+            gateways = data.get("gateways") or [data["router"]]
+            if gateways[0] != data["router"]:
+                raise ValueError("gateways must start with router (the first gateway)")
+            return {**rest, "gateways": gateways}
         return data
 
     @model_validator(mode="before")
@@ -108,13 +112,7 @@ class Topology(_Frozen):
             return {k: v for k, v in data.items() if k != "lock"}
         return data
 
-    @model_validator(mode="after")
-    def _first_gateway_is_router(self) -> Topology:
-        if not self.gateways or self.gateways[0] != self.router:
-            raise ValueError("gateways must start with router (the first gateway)")
-        return self
-
-    def gateway(self, host: str) -> TopologyRouter:
+    def gateway(self, host: str) -> TopologyGateway:
         """The gateway on inventory host `host`."""
         for g in self.gateways:
             if g.host == host:
@@ -144,7 +142,7 @@ def _instance(inst: Instance) -> TopologyInstance:
 def from_deployment(dep: Deployment) -> Topology:
     metrics_port = dep.profile.router.metrics_port
     gateways = [
-        TopologyRouter(
+        TopologyGateway(
             host=g.name,
             url=dep.gateway_url(g),
             metrics_url=f"http://{g.address}:{metrics_port}/metrics",
@@ -179,7 +177,6 @@ def from_deployment(dep: Deployment) -> Topology:
             for g in groups
             if not g.is_1p1d
         ],
-        router=gateways[0],
         gateways=gateways,
         coord=_coord(dep),
     )

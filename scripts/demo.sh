@@ -44,8 +44,9 @@ demo_converge "$INVENTORY" "$PROFILE"
 read_topology() {
   on_host /opt/pdstack/venv/bin/python -c "from pdctl import topology; t = topology.read(); $1"
 }
-GATEWAY=$(read_topology 'print(t.router.url)')
-UNITS="$(read_topology 'print(" ".join([p.target for p in t.pairs] + [i.unit for i in t.instances] + [t.router.unit]))') pdstack-etcd.service"
+# One host: one gateway.
+GATEWAY=$(read_topology 'print(t.gateways[0].url)')
+UNITS="$(read_topology 'print(" ".join([p.target for p in t.pairs] + [i.unit for i in t.instances] + [g.unit for g in t.gateways]))') pdstack-etcd.service"
 
 step "Waiting for the gateway at $GATEWAY to see a healthy prefill and decode (timeout ${READY_TIMEOUT}s)"
 deadline=$(( $(date +%s) + READY_TIMEOUT ))

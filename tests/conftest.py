@@ -23,9 +23,9 @@ from pdctl.spec import Role
 from pdctl.topology import (
     Topology,
     TopologyCoord,
+    TopologyGateway,
     TopologyInstance,
     TopologyPair,
-    TopologyRouter,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +188,7 @@ def one_pair_topology(
     decode_url: str,
     *,
     bootstrap_port: int,
-    router_url: str,
+    gateway_url: str,
     metrics_url: str,
     prefill_gpus: tuple[int, ...] = (0,),
     decode_gpus: tuple[int, ...] = (1,),
@@ -226,9 +226,11 @@ def one_pair_topology(
                 decode=f"{host}/pd0-decode",
             )
         ],
-        router=TopologyRouter(
-            host=host, url=router_url, metrics_url=metrics_url, unit="pdstack-gateway.service"
-        ),
+        gateways=[
+            TopologyGateway(
+                host=host, url=gateway_url, metrics_url=metrics_url, unit="pdstack-gateway.service"
+            )
+        ],
     )
 
 

@@ -116,7 +116,7 @@ def as_dict(
             "chunked_prefill_size": engines.chunk_tokens,
             "handoff_ms": engines.handoff.fixed_ms,
             "kv_transfer_ms_per_token": engines.handoff.ms_per_token,
-            "router_policy": engines.policy,
+            "gateway_policy": engines.policy,
             "decode_kv_pool_tokens": engines.kv_pool_tokens,
         },
     }

@@ -44,7 +44,7 @@ def sweep_target(
     """Where requests go and which engine /metrics are sampled, from options or deployment."""
     if url is None:
         dep = load_deployment(inventory, profile)
-        url = dep.router_url
+        url = dep.client_url
         if not metrics_urls:
             metrics_urls = tuple(i.url + "/metrics" for i in dep.instances if i.role == Role.DECODE)
     elif not metrics_urls:

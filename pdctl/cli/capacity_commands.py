@@ -15,7 +15,7 @@ from pdctl.capacity.profile import Deployed, load_deployed, profile_warnings
 from pdctl.capacity.report import Site, as_dict, layout_snippet, render
 from pdctl.capacity.search import Engines, Shape, Targets, plan
 from pdctl.capacity.workload import workload
-from pdctl.cli.options import format_option
+from pdctl.cli.options import deprecated, format_option, former_name
 from pdctl.errors import PdctlError
 from pdctl.spec import Role
 
@@ -171,10 +171,11 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
     help="KV transfer bandwidth between prefill and decode, GB/s.",
 )
 @click.option(
-    "--router-policy", type=click.Choice(["round_robin", "random"]), default="round_robin",
+    "--gateway-policy", type=click.Choice(["round_robin", "random"]), default="round_robin",
     show_default=True,
     help="How the gateway deals requests to prefills (random: also the bound for load-aware ones).",
 )  # fmt: skip
+@former_name("--router-policy", "--gateway-policy", type=click.Choice(["round_robin", "random"]))
 @click.option(
     "--kv-pool-tokens", type=click.IntRange(min=1),
     help="A decode's KV pool in tokens (`pdctl plan`'s KV pool; default: the decode law's "
@@ -203,7 +204,8 @@ def capacity(
     handoff_ms: float,
     kv_bytes_per_token: int | None,
     kv_link_gb_s: float | None,
-    router_policy: Policy,
+    gateway_policy: Policy,
+    router_policy: Policy | None,
     kv_pool_tokens: int | None,
     fmt: str,
 ) -> None:
@@ -222,6 +224,9 @@ def capacity(
       pdctl capacity decode.json prefill.json --rate 4 --input-len 2048 --output-len 256 \\
           --ttft-p90-ms 1000 --itl-p90-ms 50 [--profile deploy/profiles/reference.yml]
     """
+    if router_policy is not None:
+        deprecated("--router-policy", "--gateway-policy")
+        gateway_policy = router_policy
     found = load_laws(laws)
     deployed = load_deployed(profile) if profile is not None else None
     context, context_source = _context(found, context_length, deployed)
@@ -238,7 +243,7 @@ def capacity(
     given = _buckets(cuda_graph_bs, deployed)
     chunk, chunk_warning = _chunk(found, chunked_prefill_size, deployed)
     handoff = _handoff(handoff_ms, kv_bytes_per_token, kv_link_gb_s, deployed)
-    engines = Engines(chunk, handoff, router_policy, *_kv_pool(found, kv_pool_tokens))
+    engines = Engines(chunk, handoff, gateway_policy, *_kv_pool(found, kv_pool_tokens))
     result = plan(found, load, targets, shape, given, engines)
     if chunk_warning:
         result.warnings.append(chunk_warning)

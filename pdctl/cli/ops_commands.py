@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.live import Live
 
-from pdctl.cli.options import deployment_options, format_option
+from pdctl.cli.options import deployment_options, deprecated, format_option, former_name
 from pdctl.cli.status_view import to_json, view
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
@@ -40,9 +40,9 @@ from pdctl.ops.restart import (
     outcome,
     plan_lines,
     register_gateways,
+    restart_gateways,
     restart_instance,
     restart_pairs,
-    restart_router,
 )
 from pdctl.ops.status import collect
 from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
@@ -185,11 +185,10 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
 @click.option(
     "--gateways",
-    "--router",  # its name before the gateways were many
-    "gateways",
     is_flag=True,
     help="Restart only the gateways, one at a time (they hold no state).",
 )
+@former_name("--router", "--gateways", is_flag=True)
 @click.option(
     "--pair", "pairs", multiple=True, metavar="NAME", help="Pair NAME or HOST/NAME; repeatable."
 )
@@ -252,6 +251,7 @@ def restart(
     prefill: bool,
     decode: bool,
     gateways: bool,
+    router: bool,
     pairs: tuple[str, ...],
     all_pairs: bool,
     yes: bool,
@@ -303,6 +303,9 @@ def restart(
       pdctl restart --both --all --max-unavailable 25% --yes
       pdctl restart --gateways
     """
+    if router:
+        deprecated("--router", "--gateways")
+        gateways = True
     sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
     if sum([both, bool(sides), gateways]) != 1:
         raise PdctlError(
@@ -331,7 +334,7 @@ def restart(
             "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
         with locked("pdctl restart --gateways") as got:
-            reports = restart_router(ops)
+            reports = restart_gateways(ops)
             got.record(outcome(reports))
     else:
         chosen = ops.source.select(pairs, all_pairs)
@@ -437,8 +440,6 @@ def doctor(
 )
 @click.option(
     "--lock-wait",
-    "--lock-timeout",  # its former name
-    "lock_wait",
     type=click.FloatRange(min=0),
     default=LOCK_WAIT_S,
     show_default=True,
@@ -446,6 +447,7 @@ def doctor(
     help="Wait up to SECS for a restart holding the lock, or for etcd to serve again, then "
     "exit 3 (held) or 5 (etcd); systemd starts the recovery again.",
 )
+@former_name("--lock-timeout", "--lock-wait", type=click.FloatRange(min=0))
 @fleet_lock_option
 def recover(
     topology_path: Path,
@@ -456,6 +458,7 @@ def recover(
     window: float,
     state_path: Path,
     lock_wait: float,
+    lock_timeout: float | None,
     no_fleet_lock: bool,
 ) -> None:
     """Coordinated restart of a pair after one of its engines failed (run by systemd).
@@ -475,6 +478,9 @@ def recover(
     held; 4 rate-limited; 5 etcd cannot serve; 6 the restart failed (journal lines follow;
     systemd tries again, within the rate limit).
     """
+    if lock_timeout is not None:
+        deprecated("--lock-timeout", "--lock-wait")
+        lock_wait = lock_timeout
     ops = _ops(topology_path, inventory, profile)
     ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
     (pair,) = ops.source.select((pair_name,), False)

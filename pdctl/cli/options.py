@@ -48,3 +48,15 @@ instance_option = click.option(
     metavar="NAME",
     help="Only these instances (host/name or name, e.g. pd0-decode); repeatable.",
 )
+
+
+def former_name(old: str, new: str, **kw: Any) -> Callable[[F], F]:
+    """`old`, what `new` was called before (`kw`: its type): hidden from --help, it still
+    works, so scripts and playbooks keep running, and the command warns (`deprecated`)."""
+    return click.option(old, hidden=True, help=f"Former name of {new}.", **kw)
+
+
+def deprecated(old: str, new: str) -> None:
+    click.secho(
+        f"Warning: {old} is deprecated and will be removed: use {new}", fg="yellow", err=True
+    )

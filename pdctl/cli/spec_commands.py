@@ -59,7 +59,8 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
                 }
                 for r in rendered
             ],
-            "router": {"host": dep.router_host, "args": router_args(dep)},
+            # Every [router] host runs the gateway with these arguments.
+            "gateway": {"hosts": [g.name for g in dep.gateways], "args": router_args(dep)},
         }
         click.echo(json.dumps(out, indent=2))
         return
@@ -69,7 +70,7 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
         click.echo(r.env_text)
         click.echo("## unit")
         click.echo(r.unit)
-    click.secho(f"# gateway on {dep.router_host}", bold=True)
+    click.secho(f"# gateway on {', '.join(g.name for g in dep.gateways)}", bold=True)
     click.echo(shlex.join(["smg", *router_args(dep)]))
 
 

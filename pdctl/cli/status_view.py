@@ -36,13 +36,11 @@ def to_json(s: Status) -> dict[str, Any]:
                 "unit_error": i.unit_error,
                 **{k: v for k, v in asdict(i.probe).items() if k != "url"},
                 "url": i.instance.url,
-                "gateway": {
-                    "status": i.gateway.status,
-                    "healthy": i.gateway.healthy,
-                    "load": i.gateway.load,
-                }
-                if i.gateway
-                else None,
+                # Per gateway that listed its workers; null: not registered there.
+                "gateways": {
+                    url: {"status": w.status, "healthy": w.healthy, "load": w.load} if w else None
+                    for url, w in zip(s.views, i.workers, strict=True)
+                },
             }
             for i in s.instances
         ],
@@ -60,7 +58,6 @@ def to_json(s: Status) -> dict[str, Any]:
             }
             for p in s.pairs
         ],
-        "gateway": asdict(s.gateways[0]),  # the first gateway, as before the list (scripts)
         "gateways": [asdict(g) for g in s.gateways],
         "restart_lock": {
             "held": s.lock is not None,
@@ -119,11 +116,18 @@ def _unit_state(i: InstanceStatus) -> str:
     return u.sub if u.active == "active" else f"[red]{u.active}/{u.sub}[/]"
 
 
-def _in_gateway(g: GatewayWorker | None) -> str:
-    if g is None:
-        return "gateway [yellow]not registered[/]"
-    sick = "" if g.healthy else " [red](unhealthy)[/]"
-    return f"gateway {escape(g.status)}{sick}, load {g.load}"
+def _in_gateways(workers: tuple[GatewayWorker | None, ...]) -> str:
+    """How the gateways that listed their workers hold this one: its status (each distinct
+    one), unhealthy at any, its load at all of them, and where it is missing."""
+    held = [w for w in workers if w is not None]
+    noun = "gateway" if len(workers) <= 1 else "gateways"
+    if not held:
+        return f"{noun} [yellow]not registered[/]"
+    states = "/".join(escape(s) for s in dict.fromkeys(w.status for w in held))
+    sick = "" if all(w.healthy for w in held) else " [red](unhealthy)[/]"
+    missing = len(workers) - len(held)
+    absent = f", [yellow]not registered at {missing} of {len(workers)}[/]" if missing else ""
+    return f"{noun} {states}{sick}, load {sum(w.load for w in held)}{absent}"
 
 
 def _member(i: InstanceStatus) -> str:
@@ -146,7 +150,7 @@ ENGINE_FIELDS: list[tuple[int, Callable[[InstanceStatus], str]]] = [
     (5, lambda i: {None: "", True: "graph"}.get(i.probe.cuda_graph, "[red]eager[/]")),
     (11, lambda i: _metric("{:.1f} tok/s", i.probe.gen_throughput)),
     (0, lambda i: _red_unless(False, i.probe.metrics_error) if i.probe.metrics_error else ""),
-    (0, lambda i: _in_gateway(i.gateway)),
+    (0, lambda i: _in_gateways(i.workers)),
 ]
 
 

@@ -1,5 +1,6 @@
-"""What every ops action needs: the deployment, systemd per host, the gateways, the fleet
-restart lock, time limits."""
+"""What every ops action needs: the deployment, and the seams to the outside, each a Protocol
+with its real implementation here (tests hand in fakes): systemd per host, the gateways, the
+engines' probes, the canaries; the fleet restart lock, time limits."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
-from pdctl.ops.gateway import GatewayAdmin, api_key
-from pdctl.ops.health import in_flight
+from pdctl.ops.gateway import Gateway, GatewayAdmin, api_key
+from pdctl.ops.health import Canaries, Engines, HttpCanaries, HttpEngines
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, for_host
 from pdctl.pdclient import CANARIES_VERIFY
@@ -40,15 +41,16 @@ def to_stderr(line: str) -> None:
 class Ops:
     source: Source
     systemd_for: Callable[[str], Systemd]
-    gateways: list[GatewayAdmin]  # every gateway, in the topology's order: drain and register
+    gateways: list[Gateway]  # every gateway, in the topology's order: drain and register
     timeouts: Timeouts = field(default_factory=Timeouts)
-    canary_count: int = CANARIES_VERIFY
+    verify_canaries: int = CANARIES_VERIFY  # requests per leg after a restart's first canary
     say: Callable[[str], None] = to_stderr  # progress lines (stderr, so --format json stays clean)
     # The coordination store (topology.coord) and the fleet restart lock in it; None:
     # restarts take only this host's lock.
     store: Store | None = None
     fleet_lock: RestartLock | None = None
-    in_flight: Callable[[str], int | None] = in_flight  # requests an engine holds (drain)
+    engines: Engines = field(default_factory=HttpEngines)  # /health, /metrics, in flight
+    canaries: Canaries = field(default_factory=HttpCanaries)
 
     def systemd(self, host: str) -> Systemd:
         return self.systemd_for(host)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from pydantic import BaseModel, ValidationError
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops.health import concurrently
+from pdctl.pdclient import CanaryResult, gateway_canary
 
 # Written by the pdstack_gateway role on [router] hosts, and by pdstack_engine on pd hosts.
 KEY_FILES = (Path(names.GATEWAY_ENV_FILE), Path(names.OPS_ENV_FILE))
@@ -94,6 +95,23 @@ class Registration:
     pairing: str  # the pair's id
 
 
+class Gateway(Protocol):
+    """One gateway as ops drive it (GatewayAdmin over smg's admin API; tests hand in fakes,
+    as they do for Systemd)."""
+
+    url: str
+
+    def workers(self) -> list[GatewayWorker]: ...
+    def readiness(self) -> tuple[bool, str]: ...
+    def canary(self) -> CanaryResult: ...
+    def remove(self, urls: Iterable[str]) -> None: ...
+    def register(self, regs: Iterable[Registration], prune: bool = False) -> dict[str, str]: ...
+    def wait_answering(self, timeout: float, step: float = 0.25) -> None: ...
+    def wait(
+        self, pred: Callable[[list[GatewayWorker]], bool], timeout: float, step: float = 0.25
+    ) -> bool: ...
+
+
 class GatewayAdmin:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 5.0) -> None:
         self.url, self.timeout = url.rstrip("/"), timeout
@@ -146,6 +164,10 @@ class GatewayAdmin:
     def readiness(self) -> tuple[bool, str]:
         r = self._call("GET", "/readiness")
         return r.status_code == 200, r.text.strip()[:200]
+
+    def canary(self) -> CanaryResult:
+        """One request through the gateway, to whichever pair it picks."""
+        return gateway_canary(self.url, self.headers)
 
     def remove(self, urls: Iterable[str]) -> None:
         """DELETE the workers at once: while one side of a pair is still routable alone, smg

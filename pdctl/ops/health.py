@@ -1,15 +1,19 @@
 """Health and load of every engine, probed concurrently with timeouts so one dead host never
-stalls the others."""
+stalls the others; the canaries that prove a pair serves. Ops reach both through the
+Protocols below (the real ones over HTTP; tests hand in fakes, as they do for Systemd)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from pdctl import pdclient
+from pdctl.pdclient import CanaryResult
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -83,6 +87,44 @@ def in_flight(url: str, timeout: float = 3.0) -> int | None:
         )
     except (requests.RequestException, ValueError, KeyError, TypeError):
         return None
+
+
+class Engines(Protocol):
+    def probe(self, url: str) -> EngineProbe: ...
+    def in_flight(self, url: str) -> int | None: ...
+
+
+class HttpEngines:
+    """The engines' own HTTP endpoints (/health, /metrics, /v1/loads)."""
+
+    def probe(self, url: str) -> EngineProbe:
+        return probe_engine(url)
+
+    def in_flight(self, url: str) -> int | None:
+        return in_flight(url)
+
+
+# A canary leg: (prefill URL, decode URL, the prefill's bootstrap port).
+Leg = tuple[str, str, int]
+
+
+class Canaries(Protocol):
+    """Requests down a pair's or group's own PD path (pdctl.pdclient), never the gateway's."""
+
+    def pair(
+        self, prefill: str, decode: str, bootstrap_port: int, count: int, timeout: float
+    ) -> CanaryResult: ...
+    def group(self, legs: list[Leg], count: int) -> CanaryResult: ...
+
+
+class HttpCanaries:
+    def pair(
+        self, prefill: str, decode: str, bootstrap_port: int, count: int, timeout: float
+    ) -> CanaryResult:
+        return pdclient.pair_canary(prefill, decode, bootstrap_port, count, timeout)
+
+    def group(self, legs: list[Leg], count: int) -> CanaryResult:
+        return pdclient.group_canary(legs, count)
 
 
 def concurrently(calls: dict[K, Callable[[], T]], workers: int = 16) -> dict[K, T]:

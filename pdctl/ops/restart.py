@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from pdctl import pdclient
 from pdctl.coord import gateways as liveness
 from pdctl.coord.history import Outcome
 from pdctl.errors import PdctlError
 from pdctl.ops import gateway, pending, roll
 from pdctl.ops.context import Ops
-from pdctl.ops.health import concurrently, probe_engine
+from pdctl.ops.health import concurrently
 from pdctl.ops.report import PHASES as PHASES  # re-exported: restart.PHASES
 from pdctl.ops.report import Interrupted, Report, StepFailed
 from pdctl.ops.source import Pair
@@ -59,7 +58,7 @@ def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> l
             f"   start     systemctl start {p.spec.target}",
             f"   health    wait <= {t.health:.0f}s for /health on {members}",
             f"   canary    a request through {paths} (retried until it passes)",
-            f"   verify    {ops.canary_count} more{' each' if kind == 'group' else ''}; "
+            f"   verify    {ops.verify_canaries} more{' each' if kind == 'group' else ''}; "
             "every one must pass",
             f"   register  add {members} back to {each}, bound to each other (pairing "
             f"protocol {p.id}), wait until it routes to them",
@@ -79,13 +78,13 @@ def _journal(sd: Systemd, units: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _instance_line(sd: Systemd, inst: TopologyInstance, failure: str | None) -> str:
+def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str | None) -> str:
     try:
         st = sd.show(inst.unit)
         state = f"{st.active}/{st.sub}, PID {st.main_pid or '-'}"
     except PdctlError as e:
         state = f"state unknown ({e})"
-    health = probe_engine(inst.url).health
+    health = ops.engines.probe(inst.url).health
     ok = failure is None and health == "ok"
     why = "" if failure is None else f"; {failure}"
     return f"{'OK' if ok else 'FAILED'}: {inst.id} ({inst.unit}) {state}, /health {health}{why}"
@@ -95,7 +94,7 @@ def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
     deadline = time.monotonic() + ops.timeouts.health
     t0 = last = time.monotonic()
     while True:
-        probes = concurrently({i.name: partial(probe_engine, i.url) for i in pair.instances})
+        probes = concurrently({i.name: partial(ops.engines.probe, i.url) for i in pair.instances})
         if all(p.healthy for p in probes.values()):
             return
         for inst in pair.instances:
@@ -121,7 +120,7 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
         port = prefill.bootstrap_port or 0
         while True:
             left = max(deadline - time.monotonic(), 1.0)
-            first = pdclient.pair_canary(prefill.url, decode.url, port, 1, min(left, 30.0))
+            first = ops.canaries.pair(prefill.url, decode.url, port, 1, min(left, 30.0))
             if first.ok:
                 break
             if time.monotonic() >= deadline:
@@ -134,8 +133,8 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
 
 
 def _verify(ops: Ops, pair: Pair) -> None:
-    """`canary_count` requests per leg must all pass: a degraded pair fails only a share."""
-    res = pdclient.group_canary(pair.canary_legs(), ops.canary_count)
+    """`verify_canaries` requests per leg must all pass: a degraded pair fails only a share."""
+    res = ops.canaries.group(pair.canary_legs(), ops.verify_canaries)
     if not res.ok:
         raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
 
@@ -174,14 +173,14 @@ def _gone(ops: Ops, silent: list[str]) -> list[str]:
     return [u for u in silent if host_of.get(u) not in keys]
 
 
-def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.GatewayAdmin]:
+def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.Gateway]:
     """The gateways that answer. Required: every one must, or StepFailed names those that
     do not (before anything changes); else the others are skipped with a line saying so (a
     gateway that comes back registers every pair itself, ExecStartPost=)."""
 
     silent: list[str] = []
 
-    def answers(gw: gateway.GatewayAdmin) -> str | None:
+    def answers(gw: gateway.Gateway) -> str | None:
         try:
             gw.workers()
             return None
@@ -214,7 +213,7 @@ def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:
     urls = [i.url for i in pair.instances]
     t = ops.timeouts.register
 
-    def register(gw: gateway.GatewayAdmin) -> None:
+    def register(gw: gateway.Gateway) -> None:
         # smg answers 409 while the drained entries are still being removed.
         if not gw.wait(gateway.settled(urls, pair.id), t):
             raise StepFailed(
@@ -236,7 +235,7 @@ class GatewayRegistration:
 
     host: str
     url: str
-    workers: dict[str, str] = field(default_factory=dict)  # URL -> GatewayAdmin.register's word
+    workers: dict[str, str] = field(default_factory=dict)  # URL -> Gateway.register's word
     error: str | None = None  # the gateway did not answer in time
 
 
@@ -298,7 +297,7 @@ def _wait_idle(ops: Ops, urls: list[str], timeout: float) -> dict[str, int]:
     engine that does not answer holds nothing it could finish."""
     deadline = time.monotonic() + timeout
     while True:
-        counts = concurrently({u: partial(ops.in_flight, u) for u in urls})
+        counts = concurrently({u: partial(ops.engines.in_flight, u) for u in urls})
         busy = {u: n for u, n in counts.items() if n}
         if not busy or time.monotonic() >= deadline:
             return busy
@@ -392,7 +391,7 @@ def restart_pair(
         raise Interrupted(pair.id, phase) from None
     if rep.ok:
         _clear_pending(ops, sd, pair)
-    rep.lines = [_instance_line(sd, i, None if rep.ok else rep.error) for i in pair.instances]
+    rep.lines = [_instance_line(ops, sd, i, None if rep.ok else rep.error) for i in pair.instances]
     return rep
 
 
@@ -428,7 +427,7 @@ def _until(ops: Ops, ok: Callable[[], bool], timeout: float, failure: str) -> No
         time.sleep(ops.timeouts.poll)
 
 
-def _gateway_ready(gw: gateway.GatewayAdmin) -> Callable[[], bool]:
+def _gateway_ready(gw: gateway.Gateway) -> Callable[[], bool]:
     def ready() -> bool:
         try:
             return gw.readiness()[0]
@@ -438,7 +437,7 @@ def _gateway_ready(gw: gateway.GatewayAdmin) -> Callable[[], bool]:
     return ready
 
 
-def restart_router(ops: Ops) -> list[Report]:
+def restart_gateways(ops: Ops) -> list[Report]:
     """Every gateway, one at a time (the others keep serving); the first failure stops."""
     reports: list[Report] = []
     for r, gw in zip(ops.source.topology.gateways, ops.gateways, strict=True):
@@ -470,9 +469,11 @@ def restart_instance(ops: Ops, inst: TopologyInstance) -> Report:
         with _timed(rep.phases, "restart"):
             sd.restart(inst.unit)
         with _timed(rep.phases, "health"):
-            _until(ops, lambda: probe_engine(inst.url).healthy, ops.timeouts.health, "not healthy")
+            _until(
+                ops, lambda: ops.engines.probe(inst.url).healthy, ops.timeouts.health, "not healthy"
+            )
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _journal(sd, [inst.unit])
-    rep.lines = [_instance_line(sd, inst, rep.error)]
+    rep.lines = [_instance_line(ops, sd, inst, rep.error)]
     return rep

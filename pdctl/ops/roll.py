@@ -108,7 +108,7 @@ def serving(ops: Ops, pairs: list[Pair]) -> set[str] | None:
     """The ids of the groups that every gateway that answers routes to (each member listed
     ready and healthy: what register waits for); None when no gateway answered."""
 
-    def listing(gw: gateway.GatewayAdmin) -> list[gateway.GatewayWorker] | None:
+    def listing(gw: gateway.Gateway) -> list[gateway.GatewayWorker] | None:
         try:
             return gw.workers()
         except gateway.GatewayError:

@@ -10,11 +10,11 @@ from pdctl import names
 from pdctl.errors import PdctlError
 from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
-from pdctl.ops.gateway import GatewayAdmin, GatewayError, GatewayWorker
-from pdctl.ops.health import EngineProbe, probe_engine
+from pdctl.ops.gateway import Gateway, GatewayError, GatewayWorker
+from pdctl.ops.health import EngineProbe
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import UnitStatus
-from pdctl.pdclient import CANARIES_STATUS, CanaryResult, gateway_canary, group_canary
+from pdctl.pdclient import CANARIES_STATUS, CanaryResult
 from pdctl.topology import TopologyInstance
 
 # Probes in flight at once. Status makes 2 per instance (unit, engine), 1 per pair (canary),
@@ -29,7 +29,9 @@ class InstanceStatus:
     unit: UnitStatus | None
     unit_error: str | None
     probe: EngineProbe
-    gateway: GatewayWorker | None  # at Status.viewed_from; None: not registered there
+    # Its entry at each gateway that listed its workers, in Status.views' order; None: not
+    # registered there.
+    workers: tuple[GatewayWorker | None, ...]
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,9 @@ class Status:
     lock: lock.Holder | None = None  # who holds the restart lock; None: free (or unreadable)
     lock_error: str | None = None
     lock_store: str | None = None  # where the fleet restart lock lives; None: this host's lock
-    # The gateway whose worker list the instances show (the first that listed its workers);
-    # None: no gateway listed them, so registration is unknown.
-    viewed_from: str | None = None
     # Every gateway that listed its workers, in the topology's order: URL -> its workers by
-    # URL (doctor checks each one's bindings; viewed_from is the first).
+    # URL (doctor checks each one's bindings). Empty: no gateway listed them, so registration
+    # is unknown.
     views: dict[str, dict[str, GatewayWorker]] = field(default_factory=dict)
 
     @property
@@ -115,23 +115,23 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
     # Every probe at once, each kept as a typed future beside what it probes.
     with ThreadPoolExecutor(max_workers=PROBE_WORKERS) as pool:
         units = {i.id: pool.submit(_unit, ops, i) for i in topo.instances}
-        probes = {i.id: pool.submit(probe_engine, i.url) for i in topo.instances}
-        canaries = {p.id: pool.submit(group_canary, p.canary_legs(), canary_count) for p in pairs}
+        probes = {i.id: pool.submit(ops.engines.probe, i.url) for i in topo.instances}
+        canaries = {
+            p.id: pool.submit(ops.canaries.group, p.canary_legs(), canary_count) for p in pairs
+        }
         markers = {p.id: pool.submit(_pending, ops, p) for p in pairs}
         recoveries = {p.id: pool.submit(_recovery, ops, p) for p in pairs}
-        answers = [
-            pool.submit(_gateway, g.url, admin, pairs)
-            for g, admin in zip(topo.gateways, ops.gateways, strict=True)
-        ]
+        answers = [pool.submit(_gateway, gw, pairs) for gw in ops.gateways]
         held = pool.submit(_lock, ops)
     engines = {k: f.result() for k, f in probes.items()}
     gateways = [f.result() for f in answers]
     # Each answering gateway's workers by URL: a pair is routed when every one routes it, and
     # a gateway that is down (its host lost) leaves the others' view.
     views = [(g.url, {w.url: w for w in workers}) for g, workers in gateways if workers is not None]
-    by_url = views[0][1] if views else {}
     instances = [
-        InstanceStatus(i, *units[i.id].result(), engines[i.id], by_url.get(i.url))
+        InstanceStatus(
+            i, *units[i.id].result(), engines[i.id], tuple(v.get(i.url) for _, v in views)
+        )
         for i in topo.instances
     ]
     holder, lock_error = held.result()
@@ -154,7 +154,6 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         lock=holder,
         lock_error=lock_error,
         lock_store=ops.fleet_lock.store.describe() if ops.fleet_lock else None,
-        viewed_from=views[0][0] if views else None,
         views=dict(views),
     )
 
@@ -192,19 +191,17 @@ def _routing(
     return "drained" if up else "not routed"
 
 
-def _gateway(
-    url: str, admin: GatewayAdmin, pairs: list[Pair]
-) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
+def _gateway(gw: Gateway, pairs: list[Pair]) -> tuple[GatewayStatus, list[GatewayWorker] | None]:
     """A gateway's status and workers (None: it did not list them)."""
     try:
-        ready, detail = admin.readiness()
-        canary = gateway_canary(url, admin.headers)
-        workers = admin.workers()
+        ready, detail = gw.readiness()
+        canary = gw.canary()
+        workers = gw.workers()
     except GatewayError as e:
-        return GatewayStatus(url, False, str(e)), None
+        return GatewayStatus(gw.url, False, str(e)), None
     pairing = {i.url: p.id for p in pairs for i in p.instances}
     ours = [w for w in workers if w.url in pairing]
     up = sum(w.status == "ready" and w.healthy for w in ours)
     bound = sum(w.pairing == pairing[w.url] for w in ours)
     view = f"{up}/{len(pairing)} ready, {bound} bound"
-    return GatewayStatus(url, ready, detail, canary, view), workers
+    return GatewayStatus(gw.url, ready, detail, canary, view), workers

@@ -126,15 +126,6 @@ class Deployment:
     pki_dir: Path = Path("pki")
 
     @property
-    def router_host(self) -> str:
-        """The first gateway's host: the one clients and benchmarks use by default."""
-        return self.gateways[0].name
-
-    @property
-    def router_address(self) -> str:
-        return self.gateways[0].address
-
-    @property
     def instances(self) -> list[Instance]:
         return [i for h in self.hosts for i in h.instances]
 
@@ -153,7 +144,9 @@ class Deployment:
         ]
 
     @property
-    def router_url(self) -> str:
+    def client_url(self) -> str:
+        """Where a client sends requests unless told otherwise (pdctl bench, the end-to-end
+        tests): any gateway serves every pair, so the first."""
         return self.gateway_url(self.gateways[0])
 
     def gateway_url(self, gateway: GatewayHost) -> str:

@@ -27,10 +27,10 @@ from pdctl.testing.stack import Gateway, SimProc
 from pdctl.topology import (
     Topology,
     TopologyCoord,
+    TopologyGateway,
     TopologyGroup,
     TopologyInstance,
     TopologyPair,
-    TopologyRouter,
 )
 
 HOST = "local"
@@ -189,8 +189,8 @@ def _instances(p: Local) -> list[TopologyInstance]:
     ]
 
 
-def _gateway(gateway: Gateway, host: str) -> TopologyRouter:
-    return TopologyRouter(
+def _gateway(gateway: Gateway, host: str) -> TopologyGateway:
+    return TopologyGateway(
         host=host,
         url=gateway.url,
         metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
@@ -237,7 +237,6 @@ def local_topology(
             for p in pairs
             if isinstance(p, LocalGroup)
         ],
-        router=gateways[0],
         gateways=gateways,
     )
 

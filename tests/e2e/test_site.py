@@ -150,10 +150,10 @@ def test_topology_file_reads_back_on_the_host(site: Site) -> None:
     # pdctl installed on the host reads it without an inventory.
     read = site.host.ssh(
         "/opt/pdstack/venv/bin/python -c "
-        "'from pdctl import topology; t = topology.read(); print(t.router.url, len(t.pairs))'",
+        "'from pdctl import topology; t = topology.read(); print(t.gateways[0].url, len(t.pairs))'",
         check=True,
     )
-    assert read.stdout.split() == [dep.router_url, "1"]
+    assert read.stdout.split() == [dep.client_url, "1"]
 
 
 ETCDCTL = (

@@ -135,7 +135,7 @@ def stack_topology(
         prefill.url,
         decode.url,
         bootstrap_port=prefill.bootstrap_port,
-        router_url=gateway.url,
+        gateway_url=gateway.url,
         metrics_url=f"http://127.0.0.1:{gateway.metrics_port}/metrics",
         **gpus,
     )

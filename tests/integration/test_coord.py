@@ -134,7 +134,7 @@ def test_lock_show_break_and_history_name_the_holder(
     topo = tmp_path / "topology.yaml"
     url = "http://127.0.0.1:9"
     t = one_pair_topology(
-        "node-a", url, url, bootstrap_port=1, router_url=url, metrics_url=url + "/metrics"
+        "node-a", url, url, bootstrap_port=1, gateway_url=url, metrics_url=url + "/metrics"
     )
     topo.write_text(topology.dump(t.model_copy(update={"coord": etcd_coord})))
     where = ("--topology", str(topo))

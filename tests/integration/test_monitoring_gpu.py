@@ -126,7 +126,7 @@ def stack(tmp_path: Path) -> Iterator[GpuStack]:
         nobody(),
         nobody(),
         bootstrap_port=free_port(),
-        router_url=nobody(),
+        gateway_url=nobody(),
         metrics_url=f"{nobody()}/metrics",
         prefill_gpus=PREFILL_GPUS,
         decode_gpus=DECODE_GPUS,

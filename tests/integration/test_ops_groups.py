@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,11 @@ from pdctl import pdclient
 from pdctl.cli.status_view import to_json
 from pdctl.ops import doctor
 from pdctl.ops.context import Ops
+from pdctl.ops.health import HttpCanaries, Leg
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
 from pdctl.ops.status import collect
+from pdctl.pdclient import CanaryResult
 from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops
 from pdctl.testing.stack import (
     Gateway,
@@ -73,13 +76,19 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
     assert "group local/g0" in "\n".join(plan_lines(ops, [g0]))
 
     legs: list[tuple[str, str]] = []
-    canary = pdclient.pair_canary
 
-    def recorded(prefill: str, decode: str, *args: object, **kw: object) -> object:
-        legs.append((prefill, decode))
-        return canary(prefill, decode, *args, **kw)  # type: ignore[arg-type]
+    class Recorded(HttpCanaries):
+        """The real canaries, each leg they send down recorded."""
 
-    monkeypatch.setattr(pdclient, "pair_canary", recorded)
+        def pair(self, prefill: str, decode: str, *args: Any) -> CanaryResult:
+            legs.append((prefill, decode))
+            return super().pair(prefill, decode, *args)
+
+        def group(self, group_legs: list[Leg], count: int) -> CanaryResult:
+            legs.extend((p, d) for p, d, _ in group_legs)
+            return super().group(group_legs, count)
+
+    monkeypatch.setattr(ops, "canaries", Recorded())
     snapshots: list[dict[str, float]] = []
     stop = units.stop
 
@@ -88,7 +97,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
-    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         (rep,) = restart_pairs(ops, [g0])
         before_end = len(outcomes)

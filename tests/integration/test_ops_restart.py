@@ -272,7 +272,7 @@ def test_restart_all_under_load_fails_no_client_request(
     two_pairs: tuple[Ops, LocalUnits],
 ) -> None:
     ops, _ = two_pairs
-    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         reports = restart_pairs(ops, ops.source.pairs())
         before_end = len(outcomes)
@@ -310,7 +310,7 @@ def test_a_roll_of_two_at_a_time_under_load_fails_no_request_and_keeps_the_floor
     budget = roll.budget("2", None, len(pairs))
     chosen = roll.prepare(ops, pairs, 2, include_drained=False)
     watcher = threading.Thread(target=poll, daemon=True)
-    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         watcher.start()
         with lock.held("pdctl restart --both --all", fleet=ops.fleet_lock) as got:
@@ -337,7 +337,7 @@ def test_status_sees_every_instance_and_the_gateway(two_pairs: tuple[Ops, LocalU
         "local/pd1-prefill",
         "local/pd1-decode",
     }
-    assert all(i.gateway is not None and i.gateway.status == "ready" for i in s.instances)
+    assert all([w and w.status for w in i.workers] == ["ready"] for i in s.instances)
     pd1 = ops.source.pairs()[1]
     units.stop(pd1.decodes[0].unit)
     s = collect(ops)
@@ -375,7 +375,7 @@ def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
     rolls = 3
-    with constant_load(ops.source.topology.router.url, timeout=30) as outcomes:
+    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         reports = [r for _ in range(rolls) for r in restart_pairs(ops, ops.source.pairs())]
         before_end = len(outcomes)

@@ -567,7 +567,7 @@ def test_default_target_is_the_deployments_gateway_and_decodes(tmp_path: Path) -
     )
     dep = load_deployment(inventory)
     target = sweep_target(None, (), inventory, None, None, "completions")
-    assert target.url == dep.router_url
+    assert target.url == dep.client_url
     decodes = [i for i in dep.instances if i.role == Role.DECODE]
     assert target.metrics_urls == tuple(f"{i.url}/metrics" for i in decodes)
     # an explicit URL samples its own /metrics unless told otherwise

@@ -378,7 +378,7 @@ def test_cli_handoff_kv_pool_and_chunk(law_files: tuple[Path, Path]) -> None:
     assert not any("assumed" in w for w in data["warnings"])
     assert data["assumed"] == {
         "chunked_prefill_size": 4096, "handoff_ms": 6.0, "kv_transfer_ms_per_token": 0.0,
-        "router_policy": "round_robin", "decode_kv_pool_tokens": None,
+        "gateway_policy": "round_robin", "decode_kv_pool_tokens": None,
     }  # fmt: skip
     code, _, exc = _run(*base, "--kv-bytes-per-token", "16281")
     assert code != 0 and str(exc) == "give --kv-bytes-per-token and --kv-link-gb-s together"

@@ -237,3 +237,44 @@ def test_no_jinja_statements_in_the_roles_yaml() -> None:
         if "{%" in line
     ]
     assert found == []
+
+
+def test_the_derived_settings_of_the_roles() -> None:
+    assert converge.roll_args(1) == converge.roll_args("1") == []
+    assert converge.roll_args("25%") == ["--max-unavailable", "25%", "--include-drained"]
+    # The wait stays within its timeout: whole tries, rounded up.
+    each = {"timeout": 5, "delay": 5}
+    assert [converge.ready_retries(t, each) for t in (0, "10", 11, 900)] == [0, 1, 2, 90]
+    assert converge.pki_dir("", "/srv/inv/pki", "/srv/inv") == "/srv/inv/pki"
+    assert converge.pki_dir("/etc/pki", "/srv/inv/pki", "/srv/inv") == "/etc/pki"
+    assert converge.pki_dir("keys", "/srv/inv/pki", "/srv/inv") == "/srv/inv/keys"
+    assert converge.controller_address("192.0.2.9 51234 22") == ["192.0.2.9"]
+    assert converge.controller_address("") == []
+
+
+def test_the_store_and_gateway_roles_derive_their_values_through_the_filters(
+    tmp_path: Path,
+) -> None:
+    """Through real Ansible and the roles' vars files: the firewall's monitoring sources (an
+    address, else the name), the controller, the PKI folder and the waits' tries."""
+    etcd = role_expression(
+        tmp_path,
+        ROOT / "roles" / "pdstack_etcd" / "vars" / "main.yml",
+        {
+            "__pdstack_deployment": {"etcd": {"pki_dir": "/srv/inv/pki"}, "layout": {}},
+            "pdstack_etcd_pki_dir": "keys",
+            "ansible_env": {"SSH_CLIENT": "192.0.2.9 51234 22"},
+            "pdstack_etcd_ready_timeout": 60,
+        },
+        "[_pdstack_etcd_monitoring, _pdstack_etcd_controller, _pdstack_etcd_pki,"
+        " _pdstack_etcd_ready_retries]",
+        inventory="[monitoring]\nlocalhost\nmon2 ansible_host=10.0.0.7\n",
+    )
+    assert etcd == [["localhost", "10.0.0.7"], ["192.0.2.9"], f"{tmp_path}/keys", 9]
+    gateway = role_expression(
+        tmp_path,
+        ROOT / "roles" / "pdstack_gateway" / "vars" / "main.yml",
+        {"__pdstack_deployment": {}, "pdstack_gateway_ready_timeout": "900"},
+        "_pdstack_gateway_ready_retries",
+    )
+    assert gateway == 90

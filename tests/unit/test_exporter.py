@@ -82,7 +82,7 @@ def topology(prefill_url: str, decode_url: str) -> Topology:
         prefill_url,
         decode_url,
         bootstrap_port=8998,
-        router_url="http://127.0.0.1:8000",
+        gateway_url="http://127.0.0.1:8000",
         metrics_url="http://127.0.0.1:29000/metrics",
     )
 

@@ -5,7 +5,7 @@ worker list through the real collect()."""
 from __future__ import annotations
 
 import io
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -18,7 +18,7 @@ from pdctl.ops.health import EngineProbe
 from pdctl.ops.source import Source
 from pdctl.pdclient import CanaryResult
 from pdctl.topology import Topology
-from tests.unit.test_ops_modules import FakeSystemd
+from tests.unit.ops_fakes import FakeCanaries, FakeEngines, FakeSystemd, Listing
 
 HOST = "gpu-node-017.dc1.example.com"
 # name -> (prefills, decodes): a pair beside a 2P1D group
@@ -72,47 +72,39 @@ def _topology(gateways: int = 1) -> Topology:
             "instances": instances,
             "pairs": pairs,
             "groups": groups,
-            "router": routers[0],
             "gateways": routers,
         }
     )
 
 
-def _collect(monkeypatch: pytest.MonkeyPatch, *pairings: dict[str, str | None]) -> status.Status:
+def _collect(*pairings: dict[str, str | None]) -> status.Status:
     """Status with every engine up and a gateway per `pairings` (member name -> protocol),
     which holds every other worker under its group's id."""
     topo = _topology(len(pairings))
 
-    class Listing:
-        headers: ClassVar[dict[str, str]] = {}
-
-        def __init__(self, url: str, pairing: dict[str, str | None]) -> None:
-            self.url = url
-            self.held = [
-                GatewayWorker(
-                    i.url,
-                    i.url,
-                    i.role.value,
-                    "ready",
-                    True,
-                    0,
-                    pairing.get(i.name, f"{i.host}/{i.pair}"),
-                )
-                for i in topo.instances
-            ]
-
-        def readiness(self) -> tuple[bool, str]:
-            return True, "ready"
-
-        def workers(self) -> list[GatewayWorker]:
-            return self.held
+    def held(pairing: dict[str, str | None]) -> list[GatewayWorker]:
+        return [
+            GatewayWorker(
+                i.url,
+                i.url,
+                i.role.value,
+                "ready",
+                True,
+                0,
+                pairing.get(i.name, f"{i.host}/{i.pair}"),
+            )
+            for i in topo.instances
+        ]
 
     ok = CanaryResult(True, 3, 0, 0.05)
-    monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok", 1, 0, 0.1))
-    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
-    monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
-    admins = [Listing(g.url, p) for g, p in zip(topo.gateways, pairings, strict=True)]
-    ops = Ops(Source(topo, None), lambda _h: FakeSystemd(), admins)  # type: ignore[arg-type]
+    admins = [Listing(g.url, held(p)) for g, p in zip(topo.gateways, pairings, strict=True)]
+    ops = Ops(
+        Source(topo, None),
+        lambda _h: FakeSystemd(),
+        [*admins],
+        engines=FakeEngines(lambda url: EngineProbe(url, "ok", 1, 0, 0.1)),
+        canaries=FakeCanaries(lambda _n: ok),
+    )
     return status.collect(ops, 1)
 
 
@@ -123,10 +115,8 @@ def _render(s: status.Status, width: int) -> list[str]:
 
 
 @pytest.mark.parametrize("width", [80, 200])
-def test_status_shows_a_group_with_its_members_per_role(
-    monkeypatch: pytest.MonkeyPatch, width: int
-) -> None:
-    s = _collect(monkeypatch, {})
+def test_status_shows_a_group_with_its_members_per_role(width: int) -> None:
+    s = _collect({})
     assert s.healthy
     lines = _render(s, width)
     assert all(len(line) <= width for line in lines)
@@ -151,11 +141,9 @@ def test_status_shows_a_group_with_its_members_per_role(
     }
 
 
-def test_doctor_finds_members_bound_to_another_group_or_none(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert doctor.binding_findings(_collect(monkeypatch, {})) == []
-    s = _collect(monkeypatch, {"g0-prefill1": f"{HOST}/pd0", "g0-decode0": None})
+def test_doctor_finds_members_bound_to_another_group_or_none() -> None:
+    assert doctor.binding_findings(_collect({})) == []
+    s = _collect({"g0-prefill1": f"{HOST}/pd0", "g0-decode0": None})
     found = doctor.pair_findings(s)
     assert [(f.id, f.where) for f in found] == [
         ("live-misbound", f"{HOST}/g0-prefill1"),
@@ -176,17 +164,17 @@ def test_a_lone_group_bound_alike_has_nothing_to_mix_with_but_mixed_cannot_pair(
 ) -> None:
     monkeypatch.delitem(UNITS, "pd0")  # g0 alone
     unbound = {"g0-prefill0": None, "g0-prefill1": None, "g0-decode0": None}
-    assert doctor.binding_findings(_collect(monkeypatch, unbound)) == []
+    assert doctor.binding_findings(_collect(unbound)) == []
     # One prefill unbound beside bound members: it pairs with no decode of its group.
-    (f,) = doctor.binding_findings(_collect(monkeypatch, {"g0-prefill1": None}))
+    (f,) = doctor.binding_findings(_collect({"g0-prefill1": None}))
     assert (f.id, f.where) == ("live-unbound", f"{HOST}/g0-prefill1")
 
 
-def test_doctor_reads_every_gateways_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_reads_every_gateways_bindings() -> None:
     """Bound at the first gateway, held under the pair's id at the second: the finding names
     the second."""
-    s = _collect(monkeypatch, {}, {"g0-decode0": f"{HOST}/pd0"})
-    assert s.viewed_from == "http://10.0.9.1:8000"
+    s = _collect({}, {"g0-decode0": f"{HOST}/pd0"})
+    assert list(s.views) == ["http://10.0.9.1:8000", "http://10.0.9.2:8000"]
     (f,) = doctor.binding_findings(s)
     assert (f.id, f.where) == ("live-misbound", f"{HOST}/g0-decode0")
     assert "registered at http://10.0.9.2:8000 under" in f.message

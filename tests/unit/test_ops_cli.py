@@ -91,7 +91,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
         return Report(inst.id, lines=[f"OK: {inst.id}"])
 
     monkeypatch.setattr(ops_commands, "restart_pairs", pairs)
-    monkeypatch.setattr(ops_commands, "restart_router", router)
+    monkeypatch.setattr(ops_commands, "restart_gateways", router)
     monkeypatch.setattr(ops_commands, "restart_instance", single)
     yield c
 
@@ -151,6 +151,17 @@ def test_gateways_restarts_only_the_gateways(topo_file: Path, calls: Calls, flag
     r = run("restart", flag, "--yes", "--topology", str(topo_file))
     assert r.exit_code == 0, r.stderr
     assert (calls.routers, calls.restarted, calls.singles) == (1, [], [])
+    warned = "Warning: --router is deprecated and will be removed: use --gateways"
+    assert (warned in r.stderr) is (flag == "--router")
+
+
+@pytest.mark.parametrize(
+    ("command", "former"),
+    [("restart", "--router"), ("recover", "--lock-timeout"), ("capacity", "--router-policy")],
+)
+def test_former_option_names_are_hidden(command: str, former: str) -> None:
+    r = run(command, "--help")
+    assert r.exit_code == 0 and former not in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -218,10 +229,10 @@ def _status(ok: bool) -> Status:
         ok, 3, 0 if ok else 2, 0.05 if ok else None, None if ok else "decode answered HTTP 500"
     )
     return Status(
-        [InstanceStatus(inst, unit, None, probe, None)],
+        [InstanceStatus(inst, unit, None, probe, (None,))],
         [PairStatus("node-a/pd0", "pdstack-pd0.target", canary)],
         [GatewayStatus("http://gw:8000", True, "ready", CanaryResult(True, 1, 0, 0.01))],
-        viewed_from="http://gw:8000",
+        views={"http://gw:8000": {}},
     )
 
 
@@ -244,12 +255,14 @@ def yaml_topology() -> dict[str, Any]:
             }
         ],
         "pairs": [],
-        "router": {
-            "host": "node-a",
-            "url": "http://gw:8000",
-            "metrics_url": "http://gw:29000",
-            "unit": "pdstack-gateway.service",
-        },
+        "gateways": [
+            {
+                "host": "node-a",
+                "url": "http://gw:8000",
+                "metrics_url": "http://gw:29000",
+                "unit": "pdstack-gateway.service",
+            }
+        ],
     }
 
 
@@ -266,15 +279,17 @@ def test_status_json(
     assert inst["id"] == "node-a/pd0-prefill" and inst["pid"] == 4242
     assert inst["active"] == "active" and inst["health"] == "ok"
     assert (inst["running"], inst["token_usage"], inst["cuda_graph"]) == (3, 0.25, True)
-    assert inst["gateway"] is None
+    assert inst["gateways"] == {"http://gw:8000": None}  # listed its workers, not this one
     assert out["pairs"][0]["canary"]["ok"] is ok
-    assert out["gateway"]["ready"] is True
-    # scripts read these keys: the fleet view added one (restart_lock) and changed none
-    assert list(out) == ["healthy", "instances", "pairs", "gateway", "gateways", "restart_lock"]
+    (gateway,) = out["gateways"]
+    assert gateway["ready"] is True
+    # scripts read these keys: the fleet view added one (restart_lock); the gateways are a
+    # list, each engine's registration one entry per gateway (no "first gateway" key)
+    assert list(out) == ["healthy", "instances", "pairs", "gateways", "restart_lock"]
     assert list(inst) == [
         "id", "pair", "role", "unit", "active", "sub", "pid", "uptime_s", "restarts",
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
-        "gen_throughput", "metrics_error", "url", "gateway",
+        "gen_throughput", "metrics_error", "url", "gateways",
     ]  # fmt: skip
     # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
     # recovery: null unless its recovery waits)
@@ -282,7 +297,7 @@ def test_status_json(
         "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery"
     ]  # fmt: skip
     assert out["pairs"][0]["restart_pending"] is None and out["pairs"][0]["recovery"] is None
-    assert list(out["gateway"]) == ["url", "ready", "detail", "canary", "view"]
+    assert list(gateway) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
 
@@ -434,7 +449,7 @@ def junk_stack(
         engine.url,
         engine.url,
         bootstrap_port=1,
-        router_url=gw.url,
+        gateway_url=gw.url,
         metrics_url=gw.url + "/metrics",
     )
     path.write_text(topology.dump(topo.model_copy(update={"coord": etcd_coord})))
@@ -452,7 +467,7 @@ def test_status_and_doctor_survive_non_json_engines_and_gateway(
     out = json.loads(r.stdout)
     assert (
         "GET /workers answered 200 but not smg's worker list (not JSON"
-        in (out["gateway"]["detail"])
+        in (out["gateways"][0]["detail"])
     )
     assert all(i["health"] == "ok" for i in out["instances"])  # /health 200 is healthy
     assert all("/metrics is not Prometheus text" in i["metrics_error"] for i in out["instances"])
@@ -660,7 +675,7 @@ def test_recover_waits_for_a_restart_holding_the_lock(
     t = threading.Thread(target=hold)
     t.start()
     release.wait(30)
-    r = _recover(topo_file, tmp_path / "state" / "recover.json", "--lock-timeout", "60")
+    r = _recover(topo_file, tmp_path / "state" / "recover.json", "--lock-wait", "60")
     t.join(30)
     assert r.exit_code == 0, r.stderr
     assert "waiting for the restart lock: PID" in r.stderr
@@ -677,6 +692,8 @@ def test_recover_gives_up_after_the_lock_timeout_naming_the_holder(
     _one_error_line(
         r, 3, f"PID {os.getpid()} pdctl restart --both --pair pd1 holds", "after waiting 0.2s"
     )
+    # its former name still works, and says which to use
+    assert "Warning: --lock-timeout is deprecated and will be removed: use --lock-wait" in r.stderr
     assert recovered == []
 
 

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from rich.console import Console
-from test_ops_modules import FakeGateway, FakeSystemd, fake_ops, topo
 
 from pdctl import names
 from pdctl.cli import status_view
 from pdctl.ops import pending, restart, status, systemd
-from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayWorker
-from pdctl.ops.health import EngineProbe
-from pdctl.ops.source import Source
 from pdctl.pdclient import CanaryResult
+from tests.unit.ops_fakes import FakeCanaries, FakeGateway, FakeSystemd, Listing, fake_ops, topo
 
 MARKER = '{"reason": "/etc/pdstack/pd1-decode.env changed", "since": "2026-11-30T21:00:00Z"}\n'
 PD1 = names.restart_pending("pd1")
@@ -55,49 +52,34 @@ def test_an_unreadable_marker_still_means_pending(text: str, why: str) -> None:
     assert got.reason.startswith(f"(unreadable marker: {why}")
 
 
-def _probe_ok(monkeypatch: pytest.MonkeyPatch, canary_ok: bool) -> None:
-    monkeypatch.setattr(restart, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    err = None if canary_ok else "decode answered HTTP 500"
-    res = CanaryResult(canary_ok, 1, 0 if canary_ok else 1, 0.01, err)
-    monkeypatch.setattr(restart.pdclient, "pair_canary", lambda *a, **k: res)
+def _canaries(ok: bool) -> FakeCanaries:
+    err = None if ok else "decode answered HTTP 500"
+    return FakeCanaries(lambda _n: CanaryResult(ok, 1, 0 if ok else 1, 0.01, err))
 
 
-def test_a_successful_restart_clears_the_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_successful_restart_clears_the_marker() -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     sd.files[PD1] = MARKER
-    _probe_ok(monkeypatch, True)
-    ops = fake_ops(sd, gw)
+    ops = fake_ops(sd, gw, canaries=_canaries(True))
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
     assert rep.ok and PD1 not in sd.files
 
 
-def test_a_failed_restart_keeps_the_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_restart_keeps_the_marker() -> None:
     sd, gw = FakeSystemd(), FakeGateway()
     sd.files[PD1] = MARKER
-    _probe_ok(monkeypatch, False)
-    ops = fake_ops(sd, gw)
+    ops = fake_ops(sd, gw, canaries=_canaries(False))
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
     assert not rep.ok and sd.files[PD1] == MARKER  # not yet on the new files
 
 
-def test_status_shows_pending_in_table_and_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Listing(FakeGateway):
-        headers: ClassVar[dict[str, str]] = {}
-
-        def readiness(self) -> tuple[bool, str]:
-            return True, "ready"
-
-        def workers(self) -> list[GatewayWorker]:
-            return [GatewayWorker(i.url, i.url, "?", "ready", True, 0) for i in topo().instances]
-
-    ok = CanaryResult(True, 1, 0, 0.01)
-    monkeypatch.setattr(status, "probe_engine", lambda url: EngineProbe(url, "ok"))
-    monkeypatch.setattr(status, "group_canary", lambda *a, **k: ok)
-    monkeypatch.setattr(status, "gateway_canary", lambda *a, **k: ok)
+def test_status_shows_pending_in_table_and_json() -> None:
+    gw = Listing(
+        held=[GatewayWorker(i.url, i.url, "?", "ready", True, 0) for i in topo().instances]
+    )
     sd = FakeSystemd()
     sd.files[PD1] = MARKER
-    ops = Ops(Source(topo(), None), lambda _h: sd, [Listing()])  # type: ignore[list-item]
-    s = status.collect(ops, 1)
+    s = status.collect(fake_ops(sd, gw), 1)
     assert s.healthy  # pending is news, not a fault: the pair serves on its old files
     pairs = status_view.to_json(s)["pairs"]
     assert [p["restart_pending"] for p in pairs] == [

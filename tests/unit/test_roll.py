@@ -19,7 +19,7 @@ from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.report import PHASES, Interrupted, Report
 from pdctl.ops.source import Pair, Source
 from pdctl.topology import Topology
-from tests.unit.test_ops_modules import topo as topology
+from tests.unit.ops_fakes import topo as topology
 
 
 def fleet(hosts: tuple[str, ...] = ("a", "b"), per_host: int = 2) -> Topology:

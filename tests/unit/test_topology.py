@@ -37,10 +37,10 @@ def test_contents_span_every_host() -> None:
         (Role.DECODE, "http://10.0.0.12:30001", "pdstack-pd0-decode.service"),
     ]
     assert node2[0].bootstrap_port == 8998 and node2[1].bootstrap_port is None
-    assert topo.router.url == "http://10.0.0.11:8000"
-    assert topo.router.metrics_url == "http://10.0.0.11:29000/metrics"
-    assert topo.router.unit == names.GATEWAY_UNIT
-    assert topo.gateways == [topo.router]
+    (gateway,) = topo.gateways
+    assert gateway.url == "http://10.0.0.11:8000"
+    assert gateway.metrics_url == "http://10.0.0.11:29000/metrics"
+    assert gateway.unit == names.GATEWAY_UNIT
 
 
 def test_every_router_host_is_a_gateway(tmp_path: Path) -> None:
@@ -49,7 +49,6 @@ def test_every_router_host_is_a_gateway(tmp_path: Path) -> None:
         ("gpu-node-1", "http://10.0.0.11:8000", "http://10.0.0.11:29000/metrics"),
         ("gpu-node-2", "http://10.0.0.12:8000", "http://10.0.0.12:29000/metrics"),
     ]
-    assert topo.router == topo.gateways[0]  # clients' default: the first [router] host
     assert topo.gateway("gpu-node-2") == topo.gateways[1]
     with pytest.raises(
         PdctlError, match="no gateway on 'gpu-node-3'; gateways run on: gpu-node-1, gpu-node-2"
@@ -64,10 +63,30 @@ def test_a_file_without_gateways_has_its_router_as_only_gateway(tmp_path: Path) 
     """Files site.yml wrote before gateways existed stay readable."""
     topo = topology.from_deployment(load_deployment(TWO_HOSTS))
     data = yaml.safe_load(topology.dump(topo))
-    del data["gateways"]
+    (data["router"],) = data.pop("gateways")
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert topology.read(path).gateways == [topo.router]
+    assert topology.read(path) == topo
+
+
+def test_a_file_naming_its_first_gateway_router_too_stays_readable(tmp_path: Path) -> None:
+    """Files site.yml wrote while the first gateway was special: `router` beside `gateways`."""
+    topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
+    data = yaml.safe_load(topology.dump(topo))
+    assert "router" not in data
+    data["router"] = data["gateways"][0]
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert topology.read(path) == topo
+
+
+def test_a_file_without_any_gateway_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load(topology.dump(topology.from_deployment(load_deployment(TWO_HOSTS))))
+    data["gateways"] = []
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="gateways"):
+        topology.read(path)
 
 
 def test_a_file_written_for_the_former_lock_server_stays_readable(tmp_path: Path) -> None:
@@ -80,8 +99,11 @@ def test_a_file_written_for_the_former_lock_server_stays_readable(tmp_path: Path
 
 
 def test_gateways_must_start_with_the_router(tmp_path: Path) -> None:
+    """A file in the earlier format, whose `router` is not its first gateway, is no file
+    site.yml wrote."""
     topo = topology.from_deployment(load_deployment(two_gateways_inventory(tmp_path)))
     data = yaml.safe_load(topology.dump(topo))
+    data["router"] = data["gateways"][0]
     data["gateways"].reverse()
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(data))

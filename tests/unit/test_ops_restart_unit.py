@@ -1,0 +1,320 @@
+"""pdctl.ops.restart over fakes (pdctl/ops/context.py's seams): the plan, the steps and
+what a failure leaves, the drain, registration with every gateway, the gateways' restart,
+Ctrl-C. tests/integration/test_ops_restart.py runs it against real engines and smg."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pdctl.errors import PdctlError
+from pdctl.ops import restart
+from pdctl.ops.gateway import GatewayWorker
+from pdctl.ops.health import EngineProbe
+from pdctl.pdclient import CanaryResult
+from tests.unit.ops_fakes import (
+    FakeCanaries,
+    FakeEngines,
+    FakeGateway,
+    FakeSystemd,
+    Listing,
+    Unreachable,
+    fake_ops,
+)
+
+
+def test_plan_lines_name_every_step() -> None:
+    ops = fake_ops(FakeSystemd(), FakeGateway())
+    text = "\n".join(restart.plan_lines(ops, ops.source.pairs()))
+    assert "1. pair node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
+    assert (
+        "systemctl stop pdstack-pd1.target pdstack-pd1-prefill.service "
+        "pdstack-pd1-decode.service on node-a (returns once both engines are down)"
+    ) in text
+    assert "verify    5 more; every one must pass" in text
+    assert "Pairs restart one at a time" in text
+
+
+def test_a_unit_failing_to_start_stops_the_roll() -> None:
+    sd, gw = FakeSystemd(fail_start={"pdstack-pd0-decode.service"}), FakeGateway()
+    down = FakeEngines(lambda url: EngineProbe(url, "unreachable (ConnectionError)"))
+    ops = fake_ops(sd, gw, engines=down)
+    reports = restart.restart_pairs(ops, ops.source.pairs())
+    assert len(reports) == 1 and not reports[0].ok
+    assert "pdstack-pd0-decode.service is failed" in (reports[0].error or "")
+    assert "stays out of the gateway" in (reports[0].error or "")
+    assert reports[0].journal["pdstack-pd0-decode.service"] == [
+        "pdstack-pd0-decode.service: RuntimeError: CUDA out of memory"
+    ]
+    assert [line.split(":")[0] for line in reports[0].lines] == ["FAILED", "FAILED"]
+    assert ("stop", PD0_STOP) in sd.jobs
+    assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
+    assert not any(c.startswith("add") for c in gw.calls)  # never re-registered
+
+
+# systemctl waits only for the jobs of the units it names, and a target's own stop job ends
+# before the stops PartOf= queued for its engines: the stop names them, so it returns once
+# both are down, and the start never brings a new engine up beside an old one still stopping.
+PD0_STOP = ("pdstack-pd0.target", "pdstack-pd0-prefill.service", "pdstack-pd0-decode.service")
+
+
+def test_the_stop_waits_for_both_engines_not_only_the_target() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    rep = restart.restart_pair(ops, ops.source.pairs()[0])
+    assert rep.ok, rep.error
+    assert [j for j in sd.jobs if j[0] in ("stop", "start")] == [
+        ("stop", PD0_STOP),
+        ("start", ("pdstack-pd0.target",)),
+    ]
+
+
+LOST = "its lease expired and pdf2 PID 7 pdctl restart --all, since 12:00:00 holds the lock now"
+
+
+def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_is_lost() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    reasons = iter([None] * len(restart.PHASES) + [LOST])  # asked before each step
+    reports = restart.restart_pairs(ops, ops.source.pairs(), lambda: next(reasons))
+    assert [r.ok for r in reports] == [True, False]
+    assert reports[1].error == (
+        f"drain: stopped before it: this restart no longer holds the fleet restart lock ({LOST}); "
+        "another restarter may be working on the fleet"
+    )
+    assert not any("pd1" in " ".join(u) for _, u in sd.jobs)  # pd1 untouched
+    assert not any("pd1" in c for c in gw.calls)
+
+
+def test_a_restart_that_loses_the_fleet_lock_mid_pair_stops_before_its_next_step() -> None:
+    """Paused past the ttl between stop and start: it never starts the pair another holder
+    may be restarting now, and says the pair stays out of the gateway."""
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    reasons = iter([None, None, LOST])  # drain, stop, then lost before start
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], lock_lost=lambda: next(reasons))
+    assert not rep.ok and (rep.error or "").startswith("start: stopped before it: this restart")
+    assert "(the pair stays out of the gateway)" in (rep.error or "")
+    assert [v for v, _ in sd.jobs] == ["stop"]
+    assert list(rep.phases) == ["drain", "stop"]
+
+
+def test_a_failing_canary_keeps_the_pair_out() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    failing = FakeCanaries(lambda _n: CanaryResult(False, 1, 1, None, "decode answered HTTP 500"))
+    ops = fake_ops(sd, gw, canaries=failing)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
+    assert not rep.ok and rep.error is not None
+    assert rep.error.startswith("canary: no request passed in 0s: decode answered HTTP 500")
+    assert gw.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
+
+
+def test_a_successful_restart_reregisters_both() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[1:])
+    assert rep.ok and list(rep.phases) == list(restart.PHASES)
+    # Bound to each other: smg combines a prefill only with decodes of its pairing protocol.
+    pair_id = ops.source.pairs()[1].id
+    assert sorted(gw.calls[-2:]) == [
+        f"add http://10.0.0.1:30010 pairing {pair_id}",
+        f"add http://10.0.0.1:30011 pairing {pair_id}",
+    ]
+    assert [j for j, _ in sd.jobs] == ["stop", "reset-failed", "start"]
+
+
+def test_restart_drains_and_registers_at_every_gateway() -> None:
+    sd, gws = FakeSystemd(), [FakeGateway("http://gw1:8000"), FakeGateway("http://gw2:8000")]
+    ops = fake_ops(sd, *gws)
+    pair = ops.source.pairs()[0]
+    (rep,) = restart.restart_pairs(ops, [pair])
+    assert rep.ok, rep.error
+    for gw in gws:
+        assert sorted(gw.calls) == [
+            f"add http://10.0.0.1:30000 pairing {pair.id}",
+            f"add http://10.0.0.1:30001 pairing {pair.id}",
+            "remove http://10.0.0.1:30000",
+            "remove http://10.0.0.1:30001",
+        ]
+    assert "remove both from each gateway (http://gw1:8000, http://gw2:8000)" in "\n".join(
+        restart.plan_lines(ops, [pair])
+    )
+
+
+def _restart_with_engine_counts(
+    counts: dict[str, list[int | None]], drain: float
+) -> tuple[FakeSystemd, list[str], list[str]]:
+    """Restart pd0 while its engines report `counts` in turn (the last repeats); the systemd
+    jobs, what was said, and each poll's URL."""
+    sd, said, polls = FakeSystemd(), [], []
+
+    def in_flight(url: str) -> int | None:
+        assert sd.jobs == [], "an engine was polled after the stop"
+        polls.append(url)
+        left = counts.get(url, [0])
+        return left.pop(0) if len(left) > 1 else left[0]
+
+    ops = fake_ops(sd, FakeGateway(), engines=FakeEngines(held=in_flight))
+    ops.say, ops.timeouts = said.append, replace(ops.timeouts, drain=drain)
+    (rep,) = restart.restart_pairs(ops, [ops.source.pairs()[0]])
+    assert rep.ok, rep.error
+    return sd, said, polls
+
+
+def test_the_drain_waits_for_the_engines_own_in_flight_count() -> None:
+    """smg's `load` stays 0 for streamed requests: the stop waits until both engines say 0."""
+    decode = "http://10.0.0.1:30001"
+    sd, said, polls = _restart_with_engine_counts({decode: [2, 1, 0]}, drain=30)
+    assert polls.count(decode) == 3
+    assert sd.jobs[0][0] == "stop"
+    assert not [line for line in said if "still in flight" in line]
+
+
+def test_a_drain_that_times_out_names_the_busy_engine_and_stops_anyway() -> None:
+    decode, prefill = "http://10.0.0.1:30001", "http://10.0.0.1:30000"
+    sd, said, _ = _restart_with_engine_counts({decode: [3], prefill: [None]}, drain=0.1)
+    (line,) = [line for line in said if "still in flight" in line]
+    assert f"({decode}: 3)" in line and prefill not in line  # unanswered: nothing to wait for
+    assert sd.jobs[0][0] == "stop"
+
+
+def test_an_unreachable_gateway_during_drain_stops_nothing() -> None:
+    sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
+    ops = fake_ops(sd, up, down)
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs())
+    assert not rep.ok and rep.error is not None
+    assert rep.error.startswith("drain: gateway http://gw2:8000: ConnectionError: refused")
+    assert rep.error.endswith("nothing was stopped")
+    assert sd.jobs == [] and up.calls == []  # not even the reachable gateway drained it
+
+
+def test_recovery_skips_an_unreachable_gateway() -> None:
+    """A broken pair is restarted even when a gateway is down; that gateway registers every
+    pair itself when it starts again."""
+    sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
+    said: list[str] = []
+    ops = fake_ops(sd, up, down)
+    ops.say = said.append
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], drain_required=False)
+    assert rep.ok, rep.error
+    assert sum(c.startswith("add") for c in up.calls) == 2
+    assert any("cannot drain (gateway http://gw2:8000" in line for line in said)
+    assert any("cannot register (gateway http://gw2:8000" in line for line in said)
+
+
+PD0_PREFILL = GatewayWorker("a", "http://10.0.0.1:30000", "prefill", "ready", True, 0, "node-a/pd0")
+
+
+def test_register_adds_what_a_gateway_lacks_and_leaves_the_rest() -> None:
+    held = Listing(
+        "http://gw1:8000",
+        [
+            PD0_PREFILL,
+            GatewayWorker("b", "http://10.0.0.1:30001", "decode", "ready", True, 0, None),
+            GatewayWorker("c", "http://10.0.0.1:30010", "prefill", "draining", True, 1, None),
+        ],
+    )
+    fresh = FakeGateway("http://gw2:8000")
+    ops = fake_ops(FakeSystemd(), held, fresh)
+    done = restart.register_gateways(ops, (), timeout=1)
+    assert [(d.host, d.error) for d in done] == [("node-a", None), ("router-2", None)]
+    assert done[0].workers == {
+        "http://10.0.0.1:30000": "bound",
+        "http://10.0.0.1:30001": "unbound (pairing none)",
+        "http://10.0.0.1:30010": "draining",
+        "http://10.0.0.1:30011": "added",
+    }
+    assert held.calls == ["add http://10.0.0.1:30011 pairing node-a/pd1"]
+    assert set(done[1].workers.values()) == {"added"}
+    assert sorted(fresh.calls) == [
+        "add http://10.0.0.1:30000 pairing node-a/pd0",
+        "add http://10.0.0.1:30001 pairing node-a/pd0",
+        "add http://10.0.0.1:30010 pairing node-a/pd1",
+        "add http://10.0.0.1:30011 pairing node-a/pd1",
+    ]
+    (only,) = restart.register_gateways(ops, ("router-2",), timeout=1)
+    assert only.url == "http://gw2:8000"
+    with pytest.raises(PdctlError, match="no gateway on 'gw9'; gateways run on: node-a, router-2"):
+        restart.register_gateways(ops, ("gw9",), timeout=1)
+
+
+def test_register_removes_workers_of_pairs_that_left_the_topology() -> None:
+    gw = Listing(
+        "http://gw1:8000",
+        [
+            PD0_PREFILL,
+            GatewayWorker("x", "http://10.0.0.9:30020", "prefill", "ready", True, 0, "pd2"),
+            GatewayWorker("y", "http://10.0.0.9:30021", "decode", "draining", True, 0, "pd2"),
+        ],
+    )
+    ops = fake_ops(FakeSystemd(), gw)
+    (done,) = restart.register_gateways(ops, (), timeout=1)
+    assert done.workers["http://10.0.0.9:30020"] == "removed"
+    assert "http://10.0.0.9:30021" not in done.workers  # being drained: smg removes it
+    assert gw.calls[0] == "remove http://10.0.0.9:30020"
+    assert sorted(gw.calls[1:]) == [
+        "add http://10.0.0.1:30001 pairing node-a/pd0",
+        "add http://10.0.0.1:30010 pairing node-a/pd1",
+        "add http://10.0.0.1:30011 pairing node-a/pd1",
+    ]
+    # Re-registering one pair after its restart never removes the others.
+    gw.calls.clear()
+    restart.register_pair(ops, ops.source.pairs()[1])
+    assert not any(c.startswith("remove") for c in gw.calls)
+
+
+def test_register_waits_bounded_for_a_gateway_that_does_not_answer() -> None:
+    ops = fake_ops(FakeSystemd(), Unreachable("http://gw1:8000"))
+    (d,) = restart.register_gateways(ops, (), timeout=0.3)
+    assert d.workers == {} and d.error is not None
+    assert d.error == "gateway http://gw1:8000: ConnectionError: refused (still, after 0s)"
+
+
+def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+
+    def half(count: int) -> CanaryResult:
+        if count == 1:
+            return CanaryResult(True, 1, 0, 0.01)
+        return CanaryResult(False, count, 3, 0.01, "decode answered HTTP 500")
+
+    ops = fake_ops(sd, gw, canaries=FakeCanaries(half))
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
+    assert not rep.ok and (rep.error or "").startswith("verify: 3/5 requests failed")
+    assert not any(c.startswith("add") for c in gw.calls)
+
+
+def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
+    sd, gw = FakeSystemd(), FakeGateway()
+    (rep,) = restart.restart_gateways(fake_ops(sd, gw))
+    assert rep.ok and rep.lines == ["OK: node-a/gateway (pdstack-gateway.service)"]
+    assert sd.jobs == [("restart", ("pdstack-gateway.service",))]
+    assert gw.calls.count("readiness") == 3
+
+
+def test_lone_restart_times_out_with_the_journal() -> None:
+    sd = FakeSystemd()
+    ops = fake_ops(sd, FakeGateway(), engines=FakeEngines(lambda url: EngineProbe(url, "HTTP 503")))
+    rep = restart.restart_instance(ops, ops.source.instance("node-a/pd0-decode"))
+    assert not rep.ok and rep.error == "health: not healthy after 0s"
+    assert sd.jobs == [("restart", ("pdstack-pd0-decode.service",))]
+    assert rep.lines[0].startswith("FAILED: node-a/pd0-decode")
+    assert list(rep.journal) == ["pdstack-pd0-decode.service"]
+
+
+def test_ctrl_c_during_a_restart_names_the_pair_and_the_phase() -> None:
+    class Interrupting(FakeSystemd):
+        def start(self, *units: str) -> None:
+            raise KeyboardInterrupt
+
+    sd, gw = Interrupting(), FakeGateway()
+    ops = fake_ops(sd, gw)
+    with pytest.raises(restart.Interrupted) as e:
+        restart.restart_pairs(ops, ops.source.pairs())
+    msg = str(e.value)
+    assert msg.startswith("interrupted during start of pair node-a/pd0: it is out of the gateway")
+    assert "engines may be stopped or starting" in msg
+    assert msg.endswith("Put it back with: pdctl restart --both --pair node-a/pd0")
+    assert e.value.exit_code == 130
+    assert gw.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
