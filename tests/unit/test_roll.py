@@ -144,9 +144,31 @@ def test_a_floor_the_first_group_would_break_now_is_refused_before_anything_stop
 
 def test_time_left_from_the_phase_times_of_the_groups_done() -> None:
     assert roll.time_left([], [5.0], 3, 2) is None
-    # mean 100 s: 3 not started and one out for 40 s, over 2 lanes
-    assert roll.time_left([90.0, 110.0], [40.0], 3, 2) == pytest.approx((300 + 60) / 2)
-    assert roll.time_left([100.0], [], 1, 4) == pytest.approx(100.0)  # one lane left
+    # Mean 100 s; one group out for 40 s, 3 not started, 2 lanes. Lane 1 is free now, lane 2
+    # in 60 s: the first waiting group runs 0-100, the second 60-160, the third 100-200. The
+    # work over the lanes, (300 + 60) / 2 = 180 s, would leave the third group's last 20 s out.
+    assert roll.time_left([90.0, 110.0], [40.0], 3, 2) == pytest.approx(200.0)
+    assert roll.time_left([100.0], [], 1, 4) == pytest.approx(100.0)  # one lane used
+    assert roll.time_left([100.0], [150.0], 0, 2) == 0.0  # out longer than the mean
+
+
+@pytest.mark.parametrize(("n", "k", "waves"), [(4, 1, 4), (4, 2, 2), (5, 2, 3), (32, 3, 11)])
+def test_finish_from_a_cold_start_is_whole_waves(n: int, k: int, waves: int) -> None:
+    assert roll.finish([], [50.0] * n, k) == pytest.approx(waves * 50.0)
+
+
+def test_finish_starts_each_waiting_group_on_the_first_lane_free_in_order() -> None:
+    # Lanes free at 10 and 30: 40 runs 10-50, 5 runs 30-35, 5 runs 35-40.
+    assert roll.finish([30.0, 10.0], [40.0, 5.0, 5.0], 2) == pytest.approx(50.0)
+    assert roll.finish([], [], 3) == 0.0
+
+
+def test_lanes_are_k_less_what_groups_already_out_take_from_the_floor() -> None:
+    assert roll.lanes(roll.ONE, 8) == 1
+    assert roll.lanes(roll.budget("3", None, 8), 8) == 3  # floor 5: N - D - floor = 3
+    assert roll.lanes(roll.budget("3", None, 8), 8, down=2) == 1
+    assert roll.lanes(roll.budget("3", None, 8), 8, down=5) == 1  # waits for the floor
+    assert roll.lanes(roll.budget("3", 2, 8), 8, down=2) == 3  # a lower floor leaves room
 
 
 # ----- the scheduler over a stand-in step -------------------------------------------------
