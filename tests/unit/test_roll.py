@@ -4,6 +4,7 @@ failure stops new starts, the rest listed untouched, Ctrl-C names every group ou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.report import PHASES, Interrupted, Report
 from pdctl.ops.source import Pair, Source
 from pdctl.topology import Topology
+from tests.conftest import ROOT
 from tests.unit.test_ops_modules import topo as topology
 
 
@@ -169,6 +171,20 @@ def test_lanes_are_k_less_what_groups_already_out_take_from_the_floor() -> None:
     assert roll.lanes(roll.budget("3", None, 8), 8, down=2) == 1
     assert roll.lanes(roll.budget("3", None, 8), 8, down=5) == 1  # waits for the floor
     assert roll.lanes(roll.budget("3", 2, 8), 8, down=2) == 3  # a lower floor leaves room
+
+
+def test_the_roll_time_table_in_the_docs_is_the_one_the_model_prints() -> None:
+    """docs/operations.md's table is benchmarks/roll_model.py's output, not typed by hand."""
+    path = ROOT / "benchmarks" / "roll_model.py"
+    spec = importlib.util.spec_from_file_location("roll_model", path)
+    assert spec and spec.loader
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    table = "\n".join(model.table())
+    assert table in (ROOT / "docs" / "operations.md").read_text()
+    # The model is the scheduler's: 32 groups of 220 s at 25% (K = 8) are 4 waves.
+    assert model.roll_seconds(32, "25%", 220.0) == pytest.approx(4 * 220.0)
+    assert model.site_seconds(16, 2, "25%", 220.0) == pytest.approx(16 * 220.0)
 
 
 # ----- the scheduler over a stand-in step -------------------------------------------------
