@@ -269,6 +269,9 @@ def test_a_group_out_of_the_gateways_before_the_roll_counts_against_the_floor() 
         "roll: holding a/pd1 back: the gateways route to 2 of 4 groups; taking a/pd1 out "
         "would leave 1, below --min-serving 2; waiting for a group to return"
     ) in lines
+    # The time to go counts the one lane the floor leaves (N - D - floor = 4 - 1 - 2), not K:
+    # two groups of 7 s (the stand-in's phases) one after the other.
+    assert "roll: out none; done 1 of 3; left 2; about 14s to go" in lines
 
 
 def test_a_floor_never_met_stops_the_roll_after_the_floor_timeout() -> None:
