@@ -1,13 +1,17 @@
 """Wall time of `pdctl status` (collect) against a fleet whose every probe is slow: probes one
-after another (PROBE_WORKERS=1) against all at once (the shipped bound).
+after another (PROBE_WORKERS=1) against all at once (the shipped bound); and, with --doctor,
+of `pdctl doctor` as the fleet grows.
 
-4 pairs on 2 hosts (8 engines). Every engine HTTP answer (/health, /metrics, /generate), every
-gateway answer and every `systemctl show` (ssh in a real fleet) takes --delay seconds. The
-probes are real: pdctl's own HTTP probes, canaries and GatewayAdmin against local servers;
-only systemd is a stand-in that sleeps. Expected: sequential ~ the sum of all probes,
-concurrent ~ the slowest single probe (the gateway's: readiness, canary, worker list).
+By default 4 pairs on 2 hosts (8 engines); --hosts H --per-host G for other sizes. Every
+engine HTTP answer (/health, /metrics, /generate), every gateway answer and every systemd
+call (`systemctl show`, a journal read, a process's argv, a marker file: ssh in a real fleet)
+takes --delay seconds. The probes are real: pdctl's own HTTP probes, canaries and
+GatewayAdmin against local servers; only systemd is a stand-in that sleeps. Expected:
+sequential ~ the sum of all probes, concurrent ~ the slowest single probe (the gateway's:
+readiness, canary, worker list) while the probes fit in one wave of the bound.
 
     .venv/bin/python benchmarks/status_fanout.py [--delay 0.5] [--runs 3]
+    .venv/bin/python benchmarks/status_fanout.py --hosts 16 --per-host 2 --delay 0.1 --doctor
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pdctl.ops import status
+from pdctl.ops import doctor, status
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.source import Source
@@ -58,7 +62,7 @@ def serve(routes: dict[str, bytes], delay: float) -> tuple[str, ThreadingHTTPSer
 
 
 class SlowSystemd:
-    """`systemctl show` over ssh, as slow as the other probes."""
+    """systemd over ssh, every call as slow as the other probes."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
@@ -67,12 +71,26 @@ class SlowSystemd:
         time.sleep(self.delay)
         return UnitStatus(unit, "loaded", "active", "running", 4242, time.time() - 60, 0, [])
 
+    def read_file(self, path: str) -> str | None:
+        time.sleep(self.delay)
+        return None  # no restart-pending marker
 
-def fleet(delay: float) -> tuple[Topology, str, list[ThreadingHTTPServer]]:
+    def journal(self, unit: str, lines: int = 30) -> list[str]:
+        time.sleep(self.delay)
+        return []
+
+    def cmdline(self, pid: int) -> list[str]:
+        time.sleep(self.delay)
+        return []
+
+
+def fleet(
+    delay: float, hosts: int = 2, per_host: int = 2
+) -> tuple[Topology, str, list[ThreadingHTTPServer]]:
     engine = {"/health": b"", "/metrics": METRICS, "/generate": b'{"text": "x"}'}
     instances, pairs, servers, urls = [], [], [], []
-    for host in ("gpu-node-017", "gpu-node-018"):
-        for n in range(2):
+    for host in (f"gpu-node-{17 + h:03d}" for h in range(hosts)):
+        for n in range(per_host):
             ids = {}
             for role in ("prefill", "decode"):
                 url, server = serve(engine, delay)
@@ -114,14 +132,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--delay", type=float, default=0.5, help="seconds per probe answer")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--per-host", type=int, default=2, help="pairs per host")
+    ap.add_argument("--doctor", action="store_true", help="pdctl doctor too (bound only)")
     args = ap.parse_args()
-    topo, gw_url, servers = fleet(args.delay)
+    topo, gw_url, servers = fleet(args.delay, args.hosts, args.per_host)
     systemd = SlowSystemd(args.delay)
     ops = Ops(Source(topo, None), lambda _h: systemd, [GatewayAdmin(gw_url)])  # type: ignore[arg-type,return-value]
     n = len(topo.instances)
     print(f"{n} engines, {len(topo.pairs)} pairs, every probe answer {args.delay:g} s")
     shipped = status.PROBE_WORKERS
-    for label, workers in (("sequential", 1), (f"concurrent (bound {shipped})", shipped)):
+    # One probe after another takes minutes beyond a few pairs: only at the default size.
+    sequential = [("sequential", 1)] if len(topo.pairs) <= 4 else []
+    for label, workers in (*sequential, (f"concurrent (bound {shipped})", shipped)):
         status.PROBE_WORKERS = workers
         times = []
         for _ in range(args.runs):
@@ -131,6 +154,10 @@ def main() -> None:
             assert all(i.probe.healthy for i in s.instances), "a probe failed: no figure"
             assert all(p.canary.ok for p in s.pairs), "a canary failed: no figure"
         print(f"  {label:<26} median {statistics.median(times):6.2f} s  min {min(times):6.2f} s")
+    if args.doctor:
+        t0 = time.perf_counter()
+        doctor.doctor(ops)
+        print(f"  {'doctor (bound ' + str(shipped) + ')':<26} {time.perf_counter() - t0:6.2f} s")
     for server in servers:
         server.shutdown()
 

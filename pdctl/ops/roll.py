@@ -15,12 +15,13 @@ group at a time, in the calling thread, no floor check.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -168,15 +169,39 @@ def _short(now: set[str], groups: int, candidate: str, left: int, floor: int) ->
     )
 
 
+def lanes(b: Budget, groups: int, down: int = 0) -> int:
+    """Groups the roll can have out at once: K, fewer when `down` groups of the fleet's
+    `groups` are out of the gateways for another reason and the floor leaves less room,
+    min(K, N - D - floor); at least 1 (the floor is waited for, not given up on)."""
+    if b.min_serving is None:
+        return b.max_out
+    return max(1, min(b.max_out, groups - down - b.min_serving))
+
+
+def finish(busy: Iterable[float], waiting: Iterable[float], k: int) -> float:
+    """When the last group ends, the roll's scheduler played forward: the groups out end
+    after their `busy` seconds left, and each waiting group, in order, starts on the first of
+    `k` lanes to come free. From a cold start, N groups of T seconds end after ceil(N/K) T:
+    whole waves, not N T / K."""
+    free = sorted(busy)
+    free += [0.0] * max(k - len(free), 0)
+    heapq.heapify(free)
+    end = max(free, default=0.0)
+    for t in waiting:
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + t)
+        end = max(end, start + t)
+    return end
+
+
 def time_left(done_s: list[float], running_s: list[float], left: int, k: int) -> float | None:
-    """Seconds until the roll ends, from the measured phase times of the groups done: their
-    mean for each group not started, less the elapsed time of each one out, over K lanes.
-    None before a group is done."""
+    """Seconds until the roll ends, from the measured phase times of the groups done: each
+    group not started takes their mean, each one out the mean less what it has run, over `k`
+    lanes (`finish`). None before a group is done."""
     if not done_s:
         return None
     mean = sum(done_s) / len(done_s)
-    work = left * mean + sum(max(mean - e, 0.0) for e in running_s)
-    return work / max(min(k, left + len(running_s)), 1)
+    return finish([max(mean - e, 0.0) for e in running_s], [mean] * left, k)
 
 
 def _duration(s: float) -> str:
@@ -230,6 +255,7 @@ class _Roll:
         self.finished: queue.Queue[tuple[str, Report | BaseException]] = queue.Queue()
         self.halted = False
         self.interrupted = threading.Event()
+        self.down = 0  # groups out of the gateways, not this roll's: fewer lanes (`lanes`)
 
     def say(self, line: str) -> None:
         with self.say_lock:
@@ -271,6 +297,7 @@ class _Roll:
             if now is None:
                 why = "no gateway answered"
             else:
+                self.down = len(self.everything) - len(now | set(self.out))
                 left = left_serving(now, set(self.out), pair.id)
                 if left >= floor:
                     return True
@@ -346,7 +373,7 @@ class _Roll:
             self.done_s,
             [now - o.started for o in self.out.values()],
             len(self.pending),
-            self.budget.max_out,
+            lanes(self.budget, len(self.everything), self.down),
         )
         ended = not self.out and not self.pending
         self.say(

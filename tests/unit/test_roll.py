@@ -4,6 +4,7 @@ failure stops new starts, the rest listed untouched, Ctrl-C names every group ou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.report import PHASES, Interrupted, Report
 from pdctl.ops.source import Pair, Source
 from pdctl.topology import Topology
+from tests.conftest import ROOT
 from tests.unit.ops_fakes import topo as topology
 
 
@@ -144,9 +146,45 @@ def test_a_floor_the_first_group_would_break_now_is_refused_before_anything_stop
 
 def test_time_left_from_the_phase_times_of_the_groups_done() -> None:
     assert roll.time_left([], [5.0], 3, 2) is None
-    # mean 100 s: 3 not started and one out for 40 s, over 2 lanes
-    assert roll.time_left([90.0, 110.0], [40.0], 3, 2) == pytest.approx((300 + 60) / 2)
-    assert roll.time_left([100.0], [], 1, 4) == pytest.approx(100.0)  # one lane left
+    # Mean 100 s; one group out for 40 s, 3 not started, 2 lanes. Lane 1 is free now, lane 2
+    # in 60 s: the first waiting group runs 0-100, the second 60-160, the third 100-200. The
+    # work over the lanes, (300 + 60) / 2 = 180 s, would leave the third group's last 20 s out.
+    assert roll.time_left([90.0, 110.0], [40.0], 3, 2) == pytest.approx(200.0)
+    assert roll.time_left([100.0], [], 1, 4) == pytest.approx(100.0)  # one lane used
+    assert roll.time_left([100.0], [150.0], 0, 2) == 0.0  # out longer than the mean
+
+
+@pytest.mark.parametrize(("n", "k", "waves"), [(4, 1, 4), (4, 2, 2), (5, 2, 3), (32, 3, 11)])
+def test_finish_from_a_cold_start_is_whole_waves(n: int, k: int, waves: int) -> None:
+    assert roll.finish([], [50.0] * n, k) == pytest.approx(waves * 50.0)
+
+
+def test_finish_starts_each_waiting_group_on_the_first_lane_free_in_order() -> None:
+    # Lanes free at 10 and 30: 40 runs 10-50, 5 runs 30-35, 5 runs 35-40.
+    assert roll.finish([30.0, 10.0], [40.0, 5.0, 5.0], 2) == pytest.approx(50.0)
+    assert roll.finish([], [], 3) == 0.0
+
+
+def test_lanes_are_k_less_what_groups_already_out_take_from_the_floor() -> None:
+    assert roll.lanes(roll.ONE, 8) == 1
+    assert roll.lanes(roll.budget("3", None, 8), 8) == 3  # floor 5: N - D - floor = 3
+    assert roll.lanes(roll.budget("3", None, 8), 8, down=2) == 1
+    assert roll.lanes(roll.budget("3", None, 8), 8, down=5) == 1  # waits for the floor
+    assert roll.lanes(roll.budget("3", 2, 8), 8, down=2) == 3  # a lower floor leaves room
+
+
+def test_the_roll_time_table_in_the_docs_is_the_one_the_model_prints() -> None:
+    """docs/operations.md's table is benchmarks/roll_model.py's output, not typed by hand."""
+    path = ROOT / "benchmarks" / "roll_model.py"
+    spec = importlib.util.spec_from_file_location("roll_model", path)
+    assert spec and spec.loader
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    table = "\n".join(model.table())
+    assert table in (ROOT / "docs" / "operations.md").read_text()
+    # The model is the scheduler's: 32 groups of 220 s at 25% (K = 8) are 4 waves.
+    assert model.roll_seconds(32, "25%", 220.0) == pytest.approx(4 * 220.0)
+    assert model.site_seconds(16, 2, "25%", 220.0) == pytest.approx(16 * 220.0)
 
 
 # ----- the scheduler over a stand-in step -------------------------------------------------
@@ -231,6 +269,9 @@ def test_a_group_out_of_the_gateways_before_the_roll_counts_against_the_floor() 
         "roll: holding a/pd1 back: the gateways route to 2 of 4 groups; taking a/pd1 out "
         "would leave 1, below --min-serving 2; waiting for a group to return"
     ) in lines
+    # The time to go counts the one lane the floor leaves (N - D - floor = 4 - 1 - 2), not K:
+    # two groups of 7 s (the stand-in's phases) one after the other.
+    assert "roll: out none; done 1 of 3; left 2; about 14s to go" in lines
 
 
 def test_a_floor_never_met_stops_the_roll_after_the_floor_timeout() -> None:
