@@ -321,7 +321,8 @@ def restart(
     )
     ops = _ops(topology_path, inventory, profile, timeouts)
     groups = len(ops.source.pairs())
-    budget = roll.budget(max_unavailable or ("1" if bounded else None), min_serving, groups)
+    k = max_unavailable if max_unavailable is not None else ("1" if bounded else None)
+    budget = roll.budget(k, min_serving, groups)
     fleet = restart_lock(ops, no_fleet_lock, _warn)
 
     def locked(what: str) -> AbstractContextManager[lock.Acquired]:

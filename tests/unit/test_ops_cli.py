@@ -742,6 +742,7 @@ def test_without_ansible_core_only_inventory_commands_fail(
         (["--max-unavailable", "0"], "--max-unavailable 0: at least one group"),
         (["--max-unavailable", "150%"], "a percentage is at most 100%"),
         (["--max-unavailable", "two"], "give a count of groups (2) or a percentage"),
+        (["--max-unavailable", ""], "--max-unavailable '': give a count of groups"),
         (["--max-unavailable", "3"], "--max-unavailable 3 is more than the fleet's 2 groups"),
         (["--min-serving", "2"], "--min-serving 2: the fleet has 2 groups, so none could"),
         (["--max-unavailable", "2", "--min-serving", "1"], "cannot both hold"),
