@@ -173,11 +173,12 @@ def replay(
     inputs: Sequence[int],
     prefills: int,
     decode: StepInProgress | None = None,
+    seed: str = "replay",
 ) -> list[float]:
     """TTFTs of a given arrival sequence dealt round-robin to `prefills` prefills: the model
     on one run's own arrivals, apart from how typical those arrivals were (the decode step
-    under way is still drawn)."""
-    waits = step_waits(decode, wait_draws(len(at_ms), f"{SEED}:replay"))
+    under way is still drawn, from `seed`)."""
+    waits = step_waits(decode, wait_draws(len(at_ms), f"{SEED}:{seed}"))
     out: list[float] = []
     for p in range(prefills):
         mine = None if waits is None else waits[p::prefills]

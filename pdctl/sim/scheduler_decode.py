@@ -7,8 +7,10 @@ until the scheduler's next iteration polls it, as SGLang 0.5.23's
 to the waiting queue once per iteration (not at all while retracted requests wait), then
 `get_next_disagg_decode_batch_to_run` streams the prefill's first token
 (`process_batch_result_prebuilt`) and merges them into the running batch before the next step.
-So a first token whose KV lands during a decode step waits for that step to end. It allocates as SGLang's DecodePreallocQueue does: the prompt
-at admission, then one slot per token as it decodes. Admission keeps
+So a first token whose KV lands during a decode step waits for that step to end.
+
+It allocates as SGLang's DecodePreallocQueue does: the prompt at admission, then one slot per
+token as it decodes. Admission keeps
 `--num-reserved-decode-tokens` of headroom per active request and counts the running
 requests' KV as retractable, so a decode can admit more than its pool holds at full length.
 When the next step does not fit, it retracts as `Scheduler.update_running_batch` /
