@@ -110,9 +110,13 @@ def predict_decode(
     steps = mean_output / law.accept_len
     sizes = sorted(buckets)
 
+    seen: dict[int, float] = {}
+
     def seen_step(n: int) -> float:
         """The step a token generated beside n other requests takes."""
-        return step_at(law, sizes, n + 1)
+        if n not in seen:
+            seen[n] = step_at(law, sizes, n + 1)
+        return seen[n]
 
     running = 0.0
     step = seen_step(0)
@@ -152,10 +156,11 @@ class StepInProgress:
         steps = [0.0] + [step_at(law, sizes, n) for n in range(1, len(pmf))]
         return StepInProgress(list(accumulate(pmf)), steps)
 
-    def wait_ms(self, u: float, v: float) -> float:
-        """The wait for uniform draws u (which running count) and v (how far into its step)."""
-        n = min(bisect.bisect_left(self.cumulative, u), len(self.step_ms) - 1)
-        return v * self.step_ms[n]
+    def waits_ms(self, draws: Sequence[tuple[float, float]]) -> list[float]:
+        """The wait for each pair of uniform draws: u picks the running count, v how far
+        into its step the KV lands."""
+        cumulative, steps, top = self.cumulative, self.step_ms, len(self.step_ms) - 1
+        return [v * steps[min(bisect.bisect_left(cumulative, u), top)] for u, v in draws]
 
     @property
     def mean_ms(self) -> float:

@@ -15,8 +15,12 @@ bound for load-aware policies too.
 After its batch a request's KV moves to its decode and the decode sends the first token:
 `Handoff` — a fixed part (the decode's room bootstrap, the KV-arrival notice, the gateway
 hop: `--handoff-ms`, measured on the stack at idle, docs/bench.md) and the transfer
-(prompt tokens x KV bytes per token / link bandwidth). Then the first token waits for the
-decode step under way (model.StepInProgress): the decode's load enters TTFT there.
+(prompt tokens x KV bytes per token / link bandwidth). Both per GPU: with equal TP sizes each
+decode TP rank pulls its own KV shard (MLA: its replica) from one prefill rank, all ranks at
+once (SGLang's CommonKVManager._resolve_rank_mapping, disaggregation/common/conn.py), so a
+request's transfer is one rank's bytes over one rank's path, not TP times that. Then the
+first token waits for the decode step under way (model.StepInProgress): the decode's load
+enters TTFT there.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def wait_draws(n: int, seed: str) -> list[tuple[float, float]]:
 def step_waits(
     decode: StepInProgress | None, draws: Sequence[tuple[float, float]]
 ) -> list[float] | None:
-    return None if decode is None else [decode.wait_ms(u, v) for u, v in draws]
+    return None if decode is None else decode.waits_ms(draws)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ SGLANG_DEFAULT_BS = sorted({*SMALL_GRAPHS, *range(COARSE_STEP, 257, COARSE_STEP)
 MAX_INSTANCES = 10_000
 MAX_HEADROOM = 64.0  # rate multiples searched for headroom
 EXTRA = (0, 1)  # instances added to the fewest, per role, for the options with headroom
+IDLE_UTILISATION = 0.01  # prefills this idle that miss TTFT: more of them cannot help
 
 
 class NoOption(PdctlError):
@@ -198,13 +199,25 @@ def fewest_prefills(
     decode: StepInProgress | None = None,
 ) -> int:
     """The fewest prefills meeting the TTFT targets, their first tokens waiting for
-    `decode`'s step under way (check_ttft_reachable has passed)."""
+    `decode`'s step under way (check_ttft_reachable has passed). Prefills that are almost
+    idle and still miss say so: more of them cannot help."""
     # busy prefills if every batch were full (the per-batch cost spread thin): a lower bound
     mean_in = sum(load.inputs) / len(load.inputs)
     per_request = side.law.b_ms * mean_in + side.law.a_ms * mean_in / max(side.chunk_tokens, 1)
     for n in range(max(1, math.ceil(load.rate * per_request / 1000.0)), MAX_INSTANCES + 1):
-        if _prefill_ok(side, arrivals, load.rate, n, targets, decode) is not None:
+        pred = predict_prefill(side, arrivals, load.rate, n, list(targets.ttft_ms), decode)
+        if pred is None:
+            continue
+        missed = [(q, t) for q, t in targets.ttft_ms.items() if pred.ttft_ms[q] > t]
+        if not missed:
             return n
+        if pred.utilisation < IDLE_UTILISATION:
+            q, t = missed[0]
+            raise NoOption(
+                f"no option meets TTFT {Targets.label(q)} {t:g} ms: {n} prefills, each "
+                f"{100 * pred.utilisation:.1f} % busy, still give {pred.ttft_ms[q]:.1f} ms "
+                "(the prefill, the handoff and the decode step under way)"
+            )
     raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} prefills")
 
 
@@ -297,6 +310,27 @@ class Layout:
         rate = factor * self.load.rate
         return _prefill_ok(self.side, self.arrivals, rate, np_, self.targets, self.step(decode))
 
+    def unqueued_ttft(self, decode: DecodePrediction) -> dict[float, float]:
+        """TTFT quantiles of requests that find their prefill idle, beside `decode`'s steps
+        under way: no prefill count goes below them."""
+        lengths = self.arrivals.of(1)[1]
+        waits = self.step(decode).waits_ms(self.arrivals.draws(1))
+        ttft = sorted(self.side.alone_ms(n) + w for n, w in zip(lengths, waits, strict=True))
+        return {q: sample_quantile(ttft, q) for q in self.targets.ttft_ms}
+
+    def fewest_decodes(self) -> tuple[int, DecodePrediction]:
+        """The fewest decodes meeting the ITL targets whose steps under way still let first
+        tokens meet the TTFT targets (a busy decode delays every first token)."""
+        for nd in range(fewest_decodes(self.law, self.buckets, self.load, self.targets),
+                        MAX_INSTANCES + 1):  # fmt: skip
+            dec = self.decode(nd)
+            if dec is None:
+                continue
+            floor = self.unqueued_ttft(dec)
+            if all(floor[q] <= t for q, t in self.targets.ttft_ms.items()):
+                return nd, dec
+        raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} decodes")
+
     def growth(self, np_: int, nd: int) -> float:
         """Both sides at once: a busier decode also delays first tokens (its step under way)."""
 
@@ -331,9 +365,7 @@ def plan(
     choices = bucket_choices(laws.decode, given_buckets, itl_ms, kv_cap)
     for buckets in choices:
         layout = Layout(laws.decode, buckets, side, arrivals, load, targets)
-        n_decode = fewest_decodes(laws.decode, buckets, load, targets)
-        fewest_decode = layout.decode(n_decode)
-        assert fewest_decode is not None  # fewest_decodes found it so
+        n_decode, fewest_decode = layout.fewest_decodes()
         # the prefills the fewest decodes need (their steps delay first tokens the most)
         n_prefill = fewest_prefills(side, arrivals, load, targets, layout.step(fewest_decode))
         for extra_p in EXTRA:
