@@ -216,5 +216,8 @@ def render(plan: Plan, layout: str, targets: Targets, console: Console) -> None:
         console.print(f"Buckets: {text}")
     for w in plan.warnings:
         console.print(f"[yellow]Warning:[/yellow] {w}")
-    console.print("Profile layout (edit gpus, ports and host names to your hosts):")
+    console.print(
+        "Profile layout (every [pd_hosts] host runs it; edit gpus and ports to your hosts):",
+        markup=False,
+    )
     console.print(layout, markup=False, highlight=False, soft_wrap=True)
