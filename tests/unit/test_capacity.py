@@ -25,9 +25,9 @@ from pdctl.capacity.laws import Laws
 from pdctl.capacity.model import (
     DecodeLaw,
     PrefillLaw,
+    StepInProgress,
     decode_cap,
     fine_buckets,
-    StepInProgress,
     poisson_pmf,
     predict_decode,
     quantile,
