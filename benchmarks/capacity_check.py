@@ -14,10 +14,13 @@ Output tok/s is measured over the arrival window (tokens whose time falls betwee
 and the last arrival), the steady state the prediction describes. `--time-scale S` runs the
 sim S times slower than its law (PDSIM_TIME_SCALE), sends at rate / S and divides measured
 times by S: on a loaded machine it keeps the engines' event loops from falling behind their
-law, and shrinks the gateway's and client's own overhead by S too. Engines and the gateway
-are stopped by PID.
+law, and shrinks the gateway's and client's own overhead by S too. `--seeds K` drives each
+workload K times on its layout with their own arrival seeds and pools them; next to the
+measured TTFT p90 it prints the model's own 5-95 % band for that many arrivals and the model
+replayed on the runs' arrivals. Engines and the gateway are stopped by PID.
 
     .venv/bin/python benchmarks/capacity_check.py [--only prefill-heavy|decode-heavy|mixed]
+        [--seeds K] [--time-scale S]
 """
 
 from __future__ import annotations

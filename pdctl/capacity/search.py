@@ -2,10 +2,11 @@
 meet the targets, a few larger layouts for headroom, the recommendation among them, and what
 finer buckets would change.
 
-A request's ITL is its decode's alone, so the decode count is the smallest meeting the ITL
-targets; its TTFT is the prefill's queue and batch, the handoff, and the decode step under way
-when its KV lands, so the prefill count is the smallest meeting the TTFT targets beside the
-fewest decodes (the busiest). The GPU budget then filters the combinations; a layout's
+A request's ITL is its decode's alone; its TTFT is the prefill's queue and batch, the
+handoff, and the decode step under way when its KV lands. So the decode count is the smallest
+meeting the ITL targets whose steps still let a request that finds its prefill idle meet the
+TTFT targets, and the prefill count the smallest meeting the TTFT targets beside those
+decodes (the busiest considered). The GPU budget then filters the combinations; a layout's
 headroom grows the rate on both sides at once.
 """
 
