@@ -14,10 +14,13 @@ Output tok/s is measured over the arrival window (tokens whose time falls betwee
 and the last arrival), the steady state the prediction describes. `--time-scale S` runs the
 sim S times slower than its law (PDSIM_TIME_SCALE), sends at rate / S and divides measured
 times by S: on a loaded machine it keeps the engines' event loops from falling behind their
-law, and shrinks the gateway's and client's own overhead by S too. Engines and the gateway
-are stopped by PID.
+law, and shrinks the gateway's and client's own overhead by S too. `--seeds K` drives each
+workload K times on its layout with their own arrival seeds and pools them; next to the
+measured TTFT p90 it prints the model's own 5-95 % band for that many arrivals and the model
+replayed on the runs' arrivals. Engines and the gateway are stopped by PID.
 
     .venv/bin/python benchmarks/capacity_check.py [--only prefill-heavy|decode-heavy|mixed]
+        [--seeds K] [--time-scale S]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import io
 import json
+import random
 import signal
 import statistics
 import sys
@@ -45,7 +49,7 @@ from pdctl.bench.client import RequestOutput
 from pdctl.bench.level import Level, Target
 from pdctl.bench.metrics import calculate
 from pdctl.capacity.laws import load_laws
-from pdctl.capacity.model import sample_quantile
+from pdctl.capacity.model import StepInProgress, sample_quantile
 from pdctl.capacity.prefill import Handoff, PrefillSide, replay
 from pdctl.capacity.search import Engines, Option, Shape, Targets, plan
 from pdctl.capacity.workload import Workload
@@ -59,6 +63,9 @@ CHUNK = 8192
 ENGINE_ARGS = ("--mem-fraction-static", "0.60", "--context-length", "8192",
                "--chunked-prefill-size", str(CHUNK))  # fmt: skip
 CALIBRATION_REQUESTS = 20
+FIRST_SEED = 7  # the arrival seed of a workload's first run; the next runs count up from it
+BAND_DRAWS = 200
+BAND_SEED = 22
 # The sim moves KV_BYTES_PER_TOKEN per prompt token at KV_TRANSFER_GB_S (conn.py).
 TRANSFER = Handoff.of(0.0, Knobs().kv_bytes_per_token, KV_TRANSFER_GB_S)
 
@@ -114,15 +121,15 @@ async def drive(url: str, model: str, level: Level) -> tuple[list[RequestOutput]
     return outputs, start, start + arrival_times(level)[-1]
 
 
-def window_tok_s(outputs: list[RequestOutput], start: float, end: float) -> float:
-    """Output tokens generated between start and end (perf_counter seconds), per second."""
+def window_tokens(outputs: list[RequestOutput], start: float, end: float) -> int:
+    """Output tokens generated between start and end (perf_counter seconds)."""
     tokens = 0
     for o in outputs:
         if not o.success:
             continue
         times = accumulate([o.start_time + o.ttft, *o.itl])
         tokens += sum(1 for t in times if start <= t <= end)
-    return tokens / (end - start)
+    return tokens
 
 
 @contextlib.contextmanager
@@ -169,8 +176,34 @@ def calibrate_handoff(binary: str, logs: Path, scale: float) -> float:
     return max(statistics.mean(ttft) - prefill - TRANSFER.ms(input_len), 0.0)
 
 
+def model_band(
+    side: PrefillSide, step: StepInProgress, case: Case, prefills: int, seeds: int
+) -> tuple[float, float]:
+    """The 5 % and 95 % points of the model's own TTFT p90 over BAND_DRAWS runs like the
+    benchmark's (`seeds` Poisson sequences of case.requests, pooled): how far a measured p90
+    may stray from the long-run prediction by the luck of the arrivals alone."""
+    rng = random.Random(BAND_SEED)
+    p90s = []
+    for _ in range(BAND_DRAWS):
+        pooled: list[float] = []
+        for _ in range(seeds):
+            gaps = (rng.expovariate(case.rate / 1000.0) for _ in range(case.requests - 1))
+            at_ms = [0.0, *accumulate(gaps)]
+            inputs = [case.input_len] * len(at_ms)
+            pooled += replay(side, at_ms, inputs, prefills, step, seed=str(rng.random()))
+        p90s.append(sample_quantile(sorted(pooled), 0.9))
+    p90s.sort()
+    return sample_quantile(p90s, 0.05), sample_quantile(p90s, 0.95)
+
+
 def run_case(
-    case: Case, laws: list[Path], logs: Path, binary: str, scale: float, handoff_ms: float
+    case: Case,
+    laws: list[Path],
+    logs: Path,
+    binary: str,
+    scale: float,
+    handoff_ms: float,
+    seeds: int,
 ) -> dict[str, float]:
     load = Workload(case.rate, [case.input_len], [case.output_len], "fixed")
     targets = Targets({0.9: case.ttft_p90_ms}, {0.9: case.itl_p90_ms})
@@ -179,32 +212,46 @@ def run_case(
     best: Option = plan(found, load, targets, Shape(4, 4), None, engines).recommended
     decode_args = (*ENGINE_ARGS, "--max-running-requests", str(best.buckets.cap),
                    "--cuda-graph-bs-decode", *map(str, best.buckets.sizes))  # fmt: skip
+    rate = case.rate / scale
+    shape = (case.requests, case.input_len, case.output_len, 1.0)
+    levels = [Level(None, *shape, FIRST_SEED + k, rate) for k in range(seeds)]
+    runs = []
     with layout(binary, logs, scale, best.prefill_instances, best.decode_instances,
                 decode_args) as (url, model):  # fmt: skip
-        level = Level(None, case.requests, case.input_len, case.output_len, 1.0, 7,
-                      case.rate / scale)  # fmt: skip
-        outputs, first, last_arrival = asyncio.run(drive(url, model, level))
+        for level in levels:  # one after the other: each drains before the next starts
+            runs.append(asyncio.run(drive(url, model, level)))
+    outputs = [o for run, _, _ in runs for o in run]
     ok = [o for o in outputs if o.success]
     for o in outputs:
         if not o.success:
             print(f"  {case.name}: failed: {o.error}", file=sys.stderr)
-    # the model on this run's own arrivals: how much of a miss is the sample's luck
+    # the model on these runs' own arrivals: how much of a miss is the sample's luck
     side = PrefillSide(found.prefill, engines.chunk_tokens, engines.handoff)
-    at_ms = [t * 1000.0 / scale for t in arrival_times(level)]
-    replayed = replay(side, at_ms, [case.input_len] * len(at_ms), best.prefill_instances)
-    result = calculate(outputs, max(o.start_time + o.latency for o in ok) - first)
+    step = StepInProgress.of(found.decode, best.buckets.sizes, best.decode.mean_running)
+    replayed: list[float] = []
+    for level in levels:
+        at_ms = [t * 1000.0 / scale for t in arrival_times(level)]
+        inputs = [case.input_len] * len(at_ms)
+        replayed += replay(side, at_ms, inputs, best.prefill_instances, step)
+    tokens = sum(window_tokens(run, first, last) for run, first, last in runs)
+    window = sum(last - first for _, first, last in runs)
+    result = calculate(outputs, window)  # pdctl bench's percentiles over the pooled runs
+    low, high = model_band(side, step, case, best.prefill_instances, seeds)
     return {
         "prefills": best.prefill_instances,
         "decodes": best.decode_instances,
         "cap": best.buckets.cap,
+        "requests": len(outputs),
         "failed": len(outputs) - len(ok),
         "ttft_pred": best.prefill.ttft_ms[0.9],
+        "ttft_low": low,
+        "ttft_high": high,
         "ttft_replay": sample_quantile(sorted(replayed), 0.9),
         "ttft_meas": result["p90_ttft_ms"] / scale,
         "itl_pred": best.decode.itl_ms[0.9],
         "itl_meas": result["p90_itl_ms"] / scale,
         "tok_pred": best.output_tok_s,
-        "tok_meas": window_tok_s(outputs, first, last_arrival) * scale,
+        "tok_meas": tokens / window * scale,
     }
 
 
@@ -215,6 +262,10 @@ def main() -> int:
     ap.add_argument(
         "--requests-factor", type=float, default=1.0,
         help="run each workload this many times longer (a p90 of 240 requests spreads +-20%%)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--seeds", type=int, default=1,
+        help="runs per workload with their own arrival seeds, pooled (on one layout)",
     )  # fmt: skip
     args = ap.parse_args()
     # a SIGTERM unwinds through the finally blocks that stop the engines and the gateway
@@ -228,23 +279,25 @@ def main() -> int:
         laws = write_laws(root)
         handoff_ms = calibrate_handoff(binary, root, args.time_scale)
         print(f"handoff at idle (1P+1D, one request at a time): {handoff_ms:.1f} ms", flush=True)
-        print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'fail':>4}  {'TTFT p90 pred/meas':>20}  "
-              f"{'replayed/meas':>20}  {'ITL p90 pred/meas':>19}  "
-              f"{'out tok/s pred/meas':>21}")  # fmt: skip
+        print(f"{'workload':14} {'P+D':>5} {'cap':>4} {'reqs':>5} {'fail':>4}  "
+              f"{'TTFT p90 pred/meas':>20}  {'model 5-95%':>13}  {'replayed/meas':>20}  "
+              f"{'ITL p90 pred/meas':>19}  {'out tok/s pred/meas':>21}")  # fmt: skip
         for case in CASES:
             if args.only and case.name not in args.only:
                 continue
             longer = replace(case, requests=round(case.requests * args.requests_factor))
-            r = run_case(longer, laws, root, binary, args.time_scale, handoff_ms)
+            r = run_case(longer, laws, root, binary, args.time_scale, handoff_ms, args.seeds)
 
             def pair(pred: float, meas: float) -> str:
                 return f"{pred:7.1f}/{meas:7.1f} {100 * (meas - pred) / pred:+4.0f}%"
 
-            keys = (("ttft_pred", "ttft_meas"), ("ttft_replay", "ttft_meas"),
-                    ("itl_pred", "itl_meas"), ("tok_pred", "tok_meas"))  # fmt: skip
-            cells = "  ".join(pair(r[p], r[m]) for p, m in keys)
+            band = f"{r['ttft_low']:6.1f}-{r['ttft_high']:<6.1f}"
+            cells = [pair(r["ttft_pred"], r["ttft_meas"]), band,
+                     pair(r["ttft_replay"], r["ttft_meas"]), pair(r["itl_pred"], r["itl_meas"]),
+                     pair(r["tok_pred"], r["tok_meas"])]  # fmt: skip
             head = f"{case.name:14} {r['prefills']:.0f}+{r['decodes']:.0f}".ljust(20)
-            print(f"{head} {r['cap']:>4.0f} {r['failed']:>4.0f}  {cells}", flush=True)
+            counts = f"{r['cap']:>4.0f} {r['requests']:>5.0f} {r['failed']:>4.0f}"
+            print(f"{head} {counts}  {'  '.join(cells)}", flush=True)
     return 0
 
 

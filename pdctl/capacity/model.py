@@ -15,7 +15,8 @@ a batch of n yields n tokens, so tokens see the size-biased count 1 + Poisson(R)
 percentiles are the step times at its percentiles. The decode is feasible when its running
 count stays within the cap but for SLOT_OVERFLOW of the time (above the cap requests wait).
 
-Prefill: prefill.py (a batching queue, then the PD handoff).
+Prefill: prefill.py (a batching queue, then the PD handoff); a first token also waits for the
+decode step under way when its KV lands (StepInProgress).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+
+from pdctl.analyze.buckets import padded
 
 SLOT_OVERFLOW = 0.01  # share of the time a decode may hold more requests than its cap
 _FIXED_POINT_ROUNDS = 200
@@ -46,6 +50,11 @@ class PrefillLaw:
 
     def batch_ms(self, tokens: float) -> float:
         return self.a_ms + self.b_ms * tokens
+
+
+def step_at(law: DecodeLaw, sizes: list[int], running: int) -> float:
+    """A step of `running` requests in its graph (sorted `sizes`; eager past the largest)."""
+    return law.step_ms(padded(running, sizes))
 
 
 def decode_cap(law: DecodeLaw, buckets: Sequence[int], itl_ms: float) -> int:
@@ -101,10 +110,13 @@ def predict_decode(
     steps = mean_output / law.accept_len
     sizes = sorted(buckets)
 
+    seen: dict[int, float] = {}
+
     def seen_step(n: int) -> float:
-        """The step a token generated beside n other requests takes (padded like padded())."""
-        i = bisect.bisect_left(sizes, n + 1)
-        return law.step_ms(sizes[i] if i < len(sizes) else n + 1)
+        """The step a token generated beside n other requests takes."""
+        if n not in seen:
+            seen[n] = step_at(law, sizes, n + 1)
+        return seen[n]
 
     running = 0.0
     step = seen_step(0)
@@ -123,6 +135,37 @@ def predict_decode(
     overflow = max(0.0, 1.0 - sum(pmf[: cap + 1]))
     itl = {q: seen_step(quantile(pmf, q)) for q in quantiles}
     return DecodePrediction(running, overflow, itl, step)
+
+
+@dataclass(frozen=True)
+class StepInProgress:
+    """The decode step under way when a request's KV lands. SGLang's decode scheduler takes
+    transferred requests once per iteration (disaggregation/decode.py: process_decode_queue
+    polls the transfer queue, then get_next_disagg_decode_batch_to_run streams the first
+    token and merges the request into the running batch), so the first token waits for the
+    rest of that step: nothing at idle, else a uniform share of the step at the running
+    count, which a landing sees at its time average, Poisson(R)."""
+
+    cumulative: list[float]  # P(running <= n)
+    step_ms: list[float]  # the step at n running; 0 at n = 0 (idle)
+
+    @staticmethod
+    def of(law: DecodeLaw, buckets: Sequence[int], running: float) -> StepInProgress:
+        sizes = sorted(buckets)
+        pmf = poisson_pmf(running)
+        steps = [0.0] + [step_at(law, sizes, n) for n in range(1, len(pmf))]
+        return StepInProgress(list(accumulate(pmf)), steps)
+
+    def waits_ms(self, draws: Sequence[tuple[float, float]]) -> list[float]:
+        """The wait for each pair of uniform draws: u picks the running count, v how far
+        into its step the KV lands."""
+        cumulative, steps, top = self.cumulative, self.step_ms, len(self.step_ms) - 1
+        return [v * steps[min(bisect.bisect_left(cumulative, u), top)] for u, v in draws]
+
+    @property
+    def mean_ms(self) -> float:
+        pmf = [b - a for a, b in zip([0.0, *self.cumulative], self.cumulative, strict=False)]
+        return sum(p * s / 2 for p, s in zip(pmf, self.step_ms, strict=True))
 
 
 def sample_quantile(sorted_values: Sequence[float], q: float) -> float:

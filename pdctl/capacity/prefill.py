@@ -15,7 +15,12 @@ bound for load-aware policies too.
 After its batch a request's KV moves to its decode and the decode sends the first token:
 `Handoff` — a fixed part (the decode's room bootstrap, the KV-arrival notice, the gateway
 hop: `--handoff-ms`, measured on the stack at idle, docs/bench.md) and the transfer
-(prompt tokens x KV bytes per token / link bandwidth).
+(prompt tokens x KV bytes per token / link bandwidth). Both per GPU: with equal TP sizes each
+decode TP rank pulls its own KV shard (MLA: its replica) from one prefill rank, all ranks at
+once (SGLang's CommonKVManager._resolve_rank_mapping, disaggregation/common/conn.py), so a
+request's transfer is one rank's bytes over one rank's path, not TP times that. Then the
+first token waits for the decode step under way (model.StepInProgress): the decode's load
+enters TTFT there.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Literal
 
-from pdctl.capacity.model import PrefillLaw, sample_quantile
+from pdctl.capacity.model import PrefillLaw, StepInProgress, sample_quantile
 
 SAMPLES = 6000
 MAX_UTILISATION = 0.95  # a prefill busier than this is one burst away from an endless queue
@@ -69,6 +74,11 @@ class Arrivals:
     samples: int = SAMPLES
     _drawn: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
 
+    def draws(self, prefills: int) -> list[tuple[float, float]]:
+        """Uniform pairs for each arrival's wait for the decode step under way (a stream of
+        their own, so the arrivals and lengths stay as drawn without them)."""
+        return wait_draws(self.samples, f"{SEED}:{prefills}:step")
+
     def of(self, prefills: int) -> tuple[list[float], list[int]]:
         if prefills not in self._drawn:
             rng = random.Random(f"{SEED}:{prefills}")
@@ -79,6 +89,17 @@ class Arrivals:
             lengths = [self.lengths[rng.randrange(len(self.lengths))] for _ in range(self.samples)]
             self._drawn[prefills] = (list(accumulate(gaps)), lengths)
         return self._drawn[prefills]
+
+
+def wait_draws(n: int, seed: str) -> list[tuple[float, float]]:
+    rng = random.Random(seed)
+    return [(rng.random(), rng.random()) for _ in range(n)]
+
+
+def step_waits(
+    decode: StepInProgress | None, draws: Sequence[tuple[float, float]]
+) -> list[float] | None:
+    return None if decode is None else decode.waits_ms(draws)
 
 
 @dataclass(frozen=True)
@@ -97,8 +118,14 @@ class Served:
     mean_batch: float
 
 
-def serve(side: PrefillSide, at_ms: Sequence[float], inputs: Sequence[int]) -> Served:
-    """One prefill's queue over requests arriving at `at_ms` (sorted) with these prompts."""
+def serve(
+    side: PrefillSide,
+    at_ms: Sequence[float],
+    inputs: Sequence[int],
+    step_wait_ms: Sequence[float] | None = None,
+) -> Served:
+    """One prefill's queue over requests arriving at `at_ms` (sorted) with these prompts;
+    `step_wait_ms`: each one's wait for the decode step under way when its KV lands."""
     a, b, chunk = side.law.a_ms, side.law.b_ms, side.chunk_tokens
     n = len(at_ms)
     ttft: list[float] = []
@@ -113,18 +140,26 @@ def serve(side: PrefillSide, at_ms: Sequence[float], inputs: Sequence[int]) -> S
         end = start + a + b * tokens
         for k in range(i, j):
             wait += start - at_ms[k]
-            ttft.append(end - at_ms[k] + side.handoff.ms(inputs[k]))
+            extra = step_wait_ms[k] if step_wait_ms is not None else 0.0
+            ttft.append(end - at_ms[k] + side.handoff.ms(inputs[k]) + extra)
         busy += end - start
         free_at, i, batches = end, j, batches + 1
     return Served(ttft, busy / max(free_at, at_ms[-1], 1e-9), wait / n, n / batches)
 
 
 def predict_prefill(
-    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, quantiles: Sequence[float]
+    side: PrefillSide,
+    arrivals: Arrivals,
+    rate: float,
+    prefills: int,
+    quantiles: Sequence[float],
+    decode: StepInProgress | None = None,
 ) -> PrefillPrediction | None:
-    """One of `prefills` prefills sharing `rate` requests/s; None above MAX_UTILISATION."""
+    """One of `prefills` prefills sharing `rate` requests/s, its requests' first tokens
+    waiting for `decode`'s step under way; None above MAX_UTILISATION."""
     unit_times, inputs = arrivals.of(prefills)
-    served = serve(side, [t * 1000.0 / rate for t in unit_times], inputs)
+    waits = step_waits(decode, arrivals.draws(prefills))
+    served = serve(side, [t * 1000.0 / rate for t in unit_times], inputs, waits)
     if served.utilisation > MAX_UTILISATION:
         return None
     ttft = sorted(served.ttft_ms)
@@ -137,11 +172,19 @@ def predict_prefill(
 
 
 def replay(
-    side: PrefillSide, at_ms: Sequence[float], inputs: Sequence[int], prefills: int
+    side: PrefillSide,
+    at_ms: Sequence[float],
+    inputs: Sequence[int],
+    prefills: int,
+    decode: StepInProgress | None = None,
+    seed: str = "replay",
 ) -> list[float]:
     """TTFTs of a given arrival sequence dealt round-robin to `prefills` prefills: the model
-    on one run's own arrivals, apart from how typical those arrivals were."""
+    on one run's own arrivals, apart from how typical those arrivals were (the decode step
+    under way is still drawn, from `seed`)."""
+    waits = step_waits(decode, wait_draws(len(at_ms), f"{SEED}:{seed}"))
     out: list[float] = []
     for p in range(prefills):
-        out += serve(side, at_ms[p::prefills], inputs[p::prefills]).ttft_ms
+        mine = None if waits is None else waits[p::prefills]
+        out += serve(side, at_ms[p::prefills], inputs[p::prefills], mine).ttft_ms
     return out

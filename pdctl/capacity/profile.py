@@ -86,14 +86,13 @@ class Deployed:
         return self.decode.tuning.cuda_graph_bs or None
 
     def site(self, gpus_per_host: int | None) -> Site:
-        """The snippet's host shape and first ports, the profile's (hosts: names its hosts)."""
+        """The snippet's host shape, first ports and NUMA map: the profile's."""
         layout = layout_instances("", "", self.profile.layout, self.profile)
         hardware = self.profile.hardware
         return Site(
             gpus_per_host or hardware.gpu_count,
             min(i.port for i in layout),
             min(i.bootstrap_port for i in layout if i.bootstrap_port is not None),
-            tuple(self.profile.hosts),
             hardware.numa_gpus,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,14 +20,13 @@ NUMA_NODES = 2  # per host, GPUs split evenly between them (the reference host's
 
 @dataclass(frozen=True)
 class Site:
-    """Where the snippet puts engines: GPUs per host, the first engine and bootstrap ports,
-    host names for `host:` (else host1, host2, …) and each NUMA node's GPUs (else the GPUs
-    split evenly over NUMA_NODES); `--profile` gives its own."""
+    """Where the snippet puts engines: GPUs per host, the first engine and bootstrap ports and
+    each NUMA node's GPUs (else the GPUs split evenly over NUMA_NODES); `--profile` gives its
+    own."""
 
     gpus_per_host: int = 8
     first_port: int = FIRST_PORT
     first_bootstrap_port: int = FIRST_BOOTSTRAP_PORT
-    hosts: tuple[str, ...] = ()
     numa_gpus: dict[int, list[int]] | None = None
 
     def numa(self, gpu: int) -> int:
@@ -35,8 +35,48 @@ class Site:
                 return node
         return gpu // max(self.gpus_per_host // NUMA_NODES, 1)
 
-    def host(self, n: int) -> str:
-        return self.hosts[n] if n < len(self.hosts) else f"host{n + 1}"
+
+@dataclass(frozen=True)
+class HostLayout:
+    """A layout every [pd_hosts] host repeats: `prefills` and `decodes` per host on `hosts`
+    hosts. Profiles refuse groups across hosts (not supported yet), so this is what a snippet
+    can propose; it may hold more engines than the plan when the plan's counts do not tile
+    hosts."""
+
+    hosts: int
+    prefills: int
+    decodes: int
+
+    @staticmethod
+    def closest(option: Option, shape: Shape, gpus_per_host: int) -> HostLayout | None:
+        """The fewest GPUs (then hosts) holding at least the option's counts; None when one
+        prefill and one decode do not fit a host."""
+        gp, gd = shape.gpus_per_prefill, shape.gpus_per_decode
+        np_, nd = option.prefill_instances, option.decode_instances
+        found: list[tuple[int, int, HostLayout]] = []
+        for p in range(1, (gpus_per_host - gd) // gp + 1):
+            for d in range(1, (gpus_per_host - p * gp) // gd + 1):
+                hosts = max(math.ceil(np_ / p), math.ceil(nd / d))
+                found.append((hosts * (p * gp + d * gd), hosts, HostLayout(hosts, p, d)))
+        return min(found, key=lambda f: f[:2])[2] if found else None
+
+    def gpus(self, shape: Shape) -> int:
+        return self.hosts * (
+            self.prefills * shape.gpus_per_prefill + self.decodes * shape.gpus_per_decode
+        )
+
+    def note(self, option: Option, shape: Shape) -> str | None:
+        """What differs from the option, if anything."""
+        np_, nd = option.prefill_instances, option.decode_instances
+        total_p, total_d = self.hosts * self.prefills, self.hosts * self.decodes
+        if (total_p, total_d) == (np_, nd):
+            return None
+        gpus = np_ * shape.gpus_per_prefill + nd * shape.gpus_per_decode
+        return (
+            f"the layout runs {total_p} prefill + {total_d} decode on {self.hosts} hosts "
+            f"({self.gpus(shape)} GPUs) for the recommended {np_} + {nd} ({gpus} GPUs): those "
+            "counts need a group across hosts, which profiles do not support yet"
+        )
 
 
 def _member(gpus: list[int], site: Site, port: int, bootstrap: int | None) -> str:
@@ -45,43 +85,39 @@ def _member(gpus: list[int], site: Site, port: int, bootstrap: int | None) -> st
 
 
 def layout_snippet(option: Option, shape: Shape, site: Site) -> str:
-    """`layout:` for a profile. Equal counts that tile hosts evenly become host-local pairs
-    (repeated on every [pd_hosts] host); anything else one xPyD group, its members placed on
-    hosts in order (`host:` names to replace with the inventory's)."""
-    np_, nd = option.prefill_instances, option.decode_instances
+    """`layout:` for a profile, repeated on every [pd_hosts] host (HostLayout): host-local
+    pairs when a host holds as many prefills as decodes, else one xPyD group per host."""
     gp, gd = shape.gpus_per_prefill, shape.gpus_per_decode
     per_host, port0, boot0 = site.gpus_per_host, site.first_port, site.first_bootstrap_port
-    per_pair_host = per_host // (gp + gd)
-    if np_ == nd and per_pair_host and (np_ <= per_pair_host or np_ % per_pair_host == 0):
-        on_host = min(np_, per_pair_host)
-        hosts = np_ // on_host
-        lines = [f"layout:  # on {hosts} [pd_hosts] host{'s' if hosts > 1 else ''}", "  pairs:"]
-        for i in range(on_host):
+    found = HostLayout.closest(option, shape, per_host)
+    if found is None:
+        return (
+            f"# a prefill ({gp} GPUs) and a decode ({gd} GPUs) do not fit one {per_host}-GPU "
+            "host: no host-local layout holds them, and profiles do not support groups across "
+            "hosts yet"
+        )
+    hosts = f"on {found.hosts} [pd_hosts] host{'s' if found.hosts > 1 else ''}"
+    lines = [f"# {note}" for note in [found.note(option, shape)] if note]
+    if found.prefills == found.decodes:
+        lines += [f"layout:  # {hosts}", "  pairs:"]
+        for i in range(found.prefills):
             base = i * (gp + gd)
             prefill = _member(list(range(base, base + gp)), site, port0 + 2 * i, boot0 + i)
             decode = _member(list(range(base + gp, base + gp + gd)), site, port0 + 2 * i + 1, None)
             lines += [f"    - name: pd{i}", f"      prefill: {prefill}", f"      decode: {decode}"]
         return "\n".join(lines)
-    placed: dict[str, list[tuple[int, str]]] = {"prefill": [], "decode": []}
-    host, used, port, boot = 0, 0, port0, boot0
-    for role, gpus in [("prefill", gp)] * np_ + [("decode", gd)] * nd:
-        if used + gpus > per_host:
-            host, used, port, boot = host + 1, 0, port0, boot0
-        member = _member(list(range(used, used + gpus)), site, port,
-                         boot if role == "prefill" else None)  # fmt: skip
-        placed[role].append((host, member))
-        used, port, boot = used + gpus, port + 1, boot + (role == "prefill")
-    spans = host > 0
-    lines = [
-        "layout:",
-        "  groups:",
-        f"    - name: g0{'' if spans else '  # on every [pd_hosts] host'}",
-    ]
-    for role, members in placed.items():
-        lines.append(f"      {role}:")
-        for h, member in members:
-            where = f"host: {site.host(h)}, " if spans else ""
-            lines.append(f"        - {{{where}{member[1:]}")
+    lines += [f"layout:  # {hosts}", "  groups:", "    - name: g0", "      prefill:"]
+    used = 0
+    for i in range(found.prefills):
+        lines.append(
+            f"        - {_member(list(range(used, used + gp)), site, port0 + i, boot0 + i)}"
+        )
+        used += gp
+    lines.append("      decode:")
+    for i in range(found.decodes):
+        port = port0 + found.prefills + i
+        lines.append(f"        - {_member(list(range(used, used + gd)), site, port, None)}")
+        used += gd
     return "\n".join(lines)
 
 
@@ -180,5 +216,8 @@ def render(plan: Plan, layout: str, targets: Targets, console: Console) -> None:
         console.print(f"Buckets: {text}")
     for w in plan.warnings:
         console.print(f"[yellow]Warning:[/yellow] {w}")
-    console.print("Profile layout (edit gpus, ports and host names to your hosts):")
+    console.print(
+        "Profile layout (every [pd_hosts] host runs it; edit gpus and ports to your hosts):",
+        markup=False,
+    )
     console.print(layout, markup=False, highlight=False, soft_wrap=True)

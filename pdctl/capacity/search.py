@@ -2,9 +2,12 @@
 meet the targets, a few larger layouts for headroom, the recommendation among them, and what
 finer buckets would change.
 
-Prefill and decode counts do not interact (a request's TTFT is the prefill's, its ITL the
-decode's), so each is the smallest count meeting its own targets; the GPU budget then
-filters the combinations.
+A request's ITL is its decode's alone; its TTFT is the prefill's queue and batch, the
+handoff, and the decode step under way when its KV lands. So the decode count is the smallest
+meeting the ITL targets whose steps still let a request that finds its prefill idle meet the
+TTFT targets, and the prefill count the smallest meeting the TTFT targets beside those
+decodes (the busiest considered). The GPU budget then filters the combinations; a layout's
+headroom grows the rate on both sides at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pdctl.capacity.laws import Laws
 from pdctl.capacity.model import (
     DecodeLaw,
     DecodePrediction,
+    StepInProgress,
     decode_cap,
     fine_buckets,
     predict_decode,
@@ -40,6 +44,7 @@ SGLANG_DEFAULT_BS = sorted({*SMALL_GRAPHS, *range(COARSE_STEP, 257, COARSE_STEP)
 MAX_INSTANCES = 10_000
 MAX_HEADROOM = 64.0  # rate multiples searched for headroom
 EXTRA = (0, 1)  # instances added to the fewest, per role, for the options with headroom
+IDLE_UTILISATION = 0.01  # prefills this idle that miss TTFT: more of them cannot help
 
 
 class NoOption(PdctlError):
@@ -151,9 +156,14 @@ class Plan:
 
 
 def _prefill_ok(
-    side: PrefillSide, arrivals: Arrivals, rate: float, prefills: int, targets: Targets
+    side: PrefillSide,
+    arrivals: Arrivals,
+    rate: float,
+    prefills: int,
+    targets: Targets,
+    decode: StepInProgress | None,
 ) -> PrefillPrediction | None:
-    pred = predict_prefill(side, arrivals, rate, prefills, list(targets.ttft_ms))
+    pred = predict_prefill(side, arrivals, rate, prefills, list(targets.ttft_ms), decode)
     if pred is None or any(pred.ttft_ms[q] > t for q, t in targets.ttft_ms.items()):
         return None
     return pred
@@ -170,7 +180,8 @@ def _decode_ok(
     return pred
 
 
-def fewest_prefills(side: PrefillSide, arrivals: Arrivals, load: Workload, targets: Targets) -> int:
+def check_ttft_reachable(side: PrefillSide, load: Workload, targets: Targets) -> None:
+    """A request alone (idle prefill and decode) must meet the TTFT targets."""
     alone = sorted(side.alone_ms(n) for n in load.inputs)
     for q, target in targets.ttft_ms.items():
         if (ms := sample_quantile(alone, q)) > target:
@@ -179,12 +190,35 @@ def fewest_prefills(side: PrefillSide, arrivals: Arrivals, load: Workload, targe
                 f"{ms:.1f} ms for the {Targets.label(q)} input with the handoff, "
                 f"{ms - target:.1f} ms over"
             )
+
+
+def fewest_prefills(
+    side: PrefillSide,
+    arrivals: Arrivals,
+    load: Workload,
+    targets: Targets,
+    decode: StepInProgress | None = None,
+) -> int:
+    """The fewest prefills meeting the TTFT targets, their first tokens waiting for
+    `decode`'s step under way (check_ttft_reachable has passed). Prefills that are almost
+    idle and still miss say so: more of them cannot help."""
     # busy prefills if every batch were full (the per-batch cost spread thin): a lower bound
     mean_in = sum(load.inputs) / len(load.inputs)
     per_request = side.law.b_ms * mean_in + side.law.a_ms * mean_in / max(side.chunk_tokens, 1)
     for n in range(max(1, math.ceil(load.rate * per_request / 1000.0)), MAX_INSTANCES + 1):
-        if _prefill_ok(side, arrivals, load.rate, n, targets) is not None:
+        pred = predict_prefill(side, arrivals, load.rate, n, list(targets.ttft_ms), decode)
+        if pred is None:
+            continue
+        missed = [(q, t) for q, t in targets.ttft_ms.items() if pred.ttft_ms[q] > t]
+        if not missed:
             return n
+        if pred.utilisation < IDLE_UTILISATION:
+            q, t = missed[0]
+            raise NoOption(
+                f"no option meets TTFT {Targets.label(q)} {t:g} ms: {n} prefills, each "
+                f"{100 * pred.utilisation:.1f} % busy, still give {pred.ttft_ms[q]:.1f} ms "
+                "(the prefill, the handoff and the decode step under way)"
+            )
     raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} prefills")
 
 
@@ -241,8 +275,7 @@ def finer_than(law: DecodeLaw, buckets: Buckets, itl_ms: float, kv_cap: int | No
 
 
 def _growth(meets: Callable[[float], bool]) -> float:
-    """How much the rate may grow (as a share) while `meets(rate factor)` holds. The two
-    sides do not interact, so a layout's headroom is the smaller of theirs."""
+    """How much the rate may grow (as a share) while `meets(rate factor)` holds."""
     lo, hi = 1.0, 2.0
     while meets(hi) and hi < MAX_HEADROOM:
         lo, hi = hi, 2 * hi
@@ -254,22 +287,59 @@ def _growth(meets: Callable[[float], bool]) -> float:
     return lo - 1.0
 
 
-def _prefill_growth(
-    side: PrefillSide, arrivals: Arrivals, np_: int, load: Workload, targets: Targets
-) -> float:
-    def meets(f: float) -> bool:
-        return _prefill_ok(side, arrivals, f * load.rate, np_, targets) is not None
+@dataclass(frozen=True)
+class Layout:
+    """What one layout's prediction needs besides its counts."""
 
-    return _growth(meets)
+    law: DecodeLaw
+    buckets: Buckets
+    side: PrefillSide
+    arrivals: Arrivals
+    load: Workload
+    targets: Targets
 
+    def decode(self, nd: int, factor: float = 1.0) -> DecodePrediction | None:
+        rate = factor * self.load.rate / nd
+        return _decode_ok(self.law, self.buckets, rate, self.load.mean_output, self.targets)
 
-def _decode_growth(
-    law: DecodeLaw, buckets: Buckets, nd: int, load: Workload, targets: Targets
-) -> float:
-    def meets(f: float) -> bool:
-        return _decode_ok(law, buckets, f * load.rate / nd, load.mean_output, targets) is not None
+    def step(self, decode: DecodePrediction) -> StepInProgress:
+        return StepInProgress.of(self.law, self.buckets.sizes, decode.mean_running)
 
-    return _growth(meets)
+    def prefill(
+        self, np_: int, decode: DecodePrediction, factor: float = 1.0
+    ) -> PrefillPrediction | None:
+        rate = factor * self.load.rate
+        return _prefill_ok(self.side, self.arrivals, rate, np_, self.targets, self.step(decode))
+
+    def unqueued_ttft(self, decode: DecodePrediction) -> dict[float, float]:
+        """TTFT quantiles of requests that find their prefill idle, beside `decode`'s steps
+        under way: no prefill count goes below them."""
+        lengths = self.arrivals.of(1)[1]
+        waits = self.step(decode).waits_ms(self.arrivals.draws(1))
+        ttft = sorted(self.side.alone_ms(n) + w for n, w in zip(lengths, waits, strict=True))
+        return {q: sample_quantile(ttft, q) for q in self.targets.ttft_ms}
+
+    def fewest_decodes(self) -> tuple[int, DecodePrediction]:
+        """The fewest decodes meeting the ITL targets whose steps under way still let first
+        tokens meet the TTFT targets (a busy decode delays every first token)."""
+        for nd in range(fewest_decodes(self.law, self.buckets, self.load, self.targets),
+                        MAX_INSTANCES + 1):  # fmt: skip
+            dec = self.decode(nd)
+            if dec is None:
+                continue
+            floor = self.unqueued_ttft(dec)
+            if all(floor[q] <= t for q, t in self.targets.ttft_ms.items()):
+                return nd, dec
+        raise NoOption(f"TTFT targets need more than {MAX_INSTANCES} decodes")
+
+    def growth(self, np_: int, nd: int) -> float:
+        """Both sides at once: a busier decode also delays first tokens (its step under way)."""
+
+        def meets(f: float) -> bool:
+            dec = self.decode(nd, f)
+            return dec is not None and self.prefill(np_, dec, f) is not None
+
+        return _growth(meets)
 
 
 def plan(
@@ -283,7 +353,7 @@ def plan(
     itl_ms = min(targets.itl_ms.values())
     side = PrefillSide(laws.prefill, engines.chunk_tokens, engines.handoff)
     arrivals = Arrivals(load.inputs, engines.policy)
-    n_prefill = fewest_prefills(side, arrivals, load, targets)
+    check_ttft_reachable(side, load, targets)
     options: list[Option] = []
     fewest: list[tuple[int, int, int]] = []  # (gpus, prefills, decodes) before the budget
     kv_cap = engines.kv_cap(load)
@@ -294,11 +364,11 @@ def plan(
             f"{math.ceil(load.mean_input + load.mean_output)} tokens (input + output)"
         )
     choices = bucket_choices(laws.decode, given_buckets, itl_ms, kv_cap)
-    prefill_room = {
-        n: _prefill_growth(side, arrivals, n, load, targets) for n in (n_prefill + e for e in EXTRA)
-    }
     for buckets in choices:
-        n_decode = fewest_decodes(laws.decode, buckets, load, targets)
+        layout = Layout(laws.decode, buckets, side, arrivals, load, targets)
+        n_decode, fewest_decode = layout.fewest_decodes()
+        # the prefills the fewest decodes need (their steps delay first tokens the most)
+        n_prefill = fewest_prefills(side, arrivals, load, targets, layout.step(fewest_decode))
         for extra_p in EXTRA:
             for extra_d in EXTRA:
                 np_, nd = n_prefill + extra_p, n_decode + extra_d
@@ -306,14 +376,12 @@ def plan(
                 fewest.append((gpus, np_, nd))
                 if shape.gpu_budget is not None and gpus > shape.gpu_budget:
                     continue
-                pre = _prefill_ok(side, arrivals, load.rate, np_, targets)
-                dec = _decode_ok(laws.decode, buckets, load.rate / nd, load.mean_output, targets)
+                dec = layout.decode(nd)
+                pre = None if dec is None else layout.prefill(np_, dec)
                 if pre is None or dec is None:  # a sampled queue need not shrink monotonically
                     continue
-                room = min(
-                    prefill_room[np_], _decode_growth(laws.decode, buckets, nd, load, targets)
-                )
                 out = load.rate * load.mean_output
+                room = layout.growth(np_, nd)
                 options.append(Option(np_, nd, buckets, pre, dec, gpus, out, room))
     if not options:
         gpus, np_, nd = min(fewest)

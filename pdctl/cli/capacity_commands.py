@@ -162,13 +162,14 @@ def _targets(values: dict[float, float | None]) -> dict[float, float]:
 )  # fmt: skip
 @click.option(
     "--kv-bytes-per-token", type=click.IntRange(min=1),
-    help="KV bytes per prompt token moved to the decode (default with --kv-link-gb-s: from "
-    "the profile, model.kv_bytes_per_token).",
+    help="KV bytes per prompt token on one decode GPU, which each TP rank receives in "
+    "parallel (default with --kv-link-gb-s: from the profile, model.kv_bytes_per_token).",
 )  # fmt: skip
 @click.option(
     "--kv-link-gb-s",
     type=click.FloatRange(min=0, min_open=True),
-    help="KV transfer bandwidth between prefill and decode, GB/s.",
+    help="KV transfer bandwidth of one TP rank's path from prefill to decode, GB/s (ranks "
+    "that share one link: its bandwidth / TP size).",
 )
 @click.option(
     "--gateway-policy", type=click.Choice(["round_robin", "random"]), default="round_robin",

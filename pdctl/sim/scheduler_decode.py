@@ -1,8 +1,16 @@
 """A decode server's scheduler (SGLang's SchedulerDisaggregationDecodeMixin).
 
 Queues: `prealloc` (waiting for KV pool space), `transfer` (waiting for the prefill's KV) and
-`retracted`, besides `running`. It allocates as SGLang's DecodePreallocQueue does: the prompt
-at admission, then one slot per token as it decodes. Admission keeps
+`retracted`, besides `running`. A request whose KV has landed stays in `transfer` (as `arrived`)
+until the scheduler's next iteration polls it, as SGLang 0.5.23's
+`event_loop_normal/overlap_disagg_decode` do: `process_decode_queue` moves transferred requests
+to the waiting queue once per iteration (not at all while retracted requests wait), then
+`get_next_disagg_decode_batch_to_run` streams the prefill's first token
+(`process_batch_result_prebuilt`) and merges them into the running batch before the next step.
+So a first token whose KV lands during a decode step waits for that step to end.
+
+It allocates as SGLang's DecodePreallocQueue does: the prompt at admission, then one slot per
+token as it decodes. Admission keeps
 `--num-reserved-decode-tokens` of headroom per active request and counts the running
 requests' KV as retractable, so a decode can admit more than its pool holds at full length.
 When the next step does not fit, it retracts as `Scheduler.update_running_batch` /
@@ -42,6 +50,8 @@ class DecodeScheduler(Scheduler):
         super().__init__(cfg, metrics, log)
         self.prealloc: deque[Req] = deque()
         self.transfer: set[Req] = set()
+        # In `transfer` with their KV landed, for the scheduler's next iteration to take.
+        self.arrived: list[Req] = []
         # Retracted under KV pressure, KV backed up to host, waiting to resume.
         self.retracted: list[Req] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -92,13 +102,24 @@ class DecodeScheduler(Scheduler):
         self.transfer.add(req)
 
     def start_decoding(self, req: Req) -> None:
-        """The KV arrived; the prefill's first token goes out now."""
-        self.transfer.discard(req)
-        req.admitted = self.clock.now()  # enters the decode waiting queue
-        self._emit(req, req.text.next())
-        if not req.done:
-            self.running.append(req)
-            self._wake.set()
+        """The KV arrived: the scheduler's next iteration takes the request (_take_arrived)."""
+        self.arrived.append(req)
+        self._wake.set()
+
+    def _take_arrived(self) -> None:
+        """process_decode_queue's pop_transferred, then the prebuilt batch: each request
+        enters the waiting queue, its first token (the prefill's) goes out and it joins the
+        running batch."""
+        arrived, self.arrived = self.arrived, []
+        now = self.clock.now()
+        for req in arrived:
+            if req.done:
+                continue
+            self.transfer.discard(req)
+            req.admitted = now  # enters the decode waiting queue
+            self._emit(req, req.text.next())
+            if not req.done:
+                self.running.append(req)
 
     # ----- what differs from the unified server --------------------------------------
     def disagg_queues(self) -> DisaggQueues:
@@ -125,6 +146,8 @@ class DecodeScheduler(Scheduler):
         self.transfer.discard(req)
         if req in self.retracted:
             self.retracted.remove(req)
+        if req in self.arrived:
+            self.arrived.remove(req)
         # Space or a running slot may free up once its KV is released; a cancelled waiter
         # must leave too (the waiters run after _finish).
         self._prealloc_changed.set()
@@ -151,7 +174,11 @@ class DecodeScheduler(Scheduler):
 
     # ----- retraction ----------------------------------------------------------------
     def _before_decode(self) -> None:
+        """process_decode_queue: resume retracted requests; while some still wait, leave the
+        transferred ones where they are."""
         self._resume_retracted()
+        if not self.retracted:
+            self._take_arrived()
 
     def _resume_retracted(self) -> None:
         """resume_retracted_reqs: in queue order, while the request's KV plus headroom fits;

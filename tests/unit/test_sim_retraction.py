@@ -146,6 +146,7 @@ async def steps_after_the_retraction(offset: int, excess: int) -> int | None:
         engine.pool.try_reserve(prompt)
         req.reserved = prompt
         engine.start_decoding(req)
+        engine._before_decode()  # the scheduler's next iteration takes it into the batch
 
     join("first")
     for _ in range(offset):
