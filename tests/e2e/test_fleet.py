@@ -612,10 +612,12 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
                 "restart", "--both", "--pair", f"{second.name}/pd1", "--yes", timeout=600,
             )  # fmt: skip
             wait_for(
-                lambda: (h := lease(second)) and h["pid"] != held["pid"],
+                lambda: other.done() or ((h := lease(second)) and h["pid"] != held["pid"]),
                 60,
                 "the controller's lock",
             )
+            # A controller restart that ended before anyone saw it hold the lock failed early.
+            assert not other.done(), other.result().stdout[-3000:] + other.result().stderr[-3000:]
             first.ssh(f"kill -CONT {held['pid']}", check=True)
             out, err = paused.communicate(timeout=300)
             took = other.result()

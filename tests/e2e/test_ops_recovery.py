@@ -85,7 +85,10 @@ def test_healthy_after_converge(ops_site: Site) -> None:
     s = status(ops_site.host)
     assert s["healthy"], s
     assert {i["active"] for i in s["instances"]} == {"active"}
-    assert all(i["gateway"]["status"] == "ready" for i in s["instances"])
+    # Every instance is held ready at every gateway (status JSON: its worker per gateway URL).
+    held = [w for i in s["instances"] for w in i["gateways"].values()]
+    assert len(held) == len(s["instances"]) * len(s["gateways"]) >= len(s["instances"]), s
+    assert all(w is not None and w["status"] == "ready" for w in held), s
 
 
 def test_lone_decode_restart_is_degraded_until_restart_both(ops_site: Site) -> None:
