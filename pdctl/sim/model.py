@@ -111,11 +111,13 @@ class GPUTimeline:
     def idle(self) -> None:
         self._end = None
 
-    async def forward(self, sim_seconds: float) -> None:
+    async def forward(self, sim_seconds: float) -> float:
+        """Run a forward; the simulated time it ended at."""
         now = self.clock.now()
         start = now if self._end is None else max(self._end, now - MAX_LAG_S)
-        self._end = start + sim_seconds
-        await self.clock.sleep(self._end - now)
+        end = self._end = start + sim_seconds
+        await self.clock.sleep(end - now)
+        return end
 
 
 class KVPool:

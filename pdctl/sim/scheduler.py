@@ -290,7 +290,7 @@ class Scheduler:
         step_ms, graph = self.steps.decode_step_ms(n)
         if not graph and self.cfg.knobs.eager_oom:
             self._crash_oom(n)
-        await self.gpu.forward(step_ms / 1000)
+        ended = await self.gpu.forward(step_ms / 1000)
         now = self.clock.now()
         tokens = 0
         for req in self.running:
@@ -312,7 +312,7 @@ class Scheduler:
         m.rank_inc(m.cuda_graph_passes, mode="decode_cuda_graph" if graph else "decode_none")
         m.sched_inc(m.realtime_tokens, tokens, mode="decode")
         if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
-            self._log_decode(n, graph)
+            self._log_decode(n, graph, ended)
 
     def _step_tokens(self) -> int:
         """Tokens one request gains this step: 1, or with speculative decoding the accept
@@ -333,8 +333,11 @@ class Scheduler:
         drafted = forward_ct * (draft - 1)
         return tokens / forward_ct, (tokens - forward_ct) / drafted if drafted else 0.0
 
-    def _log_decode(self, n: int, graph: bool) -> None:
-        now = self.clock.now()
+    def _log_decode(self, n: int, graph: bool, now: float) -> None:
+        """`now`: when the step's forward ended. SGLang takes the line's time once the step's
+        results are in, which on the modelled host is when the forward ends, not when this
+        process wakes up on a loaded test machine (a late wake-up would move tokens between
+        lines' windows and skew both lines' throughput)."""
         tokens = self._tokens_since_log
         self.last_gen_throughput = tokens / max(now - self._last_decode_log, 1e-9)
         self._tokens_since_log = 0
