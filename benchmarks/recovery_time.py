@@ -120,6 +120,12 @@ class Fleet:
                 return sum(phases.get(p, 0.0) for p in STARTUP_PHASES)
         return None
 
+    def finished_startup_s(self, pair: str, since: float) -> float:
+        """startup_s once the restart or recovery has written its record (a recovery
+        registers the pair, so it serves, just before it does)."""
+        got = wait(lambda: self.startup_s(pair, since), 60, f"the record of {pair}'s restart")
+        return round(got, 1)
+
 
 def load_fleet(inventory: Path, profile: Path, api_key: str) -> Fleet:
     dep = load_deployment(inventory, profile)
@@ -237,9 +243,8 @@ def kill_and_time(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
     )
     row.recovered_s.append(round(served - t_kill, 1))
     row.load.append(loadavg())
-    startup = fleet.startup_s(pair, wall)
-    if startup is not None:
-        row.startup_s.append(round(startup, 1))
+    startup = fleet.finished_startup_s(pair, wall)
+    row.startup_s.append(startup)
     print(f"  {row.fault}: kill -9 {pair} decode -> serving {served - t_kill:.1f}s "
           f"(its start-up {startup}s), load {row.load[-1]}", flush=True)  # fmt: skip
     time.sleep(SETTLE_S)
@@ -260,10 +265,9 @@ def startup(fleet: Fleet, pair: str, n: int) -> Row:
         r = fleet.pdctl("restart", "--both", "--pair", pair, "--yes")
         if r.returncode:
             raise SystemExit(f"pdctl restart --both --pair {pair} failed: {r.stderr[-2000:]}")
-        s = fleet.startup_s(pair, wall)
-        row.startup_s.append(round(s or 0.0, 1))
+        row.startup_s.append(fleet.finished_startup_s(pair, wall))
         row.load.append(loadavg())
-        print(f"  startup: {pair} {s:.1f}s, load {row.load[-1]}", flush=True)
+        print(f"  startup: {pair} {row.startup_s[-1]}s, load {row.load[-1]}", flush=True)
     return row
 
 
@@ -311,9 +315,7 @@ def no_quorum(fleet: Fleet, pair: str, clients: int) -> Row:
         time.sleep(SETTLE_S)
         row.per_kill_failed.append(watch.failed_since(before))
         row.load.append(loadavg())
-        startup = fleet.startup_s(pair, wall)
-        if startup is not None:
-            row.startup_s.append(round(startup, 1))
+        row.startup_s.append(fleet.finished_startup_s(pair, wall))
         row.note = "serving again: from the links back up (quorum back)"
         print(f"  no quorum: quorum back -> {pair} serving {served - back:.1f}s, "
               f"load {row.load[-1]}", flush=True)  # fmt: skip
