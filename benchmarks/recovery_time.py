@@ -277,90 +277,97 @@ def cut(fleet: Fleet, hosts: list[str], up: bool) -> None:
         subprocess.run(["ip", "link", "set", f"vb-{h}", "up" if up else "down"], check=True)
 
 
-def no_quorum(fleet: Fleet, pair: str, clients: int) -> Row:
-    host1, host2, host3 = fleet.hosts[:3]
+def no_quorum(fleet: Fleet, pair: str, n: int, clients: int) -> Row:
     row = Row("no quorum (hosts 1 and 3 cut off)")
-    name = pair.split("/")[1]
-    prefill = names.engine_unit(name, "prefill")
-    urls = set(fleet.pairs[pair])
+    row.note = "serving again: from the links back up (quorum back)"
     with under_load(fleet, row, clients) as watch:
-        before = len(watch.outcomes)
-        cut(fleet, [host1, host3], up=False)
-        try:
-            other = next(p for p in fleet.pairs if p.startswith(f"{host2}/") and p != pair)
-            refused = fleet.pdctl("restart", "--both", "--pair", other, "--yes", timeout=120)
-            if refused.returncode != 5:
-                raise SystemExit(f"a restart without quorum exited {refused.returncode}, not 5")
-            fleet.kill_decode(pair)
-            wait(
-                lambda: (
-                    fleet.ssh_ok(host2, f"systemctl is-active {prefill} || true").strip()
-                    == "inactive"
-                    and not urls & {w.url for w in fleet.gateway2.workers()}
-                ),
-                90,
-                f"{pair} contained (out of gateway 2, its prefill stopped)",
-            )
-            row.load.append(loadavg())
-            print(f"  no quorum: {pair} contained, load {row.load[-1]}", flush=True)
-        finally:
-            cut(fleet, [host1, host3], up=True)
-        back, wall = time.monotonic(), time.time()
-        served = wait(
-            lambda: watch.served_again(pair, back),
-            RECOVERY_TIMEOUT_S,
-            f"{pair} serving again after quorum is back",
-        )
-        row.recovered_s.append(round(served - back, 1))
-        time.sleep(SETTLE_S)
-        row.per_kill_failed.append(watch.failed_since(before))
-        row.load.append(loadavg())
-        row.startup_s.append(fleet.finished_startup_s(pair, wall))
-        row.note = "serving again: from the links back up (quorum back)"
-        print(f"  no quorum: quorum back -> {pair} serving {served - back:.1f}s, "
-              f"load {row.load[-1]}", flush=True)  # fmt: skip
+        for _ in range(n):
+            no_quorum_once(fleet, watch, pair, row)
     return row
 
 
-def paused_holder(fleet: Fleet, clients: int) -> Row:
+def no_quorum_once(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
+    """Hosts 1 and 3 cut off: a restart refuses; the pair's decode killed on host 2 is
+    contained; hosts back: until the pair serves again."""
+    host1, host2, host3 = fleet.hosts[:3]
+    prefill = names.engine_unit(pair.split("/")[1], "prefill")
+    urls = set(fleet.pairs[pair])
+    before = len(watch.outcomes)
+    cut(fleet, [host1, host3], up=False)
+    try:
+        other = next(p for p in fleet.pairs if p.startswith(f"{host2}/") and p != pair)
+        refused = fleet.pdctl("restart", "--both", "--pair", other, "--yes", timeout=120)
+        if refused.returncode != 5:
+            raise SystemExit(f"a restart without quorum exited {refused.returncode}, not 5")
+        fleet.kill_decode(pair)
+        wait(
+            lambda: (
+                fleet.ssh_ok(host2, f"systemctl is-active {prefill} || true").strip() == "inactive"
+                and not urls & {w.url for w in fleet.gateway2.workers()}
+            ),
+            90,
+            f"{pair} contained (out of gateway 2, its prefill stopped)",
+        )
+    finally:
+        cut(fleet, [host1, host3], up=True)
+    back, wall = time.monotonic(), time.time()
+    served = wait(
+        lambda: watch.served_again(pair, back),
+        RECOVERY_TIMEOUT_S,
+        f"{pair} serving again after quorum is back",
+    )
+    row.recovered_s.append(round(served - back, 1))
+    row.load.append(loadavg())
+    row.startup_s.append(fleet.finished_startup_s(pair, wall))
+    time.sleep(SETTLE_S)
+    row.per_kill_failed.append(watch.failed_since(before))
+    print(f"  no quorum: contained; quorum back -> {pair} serving {served - back:.1f}s, "
+          f"load {row.load[-1]}", flush=True)  # fmt: skip
+
+
+def paused_holder(fleet: Fleet, n: int, clients: int) -> Row:
+    row = Row("lock holder paused past the ttl (SIGSTOP)")
+    row.note = "the paused restart, resumed, stopped before its next step (exit 1)"
+    with under_load(fleet, row, clients):
+        for _ in range(n):
+            paused_holder_once(fleet)
+            row.load.append(loadavg())
+            print(f"  paused holder: lock taken over, paused one stopped, load {row.load[-1]}")
+    return row
+
+
+def paused_holder_once(fleet: Fleet) -> None:
+    """A restart on host 1 paused (SIGSTOP) once it holds the lock, past the ttl; the
+    controller's restart takes the lock; the paused one, resumed meanwhile, must stop (exit 1).
+    Then its pair, left out of the gateways, is restarted back."""
     host1, host2 = fleet.hosts[:2]
     paused_pair, other_pair = f"{host1}/pd1", f"{host2}/pd1"
-    row = Row("lock holder paused past the ttl (SIGSTOP)")
     cmd = f"{names.VENV}/bin/pdctl restart --both --pair {paused_pair} --yes"
     argv = ["ssh", "-F", str(fleet.ssh_config), "-o", "BatchMode=yes", host1, cmd]
-    with under_load(fleet, row, clients):
-        paused = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        held = wait(
-            lambda: fleet.holder(lambda h: h.host == host1),
-            60,
-            "host 1's restart to take the lock",
-        )
-        fleet.ssh_ok(host1, f"kill -STOP {held.pid}")
-        try:
-            wait(lambda: not fleet.holder(), fleet.lock_ttl_s + 30, "the paused lease to end")
-            with ThreadPoolExecutor(1) as pool:
-                took = pool.submit(fleet.pdctl, "restart", "--both", "--pair", other_pair, "--yes")
-                wait(
-                    lambda: fleet.holder(lambda h: h.pid != held.pid),
-                    60,
-                    "the controller's restart to take the lock",
-                )
-        finally:
-            fleet.ssh_ok(host1, f"kill -CONT {held.pid}")
-            _, err = paused.communicate(timeout=300)
-        if took.result().returncode or paused.returncode != 1:
-            raise SystemExit(
-                f"expected the controller's restart ok and the paused one exit 1: "
-                f"{took.result().returncode}, {paused.returncode}: {err[-1000:]}"
+    paused = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    held = wait(lambda: fleet.holder(lambda h: h.host == host1), 60, "host 1's restart's lock")
+    fleet.ssh_ok(host1, f"kill -STOP {held.pid}")
+    try:
+        wait(lambda: not fleet.holder(), fleet.lock_ttl_s + 30, "the paused lease to end")
+        with ThreadPoolExecutor(1) as pool:
+            took = pool.submit(fleet.pdctl, "restart", "--both", "--pair", other_pair, "--yes")
+            wait(
+                lambda: fleet.holder(lambda h: h.pid != held.pid),
+                60,
+                "the controller's restart to take the lock",
             )
-        row.load.append(loadavg())
-        back = fleet.pdctl("restart", "--both", "--pair", paused_pair, "--yes")
-        if back.returncode:
-            raise SystemExit(f"restoring {paused_pair} failed: {back.stderr[-2000:]}")
-        row.load.append(loadavg())
-    row.note = "paused restart resumed: stopped before its next step (exit 1); pair restored"
-    print(f"  paused holder: done, load {row.load[-1]}", flush=True)
-    return row
+            fleet.ssh_ok(host1, f"kill -CONT {held.pid}")
+            out, err = paused.communicate(timeout=300)
+    finally:
+        fleet.ssh(host1, f"kill -CONT {held.pid}")
+    if took.result().returncode or paused.returncode != 1:
+        raise SystemExit(
+            f"expected the controller's restart ok (exit {took.result().returncode}) and the "
+            f"paused one to stop (exit {paused.returncode}): {(out + err)[-1000:]}"
+        )
+    back = fleet.pdctl("restart", "--both", "--pair", paused_pair, "--yes")
+    if back.returncode:
+        raise SystemExit(f"restoring {paused_pair} failed: {back.stderr[-2000:]}")
 
 
 def host_1_lost(fleet: Fleet) -> None:
@@ -386,7 +393,9 @@ def main() -> None:
     ap.add_argument("-p", "--profile", type=Path, required=True)
     ap.add_argument("--api-key-file", type=Path, required=True)
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"some of {','.join(FAULTS)}")
-    ap.add_argument("--kills", type=int, default=3, help="kills (and idle restarts) per fault")
+    ap.add_argument(
+        "--kills", type=int, default=3, help="runs of each fault (kills, idle restarts)"
+    )
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -407,9 +416,9 @@ def main() -> None:
         elif f == "all-up":
             rows.append(kills(fleet, Row("kill -9, all hosts up"), targets, a.kills, a.clients))
         elif f == "no-quorum":
-            rows.append(no_quorum(fleet, f"{host2}/pd0", a.clients))
+            rows.append(no_quorum(fleet, f"{host2}/pd0", a.kills, a.clients))
         elif f == "paused-holder":
-            rows.append(paused_holder(fleet, a.clients))
+            rows.append(paused_holder(fleet, a.kills, a.clients))
         else:
             host_1_lost(fleet)
             row = Row("kill -9, host 1 powered off")
