@@ -168,7 +168,7 @@ class Row:
 
         return {
             "fault": self.fault,
-            "runs": max(len(self.recovered_s), len(self.startup_s)),
+            "runs": len(self.load),  # each run notes the load average once
             "serving_again_s_min_median_max": spread(self.recovered_s),
             "pair_startup_s_min_median_max": spread(self.startup_s),
             "requests": self.requests,
