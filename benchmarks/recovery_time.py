@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from fleet_roll import ROOT, Capacity, sample
@@ -79,6 +80,9 @@ class Fleet:
         if r.returncode:
             raise SystemExit(f"{host}: `{cmd}` failed (exit {r.returncode}): {r.stderr.strip()}")
         return r.stdout
+
+    def reaches(self, host: str) -> bool:
+        return self.ssh(host, "true").returncode == 0
 
     def pdctl(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         """`pdctl ARGS -i INVENTORY -p PROFILE` on the controller (hosts over ssh -F)."""
@@ -272,9 +276,12 @@ def startup(fleet: Fleet, pair: str, n: int) -> Row:
 
 
 def cut(fleet: Fleet, hosts: list[str], up: bool) -> None:
-    """The hosts' links to the fleet's bridge (test fleets: vb-HOST) down, or up again."""
+    """The hosts' links to the fleet's bridge (test fleets: vb-HOST) down, or up again; back
+    up, until ssh reaches each (a neighbour entry that failed meanwhile takes a while)."""
     for h in hosts:
         subprocess.run(["ip", "link", "set", f"vb-{h}", "up" if up else "down"], check=True)
+    for h in hosts if up else ():
+        wait(partial(fleet.reaches, h), 60, f"{h} back on the bridge")
 
 
 def no_quorum(fleet: Fleet, pairs: list[str], n: int, clients: int) -> Row:
