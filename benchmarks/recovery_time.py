@@ -48,6 +48,7 @@ from pdctl.coord.lock import Holder, RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops.gateway import GatewayAdmin, GatewayError
 from pdctl.ops.source import controller_topology
+from pdctl.ops.systemd import SSH
 from pdctl.spec import load_deployment
 from pdctl.testing.stack import Outcome, T, constant_load, wait_until
 
@@ -71,9 +72,13 @@ class Fleet:
     store: Store
     lock_ttl_s: float
 
+    def ssh_argv(self, host: str, cmd: str) -> list[str]:
+        return [*SSH, "-F", str(self.ssh_config), host, cmd]
+
     def ssh(self, host: str, cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        argv = ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", host, cmd]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.ssh_argv(host, cmd), capture_output=True, text=True, timeout=timeout
+        )
 
     def ssh_ok(self, host: str, cmd: str) -> str:
         r = self.ssh(host, cmd)
@@ -350,7 +355,7 @@ def paused_holder_once(fleet: Fleet) -> None:
     host1, host2 = fleet.hosts[:2]
     paused_pair, other_pair = f"{host1}/pd1", f"{host2}/pd1"
     cmd = f"{names.VENV}/bin/pdctl restart --both --pair {paused_pair} --yes"
-    argv = ["ssh", "-F", str(fleet.ssh_config), "-o", "BatchMode=yes", host1, cmd]
+    argv = fleet.ssh_argv(host1, cmd)
     paused = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     held = wait(lambda: fleet.holder(lambda h: h.host == host1), 60, "host 1's restart's lock")
     fleet.ssh_ok(host1, f"kill -STOP {held.pid}")
