@@ -10,15 +10,17 @@ powers host 1 off for good (`testhost down`), so run it on a fleet of its own. I
 - `all-up`: a decode killed (`kill -9` of its MainPID) --kills times, pairs of hosts 2 and 3.
 - `no-quorum`: hosts 1 and 3 cut off: a restart must refuse (exit 5); a decode killed on
   host 2 has its pair contained (out of gateway 2, prefill stopped); then the hosts are put
-  back and the pair must serve again within a minute.
+  back: the time until the pair serves again (goal: within a minute). --kills times.
 - `paused-holder`: a restart on host 1 paused with SIGSTOP past the lock's ttl; the
   controller's restart takes the lock; the paused one, resumed, must stop (exit 1); then its
-  pair is restarted back.
+  pair is restarted back. --kills times.
 - `host-1-lost`: host 1 (an etcd member, gateway 1, monitoring) powered off, then as all-up.
 Every fault runs under constant streaming load through gateway 2 (the one that survives them
 all), failures counted by pdctl's rule (pdctl/bench/stream.py); a sampler polls gateway 2's
 /workers (benchmarks/fleet_roll.py): a pair serves when both its engines are held healthy and
-ready there, which a recovery allows only after its canary.
+ready there, which a recovery allows only after its canary. `pdctl recover` restarts a pair
+at most 3 times an hour: with --kills 3, one run of every fault kills each pair of hosts 2 and
+3 at most 3 times; run it on a fresh fleet, or an hour after the last.
 
     .venv/bin/python benchmarks/recovery_time.py -i deploy/testhost/state/pdfleet/inventory.ini \\
         -p deploy/profiles/sim-fleet.yml --api-key-file deploy/testhost/state/demo-api-key
