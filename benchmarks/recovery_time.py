@@ -243,23 +243,29 @@ def wait(pred: Callable[[], T | None], timeout: float, what: str) -> T:
     return wait_until(pred, timeout, what, step=0.25)
 
 
+def time_recovery(
+    fleet: Fleet, watch: Watch, row: Row, pair: str, since: tuple[float, float], before: int
+) -> None:
+    """Until the pair serves again after `since` (monotonic, wall); the row gets the time, the
+    load, the recovery's start-up and, once settled, the failures from request `before` on."""
+    served = wait(
+        lambda: watch.served_again(pair, since[0]),
+        RECOVERY_TIMEOUT_S,
+        f"{pair} serving again at gateway 2",
+    )
+    row.recovered_s.append(round(served - since[0], 1))
+    row.load.append(loadavg())
+    row.startup_s.append(fleet.finished_startup_s(pair, since[1]))
+    time.sleep(SETTLE_S)
+    row.per_kill_failed.append(watch.failed_since(before))
+    print(f"  {row.fault}: {pair} serving {row.recovered_s[-1]}s (its start-up "
+          f"{row.startup_s[-1]}s), load {row.load[-1]}", flush=True)  # fmt: skip
+
+
 def kill_and_time(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
     """One kill -9 of the pair's decode under the running load, until it serves again."""
     before = len(watch.outcomes)
-    t_kill, wall = fleet.kill_decode(pair)
-    served = wait(
-        lambda: watch.served_again(pair, t_kill),
-        RECOVERY_TIMEOUT_S,
-        f"{pair} serving again at gateway 2 after kill -9 of its decode",
-    )
-    row.recovered_s.append(round(served - t_kill, 1))
-    row.load.append(loadavg())
-    startup = fleet.finished_startup_s(pair, wall)
-    row.startup_s.append(startup)
-    print(f"  {row.fault}: kill -9 {pair} decode -> serving {served - t_kill:.1f}s "
-          f"(its start-up {startup}s), load {row.load[-1]}", flush=True)  # fmt: skip
-    time.sleep(SETTLE_S)
-    row.per_kill_failed.append(watch.failed_since(before))
+    time_recovery(fleet, watch, row, pair, fleet.kill_decode(pair), before)
 
 
 def kills(fleet: Fleet, row: Row, targets: list[str], n: int, clients: int) -> Row:
@@ -292,7 +298,7 @@ def cut(fleet: Fleet, hosts: list[str], up: bool) -> None:
 
 
 def no_quorum(fleet: Fleet, pairs: list[str], n: int, clients: int) -> Row:
-    row = Row("no quorum (hosts 1 and 3 cut off)")
+    row = Row("no quorum (hosts 1 and 3 cut off), from quorum back")
     row.note = "serving again: from the links back up (quorum back)"
     with under_load(fleet, row, clients) as watch:
         for i in range(n):
@@ -324,19 +330,7 @@ def no_quorum_once(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
         )
     finally:
         cut(fleet, [host1, host3], up=True)
-    back, wall = time.monotonic(), time.time()
-    served = wait(
-        lambda: watch.served_again(pair, back),
-        RECOVERY_TIMEOUT_S,
-        f"{pair} serving again after quorum is back",
-    )
-    row.recovered_s.append(round(served - back, 1))
-    row.load.append(loadavg())
-    row.startup_s.append(fleet.finished_startup_s(pair, wall))
-    time.sleep(SETTLE_S)
-    row.per_kill_failed.append(watch.failed_since(before))
-    print(f"  no quorum: contained; quorum back -> {pair} serving {served - back:.1f}s, "
-          f"load {row.load[-1]}", flush=True)  # fmt: skip
+    time_recovery(fleet, watch, row, pair, (time.monotonic(), time.time()), before)
 
 
 def paused_holder(fleet: Fleet, n: int, clients: int) -> Row:
