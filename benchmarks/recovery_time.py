@@ -329,8 +329,9 @@ def no_quorum_once(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
             f"{pair} contained (out of gateway 2, its prefill stopped)",
         )
     finally:
+        back = time.monotonic(), time.time()  # the links up: quorum back (not when ssh is)
         cut(fleet, [host1, host3], up=True)
-    time_recovery(fleet, watch, row, pair, (time.monotonic(), time.time()), before)
+    time_recovery(fleet, watch, row, pair, back, before)
 
 
 def paused_holder(fleet: Fleet, n: int, clients: int) -> Row:
