@@ -318,7 +318,10 @@ def no_quorum_once(fleet: Fleet, watch: Watch, pair: str, row: Row) -> None:
         other = next(p for p in fleet.pairs if p.startswith(f"{host2}/") and p != pair)
         refused = fleet.pdctl("restart", "--both", "--pair", other, "--yes", timeout=120)
         if refused.returncode != 5:
-            raise SystemExit(f"a restart without quorum exited {refused.returncode}, not 5")
+            raise SystemExit(
+                f"a restart without quorum exited {refused.returncode}, not 5: "
+                f"{refused.stderr.strip()[-500:]}"
+            )
         fleet.kill_decode(pair)
         wait(
             lambda: (
