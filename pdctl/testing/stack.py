@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import requests
@@ -30,6 +31,7 @@ from pdctl.sim.logs import configure
 from pdctl.sim.server import SimServer, running
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 # Ports handed out lie below Linux's ephemeral range (ip_local_port_range, 32768-60999 by
@@ -71,12 +73,13 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {start}-{start + PORT_SLICE - 1}")
 
 
-def wait_until(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+def wait_until(pred: Callable[[], T | None], timeout: float, what: str, step: float = 0.1) -> T:
+    """pred()'s first true value, polled every `step` s for up to `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(requests.RequestException):
-            if pred():
-                return
+            if got := pred():
+                return got
         time.sleep(step)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
