@@ -27,10 +27,12 @@ def _gpu(title: str, description: str, unit: str, expr: str) -> Panel:
 
 
 def variables(cfg: Config) -> list[QueryVariable]:
-    # Node exporter runs on every host of the deployment, pd-exporter on the engine hosts.
+    # The hosts with GPUs are pd-exporter's (the engine hosts); node exporter runs there too,
+    # and on gateway and monitoring hosts, which have no GPUs to show.
     memory = f'pdstack_gpu_memory_total_bytes{{{cfg.selectors.exporter}, host=~"$host"}}'
+    hosts = series("up", cfg.selectors.exporter)
     return [
-        query_variable("host", "Host", f"label_values({series('up', cfg.selectors.node)}, host)"),
+        query_variable("host", "Host", f"label_values({hosts}, host)"),
         query_variable("gpu_role", "GPU role", f"label_values({memory}, role)"),
         query_variable("numa_node", "NUMA node", f"label_values({memory}, numa_node)"),
     ]
