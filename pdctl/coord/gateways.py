@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from pdctl.coord.store import Store, StoreUnavailable
+from pdctl.coord.store import Entry, Store, StoreUnavailable
 
 PREFIX = "gateways/"
 
@@ -26,10 +27,18 @@ class GatewayKey(BaseModel):
     since: float  # the host's time.time() when its heartbeat started
 
 
-def alive(store: Store) -> dict[str, GatewayKey]:
-    """The gateways that hold their key now, by inventory host."""
+class Keys(Protocol):
+    """What `alive` reads (Store; tests hand in fakes)."""
+
+    def list(self, prefix: str, *, serializable: bool = False) -> list[Entry]: ...
+
+
+def alive(store: Keys) -> dict[str, GatewayKey]:
+    """The gateways that hold their key now, by inventory host. A serializable read: any
+    member answers it from its own copy, without a leader (a lease does not expire without
+    one either, so a store without quorum says every key is still held)."""
     out = {}
-    for e in store.list(PREFIX):
+    for e in store.list(PREFIX, serializable=True):
         try:
             k = GatewayKey.model_validate_json(e.value)
         except ValidationError:

@@ -198,10 +198,24 @@ class Store:
         return body
 
     def list(
-        self, prefix: str, limit: int = 0, newest_first: bool = False, keys_only: bool = False
+        self,
+        prefix: str,
+        limit: int = 0,
+        newest_first: bool = False,
+        keys_only: bool = False,
+        serializable: bool = False,
     ) -> list[Entry]:
-        """The keys under `prefix`, in key order (or the reverse), at most `limit` (0: all)."""
-        body = self._range(prefix, True, limit=limit, sort_target="KEY", keys_only=keys_only)
+        """The keys under `prefix`, in key order (or the reverse), at most `limit` (0: all).
+        `serializable`: from the answering member's own copy, without asking the leader (it
+        may lag by what the member has not applied yet; it answers without quorum)."""
+        body = self._range(
+            prefix,
+            True,
+            limit=limit,
+            sort_target="KEY",
+            keys_only=keys_only,
+            serializable=serializable,
+        )
         body["sort_order"] = "DESCEND" if newest_first else "ASCEND"
         res = self._call("read", lambda c: c.post(c.get_url("/kv/range"), json=body))
         return [self._entry(kv) for kv in res.get("kvs", [])]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from pdctl.coord.gateways import Keys as GatewayKeys
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops.gateway import Gateway, GatewayAdmin, api_key
@@ -45,9 +46,10 @@ class Ops:
     timeouts: Timeouts = field(default_factory=Timeouts)
     verify_canaries: int = CANARIES_VERIFY  # requests per leg after a restart's first canary
     say: Callable[[str], None] = to_stderr  # progress lines (stderr, so --format json stays clean)
-    # The coordination store (topology.coord) and the fleet restart lock in it; None:
-    # restarts take only this host's lock.
-    store: Store | None = None
+    # The coordination store (topology.coord): the gateways' liveness keys (a restart goes
+    # on without a gateway that is gone), and the fleet restart lock in it; None: restarts
+    # take only this host's lock, and every gateway must answer.
+    store: GatewayKeys | None = None
     fleet_lock: RestartLock | None = None
     engines: Engines = field(default_factory=HttpEngines)  # /health, /metrics, in flight
     canaries: Canaries = field(default_factory=HttpCanaries)

@@ -103,6 +103,7 @@ class Gateway(Protocol):
 
     def workers(self) -> list[GatewayWorker]: ...
     def readiness(self) -> tuple[bool, str]: ...
+    def reachable(self, connect_s: float) -> bool: ...
     def canary(self) -> CanaryResult: ...
     def remove(self, urls: Iterable[str]) -> None: ...
     def register(self, regs: Iterable[Registration], prune: bool = False) -> dict[str, str]: ...
@@ -164,6 +165,17 @@ class GatewayAdmin:
     def readiness(self) -> tuple[bool, str]:
         r = self._call("GET", "/readiness")
         return r.status_code == 200, r.text.strip()[:200]
+
+    def reachable(self, connect_s: float) -> bool:
+        """Whether anything answers at the gateway's address, given `connect_s` to connect: a
+        listener that then answers slowly, or with an error, is there all the same."""
+        try:
+            requests.get(f"{self.url}/readiness", timeout=(connect_s, self.timeout))
+        except requests.ConnectionError:  # refused, no route, connect timeout
+            return False
+        except requests.RequestException:  # connected: it is there
+            return True
+        return True
 
     def canary(self) -> CanaryResult:
         """One request through the gateway, to whichever pair it picks."""

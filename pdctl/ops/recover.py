@@ -32,7 +32,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
 from pdctl.ops.report import Report
-from pdctl.ops.restart import outcome, restart_pair, stop_pair
+from pdctl.ops.restart import Reach, outcome, restart_pair, stop_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)
@@ -205,9 +205,9 @@ def _notify_status(line: str) -> None:
 
 class _Containment:
     """While a recovery waits for the fleet lock, the broken pair is taken out of every
-    gateway that answers and its live side is stopped, once: no request is routed into a
-    half pair for as long as the wait lasts. Not while the lock's holder is restarting this
-    very pair (its own restart is bringing it back)."""
+    gateway that answers (but those gone: restart.Reach) and its live side is stopped, once:
+    no request is routed into a half pair for as long as the wait lasts. Not while the
+    lock's holder is restarting this very pair (its own restart is bringing it back)."""
 
     def __init__(self, ops: Ops, pair: Pair) -> None:
         self.ops, self.pair, self.done = ops, pair, False
@@ -219,7 +219,7 @@ class _Containment:
         self.done = True
         ops, pair = self.ops, self.pair
         urls = [i.url for i in pair.instances]
-        for gw in ops.gateways:
+        for gw in Reach(ops, pair).gateways():
             try:
                 gw.remove(urls)
             except PdctlError as e:

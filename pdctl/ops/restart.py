@@ -160,23 +160,83 @@ def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
     ]
 
 
-def _gone(ops: Ops, silent: list[str]) -> list[str]:
-    """Those of the `silent` gateways (URLs: no answer at all) whose host holds no liveness
-    key in etcd. None without a store, or when etcd cannot tell: they then block as before."""
-    if not silent or ops.store is None:
-        return []
-    try:
-        keys = liveness.alive(ops.store)
-    except PdctlError:
-        return []
-    host_of = {g.url: g.host for g in ops.source.topology.gateways}
-    return [u for u in silent if host_of.get(u) not in keys]
+# A gateway whose host holds no liveness key gets one connection attempt this short: a
+# powered-off host then costs a restart this once, not the admin API's connect timeout (5 s)
+# at each of its steps.
+GONE_CONNECT_S = 1.0
 
 
-def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway.Gateway]:
-    """The gateways that answer. Required: every one must, or StepFailed names those that
-    do not (before anything changes); else the others are skipped with a line saying so (a
-    gateway that comes back registers every pair itself, ExecStartPost=)."""
+class Reach:
+    """The gateways one pair's restart (or a recovery's containment) contacts.
+
+    Before the first contact the gateways' liveness keys are read once (pdctl.coord.gateways,
+    one range read). A gateway whose host holds no key and that takes no connection within
+    GONE_CONNECT_S is gone (its host lost or powered off, or its gateway stopped): it is named
+    once and not contacted again in this restart. One that stops answering later is gone as
+    well once its key has expired. A gateway whose host holds its key blocks the restart when
+    it does not answer (it may still serve clients), and so does every one without a store or
+    while etcd cannot tell. Each pair's restart reads the keys afresh: in a roll, a gateway
+    that came back is drained like the others."""
+
+    def __init__(self, ops: Ops, pair: Pair) -> None:
+        self.ops, self.pair = ops, pair
+        self.gone: set[str] | None = None  # URLs; None: the keys are not read yet
+        topo = ops.source.topology.gateways
+        self.host = {gw.url: g.host for g, gw in zip(topo, ops.gateways, strict=True)}
+
+    def gateways(self) -> list[gateway.Gateway]:
+        """Every gateway but those gone."""
+        if self.gone is None:
+            self.gone = set()
+            without = self._keyless()
+            keyless = {gw.url: gw for gw in self.ops.gateways if gw.url in without}
+            there = concurrently(
+                {u: partial(gw.reachable, GONE_CONNECT_S) for u, gw in keyless.items()}
+            )
+            for url in (u for u, ok in there.items() if ok):
+                self.ops.say(
+                    f"  {self.pair.id}: WARNING: gateway {url} answers, but its host holds no "
+                    f"key in etcd: is pdstack-gateway-lease running on {self.host[url]}?"
+                )
+            self._forget([u for u, ok in there.items() if not ok])
+        return [gw for gw in self.ops.gateways if gw.url not in self.gone]
+
+    def silent(self, urls: list[str]) -> list[str]:
+        """Of `urls` (gateways that took no connection), those gone now; remembered."""
+        keyless = self._keyless() if urls else set()
+        gone = [u for u in urls if u in keyless]
+        self._forget(gone)
+        return gone
+
+    def _keyless(self) -> set[str]:
+        """The gateways (URLs) whose host holds no key; none without a store, or when etcd
+        cannot tell."""
+        if self.ops.store is None:
+            return set()
+        try:
+            keys = liveness.alive(self.ops.store)
+        except PdctlError:
+            return set()
+        return {url for url, host in self.host.items() if host not in keys}
+
+    def _forget(self, urls: list[str]) -> None:
+        assert self.gone is not None
+        for url in urls:
+            if url in self.gone:
+                continue
+            self.gone.add(url)
+            self.ops.say(
+                f"  {self.pair.id}: WARNING: gateway {url} is gone (no key of its host in etcd: "
+                f"{self.host[url]} is lost or its gateway stopped, and it takes no connection); "
+                "going on without it for this restart (it registers every pair when it comes "
+                "back)"
+            )
+
+
+def _reachable(reach: Reach, phase: str, required: bool) -> list[gateway.Gateway]:
+    """The gateways that answer, of those not gone. Required: every one must, or StepFailed
+    names those that do not (before anything changes); else the others are skipped with a
+    line saying so (a gateway that comes back registers every pair itself, ExecStartPost=)."""
 
     silent: list[str] = []
 
@@ -190,26 +250,20 @@ def _reachable(ops: Ops, pair: Pair, phase: str, required: bool) -> list[gateway
         except gateway.GatewayError as e:
             return str(e)
 
-    errors = concurrently({gw.url: partial(answers, gw) for gw in ops.gateways})
-    gone = _gone(ops, silent)
-    for url in gone:
-        ops.say(
-            f"  {pair.id}: WARNING: gateway {url} is gone (no key of its host in etcd: lost, "
-            "or its gateway stopped); going on without it (it registers every pair when it "
-            "comes back)"
-        )
+    errors = concurrently({gw.url: partial(answers, gw) for gw in reach.gateways()})
+    gone = reach.silent(silent)
     down = [e for u, e in errors.items() if e is not None and u not in gone]
     if down and required:
         stopped = "; nothing was stopped" if phase == "drain" else ""
         raise StepFailed(phase, "; ".join(down) + stopped)
     for e in down:
-        ops.say(f"  {pair.id}: cannot {phase} ({e}); going on")
-    return [gw for gw in ops.gateways if errors[gw.url] is None and gw.url not in gone]
+        reach.ops.say(f"  {reach.pair.id}: cannot {phase} ({e}); going on")
+    return [gw for gw in reach.gateways() if errors[gw.url] is None]
 
 
-def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:
-    """Add both engines to every gateway, bound to each other, and wait until each routes
-    to them."""
+def register_pair(ops: Ops, pair: Pair, required: bool = True, reach: Reach | None = None) -> None:
+    """Add both engines to every gateway (but those `reach` found gone), bound to each
+    other, and wait until each routes to them."""
     urls = [i.url for i in pair.instances]
     t = ops.timeouts.register
 
@@ -225,7 +279,7 @@ def register_pair(ops: Ops, pair: Pair, required: bool = True) -> None:
                 "register", f"gateway {gw.url} did not mark both ready within {t:.0f}s"
             )
 
-    gws = _reachable(ops, pair, "register", required)
+    gws = _reachable(reach or Reach(ops, pair), "register", required)
     concurrently({gw.url: partial(register, gw) for gw in gws})
 
 
@@ -264,13 +318,13 @@ def register_gateways(
     return list(done.values())
 
 
-def _drain(ops: Ops, pair: Pair, required: bool) -> None:
+def _drain(ops: Ops, pair: Pair, required: bool, reach: Reach) -> None:
     urls = [i.url for i in pair.instances]
     deadline = time.monotonic() + ops.timeouts.drain
     try:
         # Every gateway must answer before any stops routing: a gateway left out would keep
         # sending requests to engines about to stop.
-        gws = _reachable(ops, pair, "drain", required)
+        gws = _reachable(reach, "drain", required)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
@@ -359,14 +413,15 @@ def restart_pair(
     sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
+    reach = Reach(ops, pair)
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("drain", lambda: _drain(ops, pair, drain_required)),
+        ("drain", lambda: _drain(ops, pair, drain_required, reach)),
         ("stop", lambda: stop_pair(sd, pair)),
         ("start", lambda: _start(sd, pair)),
         ("health", lambda: _wait_healthy(ops, sd, pair)),
         ("canary", lambda: _first_canary(ops, pair)),
         ("verify", lambda: _verify(ops, pair)),
-        ("register", lambda: register_pair(ops, pair, drain_required)),
+        ("register", lambda: register_pair(ops, pair, drain_required, reach)),
     ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
     phase = steps[0][0]

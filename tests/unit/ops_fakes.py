@@ -9,7 +9,9 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdctl.coord import gateways as liveness
 from pdctl.coord.lock import Holder
+from pdctl.coord.store import Entry, StoreUnavailable
 from pdctl.ops import gateway
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayWorker
@@ -133,6 +135,10 @@ class FakeGateway:
             raise gateway.GatewayError("connection refused")
         return True, "ready"
 
+    def reachable(self, connect_s: float) -> bool:
+        self.calls.append(f"reachable {connect_s:g}s")
+        return True
+
     def canary(self) -> CanaryResult:
         return OK
 
@@ -154,6 +160,54 @@ class Listing(FakeGateway):
 class Unreachable(FakeGateway):
     def workers(self) -> list[GatewayWorker]:
         raise gateway.GatewayError(f"gateway {self.url}: ConnectionError: refused")
+
+
+class Silent(FakeGateway):
+    """Takes no connection (its host is powered off): every call is recorded in `calls`, then
+    fails as GatewayAdmin's do."""
+
+    def _none(self, what: str) -> gateway.GatewayUnreachable:
+        self.calls.append(what)
+        return gateway.GatewayUnreachable(f"gateway {self.url}: ConnectTimeout: timed out")
+
+    def workers(self) -> list[GatewayWorker]:
+        raise self._none("workers")
+
+    def remove(self, urls: Iterable[str]) -> None:
+        raise self._none("remove")
+
+    def readiness(self) -> tuple[bool, str]:
+        raise self._none("readiness")
+
+    def reachable(self, connect_s: float) -> bool:
+        self.calls.append(f"reachable {connect_s:g}s")
+        return False
+
+
+class FakeKeys:
+    """The gateways' liveness keys in etcd (pdctl.coord.gateways.Keys): held by the hosts in
+    `held`, or by `then` from the second read on; StoreUnavailable when `down`."""
+
+    def __init__(self, held: Iterable[str], then: Iterable[str] | None = None, down: bool = False):
+        self.held, self.then, self.down = set(held), then, down
+        self.reads = 0
+
+    def list(self, prefix: str, *, serializable: bool = False) -> list[Entry]:
+        assert prefix == liveness.PREFIX and serializable
+        self.reads += 1
+        if self.down:
+            raise StoreUnavailable("cannot read: etcd has no quorum: 1 of 3 members answer")
+        hosts = self.held if self.reads == 1 or self.then is None else set(self.then)
+        return [
+            Entry(
+                liveness.PREFIX + h,
+                liveness.GatewayKey(host=h, url="http://x", since=0).model_dump_json().encode(),
+                1,
+                1,
+                7,
+            )
+            for h in sorted(hosts)
+        ]
 
 
 def _ok(url: str) -> EngineProbe:

@@ -12,6 +12,7 @@ import pytest
 
 from pdctl.ops import gateway
 from pdctl.ops.gateway import GatewayWorker
+from pdctl.testing.stack import free_port
 
 
 def test_register_waits_until_drained_entries_are_gone_or_bound_again() -> None:
@@ -116,3 +117,12 @@ def test_gateway_listing_that_is_not_smgs(
         gateway.GatewayAdmin(gw.url).workers()
     assert "GET /workers answered 200 but not smg's worker list" in str(e.value)
     assert why in str(e.value)
+
+
+def test_reachable_is_any_answer_and_no_connection_is_none(
+    fake_http: Callable[..., Any],
+) -> None:
+    failing = fake_http({"*": (503, b"starting")})
+    assert gateway.GatewayAdmin(failing.url).reachable(1.0)  # an error is an answer
+    assert failing.seen == [("GET", "/readiness")]
+    assert not gateway.GatewayAdmin(f"http://127.0.0.1:{free_port()}").reachable(1.0)
