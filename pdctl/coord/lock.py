@@ -98,7 +98,9 @@ class RestartLock:
         except StoreUnavailable:
             self._revoke(lease)
             raise
-        if ok:
+        # Under our own lease: the transaction was committed, but its answer lost (etcd says
+        # "request timed out" when it cannot tell), and Store retried it at another member.
+        if ok or (entry is not None and entry.lease == lease):
             return Grant(lease)
         self._revoke(lease)
         if entry is None:  # released between the two reads: the caller tries again

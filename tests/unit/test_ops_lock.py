@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.coord.lock import RestartLock
+from pdctl.coord.store import Entry, Store
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
+from pdctl.topology import TopologyCoord
 
 
 def test_lock_refusal_names_the_holder_and_is_released(tmp_path: Path) -> None:
@@ -82,3 +85,24 @@ def test_lock_holder_is_read_without_taking_the_lock(tmp_path: Path) -> None:
     assert lock.holder(path) is None
     path.write_text(f"{os.getpid()} pdctl restart --both --all\n")  # alive, but no flock
     assert lock.holder(path) is None
+
+
+class _AnswerLost(Store):
+    """Every write transaction is committed, then sent again: the first answer was lost (etcd
+    says "request timed out" when it cannot tell whether it committed), and Store._call tries
+    the next member, which finds the key the first attempt made."""
+
+    def create(self, key: str, value: bytes, lease: int) -> tuple[bool, Entry | None]:
+        super().create(key, value, lease)
+        return super().create(key, value, lease)
+
+
+def test_a_lock_taken_whose_answer_was_lost_is_ours_not_another_holders(
+    etcd_coord: TopologyCoord,
+) -> None:
+    fleet = RestartLock(_AnswerLost(etcd_coord), 30)
+    with lock.fleet_held(fleet, "pdctl restart --both --pair a/pd0", say=lambda _l: None):
+        held = fleet.holder()  # held, and still under this restart's lease: not revoked
+        assert held is not None and held.pid == os.getpid()
+        assert held.what == "pdctl restart --both --pair a/pd0"
+    assert fleet.holder() is None
