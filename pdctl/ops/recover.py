@@ -203,7 +203,7 @@ def _notify_status(line: str) -> None:
         s.sendto(f"STATUS={line}".encode(), addr)
 
 
-class _Containment:
+class Containment:
     """While a recovery waits for the fleet lock, the broken pair is taken out of every
     gateway that answers (but those gone: restart.Reach) and its live side is stopped, once:
     no request is routed into a half pair for as long as the wait lasts. Not while the
@@ -248,7 +248,7 @@ def recover(
 
     A restart holding the lock (an operator's roll, another pair's recovery) is waited for,
     bounded, and so is etcd when it cannot serve (no quorum): the crash still needs
-    recovering after it. While it waits the pair is contained (_Containment); after the
+    recovering after it. While it waits the pair is contained (Containment); after the
     bound it exits non-zero and systemd starts it again (Restart=on-failure)."""
     what = f"pdctl recover --pair {pair.id}"
     with lock.held(
@@ -259,7 +259,7 @@ def recover(
         ops.timeouts.poll,
         ops.fleet_lock,
         store_wait=True,
-        on_wait=_Containment(ops, pair),
+        on_wait=Containment(ops, pair),
     ) as got:
         _notify_status("recovering")
         if got.behind:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pdctl.ops import restart
 from pdctl.ops.context import Ops
-from pdctl.ops.recover import _Containment
+from pdctl.ops.recover import Containment
 from tests.unit.ops_fakes import FakeGateway, FakeKeys, FakeSystemd, Silent, fake_ops
 
 GONE = "http://gw2:8000"
@@ -108,7 +108,7 @@ def test_each_pairs_restart_reads_the_keys_afresh() -> None:
 def test_a_waiting_recovery_contains_its_pair_without_contacting_a_gone_gateway() -> None:
     keys, dead = FakeKeys({"node-a"}), Silent(GONE)
     ops, sd, first, said = _ops(keys, dead)
-    _Containment(ops, ops.source.pairs()[0])("etcd has no quorum")
+    Containment(ops, ops.source.pairs()[0])("etcd has no quorum")
     assert dead.calls == [f"reachable {restart.GONE_CONNECT_S:g}s"]
     assert first.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
     assert sd.jobs[0][0] == "stop" and len(_gone_lines(said)) == 1
