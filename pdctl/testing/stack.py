@@ -205,16 +205,16 @@ class SimProc:
         return self.log_path.read_text(errors="replace")
 
 
-CROSS_PAIR_METRIC = "pdsim_cross_pair_transfers_total"
+CROSS_GROUP_METRIC = "pdsim_cross_group_transfers_total"
 
 
 def partner_env(*prefills: SimProc) -> dict[str, str]:
-    """The knob that tells a decode its pair's prefill, or its group's prefills (cross-pair
+    """The knob that tells a decode its pair's prefill, or its group's prefills (cross-group
     accounting)."""
     return {"PDSIM_PAIR_PARTNER": ",".join(f"127.0.0.1:{p.bootstrap_port}" for p in prefills)}
 
 
-def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
+def cross_group_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
     """Per running decode (by URL), the KV transfers it took from another pair's prefill.
     The counter dies with the process: read it before a decode stops."""
     out: dict[str, float] = {}
@@ -223,11 +223,11 @@ def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
             continue
         text = requests.get(f"{sim.url}/metrics", timeout=5).text
         values = [
-            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_PAIR_METRIC)
+            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_GROUP_METRIC)
         ]
         if not values:
             raise RuntimeError(
-                f"{sim.url} exposes no {CROSS_PAIR_METRIC}: PDSIM_PAIR_PARTNER unset"
+                f"{sim.url} exposes no {CROSS_GROUP_METRIC}: PDSIM_PAIR_PARTNER unset"
             )
         out[sim.url] = sum(values)
     return out

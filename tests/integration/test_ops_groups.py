@@ -26,7 +26,7 @@ from pdctl.testing.stack import (
     Gateway,
     SimProc,
     constant_load,
-    cross_pair_transfers,
+    cross_group_transfers,
     partner_env,
     wait_until,
 )
@@ -93,7 +93,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
     stop = units.stop
 
     def stop_after_reading(*names: str) -> None:
-        snapshots.append(cross_pair_transfers(_decodes(units)))
+        snapshots.append(cross_group_transfers(_decodes(units)))
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
@@ -102,7 +102,7 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
         (rep,) = restart_pairs(ops, [g0])
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 30, 30, "load after the restart")
-    snapshots.append(cross_pair_transfers(_decodes(units)))
+    snapshots.append(cross_group_transfers(_decodes(units)))
     assert rep.ok, (rep.error, rep.journal)
     # The target took every member down and up (LocalUnits records the units it expands to).
     assert {(v, i.unit) for i in g0.instances for v in ("stop", "start")} <= set(units.jobs)
