@@ -56,11 +56,14 @@ class LocalPair:
 
 @dataclass
 class LocalGroup:
-    """A host-local xPyD group: its members are named g0-prefill0, g0-prefill1, ..."""
+    """An xPyD group: its members are named g0-prefill0, g0-prefill1, ... `across`: a group
+    whose members name their hosts (each on the pretend host of its address, host_of), once
+    in the fleet; else host-local."""
 
     name: str
     prefills: list[SimProc]
     decodes: list[SimProc]
+    across: bool = False
 
     def members(self) -> list[tuple[Role, int | None, SimProc]]:
         roles = ((Role.PREFILL, self.prefills), (Role.DECODE, self.decodes))
@@ -74,16 +77,27 @@ class LocalGroup:
 Local = LocalPair | LocalGroup
 
 
-class LocalUnits:
-    host = HOST
+def host_of(sim: SimProc) -> str:
+    """The pretend host an engine runs on: `local` on 127.0.0.1, else its loopback address
+    (127.0.0.2 plays a second host)."""
+    return HOST if sim.address == "127.0.0.1" else sim.address
 
-    def __init__(self, pairs: Sequence[Local]) -> None:
+
+class LocalUnits:
+    def __init__(self, pairs: Sequence[Local], host: str = HOST) -> None:
+        """The units of `host`: the members of `pairs` that run there."""
+        self.host = host
         self.procs: dict[str, SimProc] = {}
         self.targets: dict[str, list[str]] = {}
         for p in pairs:
-            units = {names.engine_unit(p.name, r.value, n): sim for r, n, sim in p.members()}
+            units = {
+                names.engine_unit(p.name, r.value, n): sim
+                for r, n, sim in p.members()
+                if host_of(sim) == host
+            }
             self.procs |= units
-            self.targets[p.target] = list(units)
+            if units:
+                self.targets[p.target] = list(units)
         self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
         # Stops a target's stop left running (PartOf=): a start of the unit waits for them.
         self.stopping: dict[str, threading.Thread] = {}
@@ -174,8 +188,8 @@ class LocalUnits:
 def _instances(p: Local) -> list[TopologyInstance]:
     return [
         TopologyInstance(
-            id=f"{HOST}/{names.instance_name(p.name, role.value, n)}",
-            host=HOST,
+            id=f"{host_of(sim)}/{names.instance_name(p.name, role.value, n)}",
+            host=host_of(sim),
             name=names.instance_name(p.name, role.value, n),
             pair=p.name,
             role=role,
@@ -228,7 +242,7 @@ def local_topology(
         ],
         groups=[
             TopologyGroup(
-                host=HOST,
+                host=None if p.across else HOST,
                 name=p.name,
                 target=p.target,
                 prefill=ids(p, Role.PREFILL),
@@ -248,10 +262,24 @@ def local_ops(
     others: Sequence[Gateway] = (),
     coord: TopologyCoord | None = None,
 ) -> tuple[Ops, LocalUnits]:
-    """Ops over local processes; with `coord` (a local etcd's, pdctl.testing.etcd) the
-    topology names it and restarts hold the fleet restart lock in it."""
-    units = LocalUnits(pairs)
-    systemd: Systemd = units
+    """Ops over local processes on the one pretend host `local`; with `coord` (a local etcd's,
+    pdctl.testing.etcd) the topology names it and restarts hold the fleet restart lock in it."""
+    ops, units = local_fleet_ops(pairs, gateway, timeouts, others, coord)
+    return ops, units[HOST]
+
+
+def local_fleet_ops(
+    pairs: Sequence[Local],
+    gateway: Gateway,
+    timeouts: Timeouts | None = None,
+    others: Sequence[Gateway] = (),
+    coord: TopologyCoord | None = None,
+) -> tuple[Ops, dict[str, LocalUnits]]:
+    """local_ops over the pretend hosts of the engines' addresses (host_of): each host's
+    units apart, as each host's systemd is."""
+    hosts = dict.fromkeys([HOST, *(host_of(sim) for p in pairs for _, _, sim in p.members())])
+    units = {h: LocalUnits(pairs, h) for h in hosts}
+    systemd: dict[str, Systemd] = dict(units)
     topo = local_topology(pairs, gateway, others)
     store = None
     if coord is not None:
@@ -259,7 +287,7 @@ def local_ops(
         store = Store(coord)
     ops = Ops(
         Source(topo, None),
-        lambda _host: systemd,
+        systemd.__getitem__,
         [GatewayAdmin(g.url) for g in (gateway, *others)],
         timeouts or Timeouts(health=60, canary=30),
         store=store,
