@@ -61,9 +61,9 @@ class PairStatus:
 
     @property
     def is_group(self) -> bool:
-        """More than one member of a role: shown and listed with its members (a 1P1D group is
-        a pair, as in the topology file)."""
-        return len(self.prefills) > 1 or len(self.decodes) > 1
+        """More than one member of a role, or across hosts (its id has no host): shown and
+        listed with its members (a host-local 1P1D group is a pair, as in the topology file)."""
+        return len(self.prefills) > 1 or len(self.decodes) > 1 or "/" not in self.id
 
     @property
     def shape(self) -> str:

@@ -7,9 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import io
+
 import pytest
+from rich.console import Console
 
 from pdctl import converge, names, render, topology
+from pdctl.cli import status_view
 from pdctl.exporter.targets import host_targets
 from pdctl.ops import restart
 from pdctl.ops.source import Source
@@ -146,6 +150,25 @@ def test_status_and_doctor_name_the_group_by_its_id(load: Load, shipped: Shipped
     assert [p.id for p in s.pairs] == ["node-1/pd0", "g1", "node-2/pd0", "node-3/pd0"]
     assert {i.pair_id for i in s.instances if i.instance.pair == "g1"} == {"g1"}
     assert {i.pair_id for i in s.instances if i.instance.host == "node-3"} == {"node-3/pd0", "g1"}
+
+
+def test_status_shows_the_group_once_with_its_members_under_their_hosts(
+    load: Load, shipped: Shipped
+) -> None:
+    dep = load(one_p_two_d(shipped("sim")), hosts=HOSTS)
+    ops = fake_ops(FakeSystemd(), FakeGateway(), t=topology.from_deployment(dep))
+    s = collect(ops, 1)
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    console.print(status_view.view(s))
+    lines = console.export_text().splitlines()
+    assert lines[0].endswith("3 pairs, 1 group on 3 hosts, 1 gateway")
+    assert max(len(line) for line in lines) <= 80
+    start = lines.index("across hosts")
+    assert lines[start + 1].startswith("  g1  group 1P2D")
+    assert [line.strip() for line in lines[start + 2 :] if line.startswith("    node")] == HOSTS
+    assert sum(line.lstrip().startswith("decode") for line in lines[start:]) == 2
+    (g1,) = [p for p in status_view.to_json(s)["pairs"] if "members" in p]
+    assert g1["members"]["decode"] == ("node-2/g1-decode0", "node-3/g1-decode1")
 
 
 def test_the_exporter_watches_the_group_once_under_its_id(load: Load, shipped: Shipped) -> None:
