@@ -173,6 +173,8 @@ def lease_command(gateway_host: str) -> list[str]:
 
 
 ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server
+
+
 # The member's TLS files stay root's (0600); the unit hands them to the etcd user with
 # LoadCredential=, under this directory, by these names (in the order etcd_args uses them).
 def peer_ssh_config() -> str:

@@ -57,8 +57,7 @@ def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> H
                 JournalTarget(inst.id, pair, inst.unit, journal_files.get(inst.name))
             )
     units = [(p.host, p.name, [p.prefill], [p.decode]) for p in topo.pairs] + [
-        (g.host or _first_host(g.prefill, by_id), g.name, g.prefill, g.decode)
-        for g in topo.groups
+        (g.host or _first_host(g.prefill, by_id), g.name, g.prefill, g.decode) for g in topo.groups
     ]
     for unit_host, name, prefill_ids, decode_ids in units:
         label = topo.pair_id(unit_host, name)

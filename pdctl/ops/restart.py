@@ -49,14 +49,15 @@ def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> l
     for n, p in enumerate(pairs, 1):
         kind, members = ("group", "all") if len(p.instances) > 2 else ("pair", "both")
         paths = "every prefill and decode" if kind == "group" else "this pair's PD path"
+        # Across hosts each host's stop returns once its own members are down.
+        down = "" if len(p.hosts) > 1 else f" (returns once {members} engines are down)"
         out += [
             f"{n}. {kind} {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
             f"   drain     remove {members} from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
             *(
                 f"   stop      systemctl stop {p.spec.target} {' '.join(i.unit for i in p.on(h))}"
-                f" on {h}" + ("" if len(p.hosts) > 1 else f" (returns once {members} engines "
-                              "are down)")  # fmt: skip
+                f" on {h}{down}"
                 for h in p.hosts
             ),
             f"   start     systemctl start {p.spec.target}"

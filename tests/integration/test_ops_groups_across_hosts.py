@@ -71,7 +71,7 @@ def test_the_group_restarts_on_all_its_hosts_under_load(
     assert {bound[i.url] for i in g1.instances} == {"g1"}
 
     snapshots: list[dict[str, float]] = []
-    for host, u in units.items():
+    for u in units.values():
         stop = u.stop
 
         def stop_after_reading(*names: str, stop: Callable[..., None] = stop) -> None:

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import io
 
 import pytest
 from rich.console import Console
@@ -31,21 +30,18 @@ def one_p_two_d(profile: dict[str, Any], **group: Any) -> dict[str, Any]:
     """The sim profile's pair on every host, and a 1P2D group g1 on a third pretend GPU of
     each: its prefill on node-1, a decode on node-2 and one on node-3."""
     profile["hardware"] |= {"gpu_count": 3, "numa_gpus": {0: [0, 1, 2]}}
-    profile["layout"]["groups"] = [
-        {
-            "name": "g1",
-            "allow_tcp_kv": True,
-            "prefill": [
-                {"host": "node-1", "numa_node": 0, "gpus": [2], "port": 30010,
-                 "bootstrap_port": 9010},
-            ],
-            "decode": [
-                {"host": "node-2", "numa_node": 0, "gpus": [2], "port": 30011},
-                {"host": "node-3", "numa_node": 0, "gpus": [2], "port": 30011},
-            ],
-        }  # fmt: skip
-        | group
-    ]
+    g1 = {
+        "name": "g1",
+        "allow_tcp_kv": True,
+        "prefill": [
+            {"host": "node-1", "numa_node": 0, "gpus": [2], "port": 30010, "bootstrap_port": 9010},
+        ],
+        "decode": [
+            {"host": "node-2", "numa_node": 0, "gpus": [2], "port": 30011},
+            {"host": "node-3", "numa_node": 0, "gpus": [2], "port": 30011},
+        ],
+    }
+    profile["layout"]["groups"] = [g1 | group]
     return profile
 
 
@@ -205,9 +201,9 @@ def test_no_peer_ssh_without_groups_across_hosts(
     write_deployment: Callable[..., Path], shipped: Shipped
 ) -> None:
     inventory = write_deployment(shipped("sim"), hosts=HOSTS)
-    assert filter_plugin().pdstack_deployment(str(inventory), "profile.yml")["peer_ssh"][
-        "hosts"
-    ] == []
+    assert (
+        filter_plugin().pdstack_deployment(str(inventory), "profile.yml")["peer_ssh"]["hosts"] == []
+    )
 
 
 def test_the_roll_restarts_a_group_across_hosts_once() -> None:
