@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from pdctl.ops.source import Source
 from pdctl.ops.status import collect
 from pdctl.spec import Deployment
 from tests.conftest import filter_plugin
+from tests.prometheus_role import templates
 from tests.unit.ops_fakes import FakeGateway, FakeSystemd, fake_ops
 
 Load = Callable[..., Deployment]
@@ -299,3 +301,13 @@ def test_other_misplaced_groups_are_refused(
         profile["hosts"] = {"node-3": {"layout": {"pairs": [pair | {"name": "g1"}]}}}
     with pytest.raises(Exception, match=expected):
         load(profile, hosts=HOSTS)
+
+
+def test_prometheus_labels_its_members_with_the_group_id(load: Load, shipped: Shipped) -> None:
+    """roles/pdstack_prometheus's file_sd: `pair` joins pd-exporter's pdstack_group_members
+    with the engines' `up` (PDGroupMembersDown), so members on every host carry `g1`."""
+    topo = topology.from_deployment(load(one_p_two_d(shipped("sim")), hosts=HOSTS))
+    text = templates().get_template("engines.json.j2").render(topology=topo.model_dump())
+    labels = {t["labels"]["engine"]: t["labels"]["pair"] for t in json.loads(text)}
+    assert labels["node-3/g1-decode1"] == labels["node-1/g1-prefill0"] == "g1"
+    assert labels["node-3/pd0-decode"] == "node-3/pd0"
