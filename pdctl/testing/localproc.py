@@ -10,8 +10,9 @@ own stop job is done first), and a start of a unit still stopping waits for that
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
 from pdctl.spec import Role
-from pdctl.testing.stack import Gateway, SimProc
+from pdctl.testing.stack import Gateway, SimProc, cross_group_transfers
 from pdctl.topology import (
     Topology,
     TopologyCoord,
@@ -294,3 +295,25 @@ def local_fleet_ops(
         fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )
     return ops, units
+
+
+@contextlib.contextmanager
+def transfers_read(units: Sequence[LocalUnits]) -> Iterator[list[dict[str, float]]]:
+    """Every decode's cross-group counter (pdctl.testing.stack.cross_group_transfers), read
+    just before each stop of the hosts' units (the counter dies with the process; the drain
+    has let in-flight requests finish by then) and once more on the way out."""
+    snapshots: list[dict[str, float]] = []
+    decodes = [sim for u in units for sim in u.procs.values() if sim.mode == "decode"]
+    for u in units:
+
+        def stop_after_reading(*names: str, stop: Callable[..., None] = u.stop) -> None:
+            snapshots.append(cross_group_transfers(decodes))
+            stop(*names)
+
+        setattr(u, "stop", stop_after_reading)  # noqa: B010 (mypy: a method is read-only)
+    try:
+        yield snapshots
+    finally:
+        for u in units:
+            delattr(u, "stop")
+        snapshots.append(cross_group_transfers(decodes))
