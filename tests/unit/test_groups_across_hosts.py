@@ -18,6 +18,7 @@ from pdctl.exporter.targets import host_targets
 from pdctl.ops import restart
 from pdctl.ops.source import Source
 from pdctl.ops.status import collect
+from pdctl.ops.systemd import ssh_config
 from pdctl.spec import Deployment
 from tests.conftest import filter_plugin
 from tests.prometheus_role import templates
@@ -311,3 +312,17 @@ def test_prometheus_labels_its_members_with_the_group_id(load: Load, shipped: Sh
     labels = {t["labels"]["engine"]: t["labels"]["pair"] for t in json.loads(text)}
     assert labels["node-3/g1-decode1"] == labels["node-1/g1-prefill0"] == "g1"
     assert labels["node-3/pd0-decode"] == "node-3/pd0"
+
+
+def test_pdctl_uses_the_host_to_host_ssh_where_site_yml_installed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recovery unit cannot read /root/.ssh (ProtectHome=): pdctl takes pdstack's own config
+    when it is there, and $PDCTL_SSH_CONFIG over it."""
+    peer = tmp_path / "config"
+    monkeypatch.delenv("PDCTL_SSH_CONFIG", raising=False)
+    assert ssh_config(str(peer)) is None
+    peer.write_text(render.peer_ssh_config())
+    assert ssh_config(str(peer)) == str(peer)
+    monkeypatch.setenv("PDCTL_SSH_CONFIG", "/fleet/ssh_config")
+    assert ssh_config(str(peer)) == "/fleet/ssh_config"
