@@ -319,10 +319,15 @@ def _wait_idle(ops: Ops, urls: list[str], timeout: float) -> dict[str, int]:
         time.sleep(ops.timeouts.poll)
 
 
-def on_each_host(ops: Ops, pair: Pair, step: Callable[[Systemd, Pair], None]) -> None:
-    """`step` with each host of the pair's members and the pair, on all of them at once (a
-    group across hosts has a target on each; the first failure raises)."""
-    concurrently({h: partial(step, ops.systemd(h), pair) for h in pair.hosts})
+def on_each_host(ops: Ops, pair: Pair, step: Callable[[Systemd, str, list[str]], None]) -> None:
+    """`step` with each host's systemd, the pair's target and its units there, on all its
+    hosts at once (a group across hosts has a target on each; the first failure raises)."""
+    concurrently(
+        {
+            h: partial(step, ops.systemd(h), pair.spec.target, [i.unit for i in pair.on(h)])
+            for h in pair.hosts
+        }
+    )
 
 
 def stop_pair(ops: Ops, pair: Pair) -> None:
@@ -331,9 +336,9 @@ def stop_pair(ops: Ops, pair: Pair) -> None:
     on_each_host(ops, pair, _stop_here)
 
 
-def _stop_here(sd: Systemd, pair: Pair) -> None:
+def _stop_here(sd: Systemd, target: str, units: list[str]) -> None:
     """Stop the pair's (or group's) target on `sd`'s host and wait until its engines there
-    are down.
+    (`units`) are down.
 
     The engine units are named beside the target: systemctl waits only for the jobs of the
     units it is given, and a target is ordered After= the units it Wants=, so on a stop its
@@ -346,12 +351,12 @@ def _stop_here(sd: Systemd, pair: Pair) -> None:
     address (SGLang does) and never registers again with the new prefill, which is back within
     the decode's heartbeat window, so every transfer fails ("KV transfer failed") until both
     restart again."""
-    sd.stop(pair.spec.target, *(i.unit for i in pair.on(sd.host)))
+    sd.stop(target, *units)
 
 
-def _start_here(sd: Systemd, pair: Pair) -> None:
-    sd.reset_failed(*(i.unit for i in pair.on(sd.host)))  # a crashed side starts clean
-    sd.start(pair.spec.target)
+def _start_here(sd: Systemd, target: str, units: list[str]) -> None:
+    sd.reset_failed(*units)  # a crashed side starts clean
+    sd.start(target)
 
 
 def _clear_pending(ops: Ops, pair: Pair) -> None:
