@@ -529,7 +529,7 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
     (prefill,), (decode,) = pair.prefills, pair.decodes
     port = prefill.bootstrap_port or 0
     if stop == "target alone":
-        monkeypatch.setattr(restart, "stop_pair", lambda sd, p: sd.stop(p.spec.target))
+        monkeypatch.setattr(restart, "_stop_here", lambda sd, target, units: sd.stop(target))
     body = {
         "text": "held",
         "sampling_params": {"max_new_tokens": 1},
