@@ -230,7 +230,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "dir": names.PEER_SSH_DIR,
             "key": names.PEER_SSH_KEY,
             "config": names.PEER_SSH_CONFIG,
-            "config_text": render.peer_ssh_config(),
+            "config_text": render.peer_ssh_config([h.address for h in dep.peer_ssh_hosts]),
             "known_hosts": names.PEER_SSH_KNOWN_HOSTS,
             "comment": names.PEER_SSH_COMMENT,
         },

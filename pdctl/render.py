@@ -177,14 +177,16 @@ ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server
 
 # The member's TLS files stay root's (0600); the unit hands them to the etcd user with
 # LoadCredential=, under this directory, by these names (in the order etcd_args uses them).
-def peer_ssh_config() -> str:
-    """The ssh config pdctl uses from one GPU host to another (names.PEER_SSH_CONFIG): its own
-    key and known hosts, the peers' keys only (site.yml writes them from their facts)."""
+def peer_ssh_config(addresses: list[str]) -> str:
+    """The ssh config pdctl uses from one GPU host to the others that hold members of groups
+    across hosts (`addresses`; names.PEER_SSH_CONFIG): its own key and known hosts, the peers'
+    keys only (site.yml writes them from their facts). Other hosts get ssh's defaults, as
+    before (root's own keys)."""
     return "\n".join(
         [
             "# Written by site.yml (pdstack): pdctl's ssh between the hosts of groups across",
             "# hosts (docs/security.md). Used by pdctl only (ssh -F).",
-            "Host *",
+            f"Host {' '.join(addresses)}",
             f"  IdentityFile {names.PEER_SSH_KEY}",
             "  IdentitiesOnly yes",
             f"  UserKnownHostsFile {names.PEER_SSH_KNOWN_HOSTS}",

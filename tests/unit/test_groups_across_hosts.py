@@ -196,6 +196,8 @@ def test_the_roles_get_its_members_per_host_and_the_peer_ssh(
     assert "id" not in node2["pairs"][0]  # a pair's stays HOST/PAIR (converge.changed_pairs)
     assert 30011 in node2["ports"] and 9010 not in node2["ports"]
     assert d["peer_ssh"]["hosts"] == HOSTS and d["peer_ssh"]["addresses"] == HOSTS
+    # Only for the peers: ssh to any other host is what it was (root's own keys).
+    assert "\nHost node-1 node-2 node-3\n" in d["peer_ssh"]["config_text"]
     assert f"IdentityFile {names.PEER_SSH_KEY}" in d["peer_ssh"]["config_text"]
     assert "StrictHostKeyChecking yes" in d["peer_ssh"]["config_text"]
 
@@ -322,7 +324,7 @@ def test_pdctl_uses_the_host_to_host_ssh_where_site_yml_installed_it(
     peer = tmp_path / "config"
     monkeypatch.delenv("PDCTL_SSH_CONFIG", raising=False)
     assert ssh_config(str(peer)) is None
-    peer.write_text(render.peer_ssh_config())
+    peer.write_text(render.peer_ssh_config(["10.0.0.1"]))
     assert ssh_config(str(peer)) == str(peer)
     monkeypatch.setenv("PDCTL_SSH_CONFIG", "/fleet/ssh_config")
     assert ssh_config(str(peer)) == "/fleet/ssh_config"
