@@ -1,5 +1,5 @@
 """Downtime of `pdctl restart --both` for one pair, next to its lower bound and a naive
-sequential restart, and failed client requests and cross-pair KV transfers while `--all`
+sequential restart, and failed client requests and cross-group KV transfers while `--all`
 rolls two pairs under load.
 
 Local processes: sim engines (real wall-clock time, startup delays 8 s prefill and 12 s
@@ -37,7 +37,7 @@ from pdctl.testing.stack import (
     Gateway,
     SimProc,
     constant_load,
-    cross_pair_transfers,
+    cross_group_transfers,
     partner_env,
     smg_binary,
     start_gateway,
@@ -138,14 +138,14 @@ def naive(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 
 def counted_stops(units: LocalUnits) -> dict[str, float]:
-    """Make `units.stop` add up each stopped decode's cross-pair counter (it dies with the
+    """Make `units.stop` add up each stopped decode's cross-group counter (it dies with the
     process); the returned dict fills in as the roll goes."""
     counted = {"stopped": 0.0}
     stop = units.stop
 
     def stop_counting(*names: str) -> None:
         stopping = [units.procs[u] for n in names for u in units.targets.get(n, [n])]
-        counts = cross_pair_transfers(s for s in stopping if s.mode == "decode")
+        counts = cross_group_transfers(s for s in stopping if s.mode == "decode")
         counted["stopped"] += sum(counts.values())
         stop(*names)
 
@@ -162,7 +162,7 @@ def rolling_under_load(args: argparse.Namespace, log_dir: Path, bound: bool) -> 
             t0 = time.monotonic()
             reports = [r for _ in range(args.rolls) for r in restart_pairs(ops, ops.source.pairs())]
             elapsed = time.monotonic() - t0
-        crossed = counted["stopped"] + sum(cross_pair_transfers(p.decode for p in pairs).values())
+        crossed = counted["stopped"] + sum(cross_group_transfers(p.decode for p in pairs).values())
         failures = [o.failure or "" for o in outcomes if not o.ok]
         return {
             "pairs_ok": [r.ok for r in reports],
@@ -171,7 +171,7 @@ def rolling_under_load(args: argparse.Namespace, log_dir: Path, bound: bool) -> 
             "failed": len(failures),
             "failed_in_stream": sum(not f.startswith(("HTTP", "no answer")) for f in failures),
             "first_failures": failures[:3],
-            "cross_pair_transfers": int(crossed),
+            "cross_group_transfers": int(crossed),
             "phases_s": [r.phases for r in reports],
         }
 
@@ -218,7 +218,7 @@ def main() -> None:
         print(
             f"restart --all x{args.rolls}, 2 pairs, {args.clients} clients, {name}: "
             f"{r['seconds']}s, {r['requests']} requests, {r['failed']} failed "
-            f"({r['failed_in_stream']} with HTTP 200), {r['cross_pair_transfers']} cross-pair "
+            f"({r['failed_in_stream']} with HTTP 200), {r['cross_group_transfers']} cross-group "
             f"transfers, pairs ok {r['pairs_ok']}"
         )
         if r["first_failures"]:

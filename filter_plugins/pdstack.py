@@ -101,6 +101,8 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
         pair = pairs.setdefault(
             inst.group, {"pair": inst.group, "target": inst.pair_target, "units": []}
         )
+        if inst.placed:
+            pair["id"] = inst.group  # a group across hosts: one id in the fleet
         pair["units"].append(inst.unit)
     return {
         "address": host.address,
@@ -221,6 +223,17 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             },
         },
         "etcd": _etcd(dep),
+        # pdctl's host-to-host ssh: only when groups span hosts (docs/security.md).
+        "peer_ssh": {
+            "hosts": [h.name for h in dep.peer_ssh_hosts],
+            "addresses": [h.address for h in dep.peer_ssh_hosts],
+            "dir": names.PEER_SSH_DIR,
+            "key": names.PEER_SSH_KEY,
+            "config": names.PEER_SSH_CONFIG,
+            "config_text": render.peer_ssh_config([h.address for h in dep.peer_ssh_hosts]),
+            "known_hosts": names.PEER_SSH_KNOWN_HOSTS,
+            "comment": names.PEER_SSH_COMMENT,
+        },
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
             "install_dir": names.INSTALL_DIR,

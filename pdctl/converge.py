@@ -54,7 +54,8 @@ def changed_pairs(
     pending: Sequence[str],
     restart: bool,
 ) -> list[dict[str, Any]]:
-    """The host's pairs to restart, in host order: {pair, target, id (HOST/PAIR), reasons}.
+    """The host's pairs to restart, in host order: {pair, target, id (HOST/PAIR, or a group
+    across hosts' name), reasons}.
 
     A pair changes when one of its files changed, when the venv changed (new packages change
     every pair), or, with `restart`, when an earlier run left its "restart pending" marker
@@ -75,7 +76,8 @@ def changed_pairs(
                 {
                     "pair": p["pair"],
                     "target": p["target"],
-                    "id": f"{host}/{p['pair']}",
+                    # A group across hosts gives its fleet-wide id (its name).
+                    "id": p.get("id", f"{host}/{p['pair']}"),
                     "reasons": reasons,
                 }
             )
@@ -94,6 +96,18 @@ def running_pairs(
     """The changed pairs that run: `active` is `systemctl is-active` over their targets, a line
     each in the same order. The others are only started (run.yml)."""
     return [c for c, state in zip(changed, active, strict=False) if state == "active"]
+
+
+def roll_here(
+    running: Sequence[Mapping[str, Any]], host: str, hosts: Sequence[str], each: Sequence[Any]
+) -> list[Mapping[str, Any]]:
+    """What this host's roll restarts of its `running` changed pairs: all of them but the
+    groups across hosts that an earlier host of the play (`hosts`, with `each` its own running
+    changed list, [] where nothing changed) restarts: one `pdctl restart --pair` restarts
+    such a group on all its hosts, so it runs once, from the first host it changed on."""
+    before = hosts[: list(hosts).index(host)]
+    earlier = {c["id"] for h, cs in zip(hosts, each, strict=True) if h in before for c in cs}
+    return [c for c in running if "/" in c["id"] or c["id"] not in earlier]
 
 
 # IPv4 addresses and networks are digits, dots and slashes; IPv6 ones hold a colon.
@@ -154,6 +168,12 @@ def pki_dir(given: str, default: str, inventory_dir: str) -> str:
     if not given:
         return default
     return given if posixpath.isabs(given) else f"{inventory_dir}/{given}"
+
+
+def known_hosts(addresses: Sequence[str], keys: Sequence[str]) -> str:
+    """known_hosts lines for pdstack's host-to-host ssh: each peer's address with its ed25519
+    host key (its facts)."""
+    return "".join(f"{a} ssh-ed25519 {k}\n" for a, k in zip(addresses, keys, strict=True))
 
 
 def started_at(show_stdout: str) -> float:
@@ -225,4 +245,6 @@ FILTERS = {
     "pdstack_roll_args": roll_args,
     "pdstack_ready_retries": ready_retries,
     "pdstack_pki_dir": pki_dir,
+    "pdstack_known_hosts": known_hosts,
+    "pdstack_roll_here": roll_here,
 }

@@ -57,6 +57,13 @@ GATEWAY_LEASE_UNIT = f"{PREFIX}-gateway-lease.service"
 # The gateway's API key on every pd host (root, 0600): `pdctl restart` and `pdctl recover`
 # authenticate with it to the gateways (drain, register).
 OPS_ENV_FILE = f"{CONFIG_DIR}/ops.env"
+# pdctl's own ssh from one GPU host to another (groups across hosts: a recovery unit reaches
+# the group's other hosts; docs/security.md). Root's, outside /root: units have ProtectHome=.
+PEER_SSH_DIR = f"{CONFIG_DIR}/ssh"
+PEER_SSH_KEY = f"{PEER_SSH_DIR}/id_ed25519"
+PEER_SSH_CONFIG = f"{PEER_SSH_DIR}/config"
+PEER_SSH_KNOWN_HOSTS = f"{PEER_SSH_DIR}/known_hosts"
+PEER_SSH_COMMENT = f"{PREFIX}-peer"  # marks its line in root's authorized_keys
 # "Restart pending" markers: site.yml with pdstack_engine_restart_on_change=false writes one per
 # changed pair, the coordinated restart removes it. Root's folder: restarts delete in it as root.
 RESTART_PENDING_DIR = f"/var/lib/{PREFIX}-pending"

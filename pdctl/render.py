@@ -117,7 +117,7 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
         )
         if inst.role is Role.DECODE:
             # The decode counts KV taken from a prefill outside its pair or group (docs/sim.md,
-            # cross-pair): a pair's one prefill, a group's every prefill, comma-separated.
+            # cross-group): a pair's one prefill, a group's every prefill, comma-separated.
             group = next(g for g in dep.groups() if inst in g.decodes)
             env["PDSIM_PAIR_PARTNER"] = ",".join(
                 f"{p.address}:{p.bootstrap_port}" for p in group.prefills
@@ -173,8 +173,32 @@ def lease_command(gateway_host: str) -> list[str]:
 
 
 ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server
+
+
 # The member's TLS files stay root's (0600); the unit hands them to the etcd user with
 # LoadCredential=, under this directory, by these names (in the order etcd_args uses them).
+def peer_ssh_config(addresses: list[str]) -> str:
+    """The ssh config pdctl uses from one GPU host to the others that hold members of groups
+    across hosts (`addresses`; names.PEER_SSH_CONFIG): its own key and known hosts, the peers'
+    keys only (site.yml writes them from their facts). Other hosts get ssh's defaults, as
+    before (root's own keys)."""
+    return "\n".join(
+        [
+            "# Written by site.yml (pdstack): pdctl's ssh between the hosts of groups across",
+            "# hosts (docs/security.md). Used by pdctl only (ssh -F).",
+            f"Host {' '.join(addresses)}",
+            f"  IdentityFile {names.PEER_SSH_KEY}",
+            "  IdentitiesOnly yes",
+            f"  UserKnownHostsFile {names.PEER_SSH_KNOWN_HOSTS}",
+            "  GlobalKnownHostsFile /dev/null",
+            "  StrictHostKeyChecking yes",
+            "  UpdateHostKeys no",
+            "  ForwardAgent no",
+            "",
+        ]
+    )
+
+
 ETCD_CREDENTIALS = f"/run/credentials/{names.ETCD_UNIT}"
 ETCD_CREDENTIAL_FILES = {
     "member.crt": names.ETCD_MEMBER_CERT,

@@ -50,9 +50,11 @@ class TopologyPair(_Frozen):
 
 
 class TopologyGroup(_Frozen):
-    """A group with more than one prefill or decode (a 1P1D one is listed under `pairs`)."""
+    """A group with more than one prefill or decode (a host-local 1P1D one is listed under
+    `pairs`), or one whose members name their hosts: `host` is then None, it exists once in
+    the fleet and its id is its name."""
 
-    host: str
+    host: str | None
     name: str
     target: str
     prefill: list[str]  # instance ids
@@ -123,6 +125,12 @@ class Topology(_Frozen):
     def on_host(self, host: str) -> list[TopologyInstance]:
         return [i for i in self.instances if i.host == host]
 
+    def pair_id(self, host: str, pair: str) -> str:
+        """The id of `host`'s pair or group `pair` (the gateway's pairing protocol, the `pair`
+        label): HOST/PAIR, or the name of a group across hosts."""
+        fleet_wide = any(g.host is None and g.name == pair for g in self.groups)
+        return pair if fleet_wide else f"{host}/{pair}"
+
 
 def _instance(inst: Instance) -> TopologyInstance:
     return TopologyInstance(
@@ -164,7 +172,7 @@ def from_deployment(dep: Deployment) -> Topology:
                 decode=g.decodes[0].id,
             )
             for g in groups
-            if g.is_1p1d
+            if g.is_1p1d and g.host is not None
         ],
         groups=[
             TopologyGroup(
@@ -175,7 +183,7 @@ def from_deployment(dep: Deployment) -> Topology:
                 decode=[i.id for i in g.decodes],
             )
             for g in groups
-            if not g.is_1p1d
+            if not g.is_1p1d or g.host is None
         ],
         gateways=gateways,
         coord=_coord(dep),

@@ -249,12 +249,16 @@ def view(s: Status) -> Group:
     """Hosts with their pairs and groups (one line) and engines (a line each, a group's by
     member), the gateways, the lock."""
     hosts: dict[str, dict[str, list[InstanceStatus]]] = {}
+    # Groups across hosts: after the hosts, each with its members under their hosts.
+    across: dict[str, dict[str, list[InstanceStatus]]] = {}
     for i in s.instances:
-        hosts.setdefault(i.instance.host, {}).setdefault(i.instance.pair, []).append(i)
+        hosts.setdefault(i.instance.host, {})
+        held = across.setdefault(i.pair_id, {}) if i.fleet_id else hosts[i.instance.host]
+        held.setdefault(i.instance.host if i.fleet_id else i.pair_id, []).append(i)
     pairs = {p.id: p for p in s.pairs}
     verdict = "[green]healthy[/]" if s.healthy else "[red bold]NOT HEALTHY[/]"
     n_groups = sum(p.is_group for p in s.pairs)
-    n_pairs = sum(len(by_pair) for by_pair in hosts.values()) - n_groups
+    n_pairs = len(s.pairs) - n_groups
     units = [_n(n_pairs, "pair")] if n_pairs or not n_groups else []
     units += [_n(n_groups, "group")] if n_groups else []
     gateways = s.gateways
@@ -269,10 +273,18 @@ def view(s: Status) -> Group:
         if errors := [i.unit_error for insts in by_pair.values() for i in insts if i.unit is None]:
             more = f" (and {_n(len(errors) - 1, 'more unit')})" if len(errors) > 1 else ""
             out.append(_Line(2, [(0, "systemd:"), (0, _red_unless(False, errors[0]) + more)]))
-        for name, insts in by_pair.items():
-            if (p := pairs.get(f"{host}/{name}")) is not None:
+        for pid, insts in by_pair.items():
+            if (p := pairs.get(pid)) is not None:
                 out.append(_line(2, PAIR_FIELDS, p))
             out.extend(_line(4, ENGINE_FIELDS, i) for i in insts)
+    if across:
+        out.append(Text("across hosts", style="bold underline"))
+    for pid, by_host in across.items():
+        if (p := pairs.get(pid)) is not None:
+            out.append(_line(2, PAIR_FIELDS, p))
+        for host, insts in by_host.items():
+            out.append(Text(f"    {host}"))
+            out.extend(_line(6, ENGINE_FIELDS, i) for i in insts)
     out.append(Text("gateways", style="bold underline"))
     out.extend(_line(2, GATEWAY_FIELDS, g) for g in gateways)
     return Group(*out)

@@ -1,7 +1,8 @@
 """What the exporter on one host watches, read from the topology file pdctl uses
 (/etc/pdstack/topology.yaml): which engine owns each GPU, the pairs to probe, the decode
 engines whose journals to follow. Label values match the Prometheus file_sd labels:
-engine = HOST/PAIR-ROLE, pair = HOST/PAIR (a group's id: HOST/GROUP)."""
+engine = HOST/PAIR-ROLE, pair = HOST/PAIR (a group's id: HOST/GROUP; a group across hosts':
+GROUP, watched by the exporter of the host of its first prefill)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pdctl.exporter.canary import PairTarget
 from pdctl.exporter.journal import JournalTarget
 from pdctl.pdclient import legs
 from pdctl.spec import Role
-from pdctl.topology import Topology, read
+from pdctl.topology import Topology, TopologyInstance, read
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,11 @@ class HostTargets:
     members: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def pair_label(host: str, pair: str) -> str:
-    return f"{host}/{pair}"
-
-
 def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> HostTargets:
     out = HostTargets()
     by_id = {i.id: i for i in topo.instances}
     for inst in topo.on_host(host):
-        pair = pair_label(inst.host, inst.pair)
+        pair = topo.pair_id(inst.host, inst.pair)
         for gpu in inst.gpus:
             out.gpus[gpu] = GpuOwner(inst.role.value, str(inst.numa_node), inst.id, pair)
         if inst.role is Role.DECODE:
@@ -60,12 +57,13 @@ def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> H
                 JournalTarget(inst.id, pair, inst.unit, journal_files.get(inst.name))
             )
     units = [(p.host, p.name, [p.prefill], [p.decode]) for p in topo.pairs] + [
-        (g.host, g.name, g.prefill, g.decode) for g in topo.groups
+        (g.host or _first_host(g.prefill, by_id), g.name, g.prefill, g.decode) for g in topo.groups
     ]
     for unit_host, name, prefill_ids, decode_ids in units:
+        label = topo.pair_id(unit_host, name)
         if unit_host == host:
             for role, ids in ((Role.PREFILL, prefill_ids), (Role.DECODE, decode_ids)):
-                out.members[(pair_label(unit_host, name), role.value)] = len(ids)
+                out.members[(label, role.value)] = len(ids)
         prefills = [by_id[i] for i in prefill_ids if i in by_id]
         decodes = [by_id[i] for i in decode_ids if i in by_id]
         if unit_host != host or not prefills or not decodes:
@@ -74,11 +72,16 @@ def host_targets(topo: Topology, host: str, journal_files: dict[str, Path]) -> H
             continue
         out.pairs.append(
             PairTarget(
-                pair_label(unit_host, name),
+                label,
                 tuple((p.url, d.url, p.bootstrap_port or 0) for p, d in legs(prefills, decodes)),
             )
         )
     return out
+
+
+def _first_host(ids: list[str], by_id: dict[str, TopologyInstance]) -> str:
+    """A group across hosts is watched once: by the exporter of its first prefill's host."""
+    return by_id[ids[0]].host if ids and ids[0] in by_id else ""
 
 
 class TopologyFile:

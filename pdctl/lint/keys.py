@@ -13,7 +13,8 @@ def tuning_key(dep: Deployment, role: Role, field: str) -> str:
 def instance_key(dep: Deployment, inst: Instance, field: str) -> str:
     override = dep.profile.hosts.get(inst.host)
     prefix, layout = "layout", dep.profile.layout
-    if override and override.layout:
+    # A group across hosts lives in the top-level layout, whatever a host overrides.
+    if override and override.layout and not inst.placed:
         prefix, layout = f"hosts.{inst.host}.layout", override.layout
     if inst.member is None:
         index = next(i for i, p in enumerate(layout.pairs) if p.name == inst.group)

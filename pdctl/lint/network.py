@@ -104,3 +104,22 @@ def router_host_shared(dep: Deployment) -> Iterator[Problem]:
         "gateways on the hosts that do not own it fail to start",
         fix="router.host: 0.0.0.0 (each gateway listens on its own host's addresses)",
     )
+
+
+@rule(
+    "group-tcp-kv",
+    Severity.WARNING,
+    "a group across hosts moves KV over TCP (allow_tcp_kv: true)",
+)
+def group_tcp_kv(dep: Deployment) -> Iterator[Problem]:
+    for n, group in enumerate(dep.profile.layout.groups):
+        if group.allow_tcp_kv and len(group.hosts()) > 1:
+            yield Problem(
+                where=group.name,
+                message=f"group {group.name!r} spans {', '.join(group.hosts())} with "
+                "allow_tcp_kv: every request's KV crosses hosts over TCP: at 10-25 Gb/s a "
+                "long prompt's KV (GBs) takes seconds, not the tens of ms RDMA takes, and "
+                "TTFT grows with it",
+                fix=f"layout.groups[{n}]: give its hosts RDMA (hardware.rdma_nics, "
+                "UCX_NET_DEVICES) and drop allow_tcp_kv, or keep the group on one host",
+            )

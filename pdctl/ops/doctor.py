@@ -55,7 +55,7 @@ def unit_findings(s: Status) -> list[Finding]:
                     "live-unit",
                     where,
                     f"{u.unit} is {u.active} ({u.sub})",
-                    f"pdctl restart --both --pair {i.instance.host}/{i.instance.pair}",
+                    f"pdctl restart --both --pair {i.pair_id}",
                 )
             )
         elif u.restarts:
@@ -74,7 +74,7 @@ def pair_findings(s: Status) -> list[Finding]:
     out: list[Finding] = []
     by_pair: dict[str, list[InstanceStatus]] = {}
     for i in s.instances:
-        by_pair.setdefault(f"{i.instance.host}/{i.instance.pair}", []).append(i)
+        by_pair.setdefault(i.pair_id, []).append(i)
     for p in s.pairs:
         if p.canary.ok:
             continue
@@ -168,7 +168,7 @@ def binding_findings(s: Status) -> list[Finding]:
 
 
 def _group_of(i: InstanceStatus) -> str:
-    return f"{i.instance.host}/{i.instance.pair}"
+    return i.pair_id
 
 
 def kv_findings(s: Status) -> list[Finding]:

@@ -225,7 +225,7 @@ class Containment:
             except PdctlError as e:
                 ops.say(f"{pair.id}: cannot take it out of gateway {gw.url} ({e})")
         try:
-            stop_pair(ops.systemd(pair.spec.host), pair)
+            stop_pair(ops, pair)
         except PdctlError as e:
             ops.say(f"{pair.id}: cannot stop its live side ({e})")
             return

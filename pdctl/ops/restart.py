@@ -49,13 +49,19 @@ def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> l
     for n, p in enumerate(pairs, 1):
         kind, members = ("group", "all") if len(p.instances) > 2 else ("pair", "both")
         paths = "every prefill and decode" if kind == "group" else "this pair's PD path"
+        # Across hosts each host's stop returns once its own members are down.
+        down = "" if len(p.hosts) > 1 else f" (returns once {members} engines are down)"
         out += [
             f"{n}. {kind} {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
             f"   drain     remove {members} from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
-            f"   stop      systemctl stop {p.spec.target} {' '.join(i.unit for i in p.instances)} "
-            f"on {p.spec.host} (returns once {members} engines are down)",
-            f"   start     systemctl start {p.spec.target}",
+            *(
+                f"   stop      systemctl stop {p.spec.target} {' '.join(i.unit for i in p.on(h))}"
+                f" on {h}{down}"
+                for h in p.hosts
+            ),
+            f"   start     systemctl start {p.spec.target}"
+            + (f" on {', '.join(p.hosts)} (once every member is down)" if len(p.hosts) > 1 else ""),
             f"   health    wait <= {t.health:.0f}s for /health on {members}",
             f"   canary    a request through {paths} (retried until it passes)",
             f"   verify    {ops.verify_canaries} more{' each' if kind == 'group' else ''}; "
@@ -78,6 +84,15 @@ def _journal(sd: Systemd, units: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _pair_journal(ops: Ops, pair: Pair) -> dict[str, list[str]]:
+    """Each member's journal from its own host; a group across hosts keys them HOST/UNIT."""
+    out: dict[str, list[str]] = {}
+    for host in pair.hosts:
+        journal = _journal(ops.systemd(host), [i.unit for i in pair.on(host)])
+        out |= journal if len(pair.hosts) == 1 else {f"{host}/{u}": j for u, j in journal.items()}
+    return out
+
+
 def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str | None) -> str:
     try:
         st = sd.show(inst.unit)
@@ -90,7 +105,7 @@ def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str |
     return f"{'OK' if ok else 'FAILED'}: {inst.id} ({inst.unit}) {state}, /health {health}{why}"
 
 
-def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
+def _wait_healthy(ops: Ops, pair: Pair) -> None:
     deadline = time.monotonic() + ops.timeouts.health
     t0 = last = time.monotonic()
     while True:
@@ -98,7 +113,7 @@ def _wait_healthy(ops: Ops, sd: Systemd, pair: Pair) -> None:
         if all(p.healthy for p in probes.values()):
             return
         for inst in pair.instances:
-            st = sd.show(inst.unit)
+            st = ops.systemd(inst.host).show(inst.unit)
             if st.active in ("failed", "inactive"):
                 raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
         now = time.monotonic()
@@ -358,8 +373,26 @@ def _wait_idle(ops: Ops, urls: list[str], timeout: float) -> dict[str, int]:
         time.sleep(ops.timeouts.poll)
 
 
-def stop_pair(sd: Systemd, pair: Pair) -> None:
-    """Stop the pair's (or group's) target and wait until all its engines are down.
+def on_each_host(ops: Ops, pair: Pair, step: Callable[[Systemd, str, list[str]], None]) -> None:
+    """`step` with each host's systemd, the pair's target and its units there, on all its
+    hosts at once (a group across hosts has a target on each; the first failure raises)."""
+    concurrently(
+        {
+            h: partial(step, ops.systemd(h), pair.spec.target, [i.unit for i in pair.on(h)])
+            for h in pair.hosts
+        }
+    )
+
+
+def stop_pair(ops: Ops, pair: Pair) -> None:
+    """Stop every engine of the pair or group, on each of its hosts, and wait until all are
+    down (before any starts: a new decode beside an old prefill is the failure below)."""
+    on_each_host(ops, pair, _stop_here)
+
+
+def _stop_here(sd: Systemd, target: str, units: list[str]) -> None:
+    """Stop the pair's (or group's) target on `sd`'s host and wait until its engines there
+    (`units`) are down.
 
     The engine units are named beside the target: systemctl waits only for the jobs of the
     units it is given, and a target is ordered After= the units it Wants=, so on a stop its
@@ -372,20 +405,22 @@ def stop_pair(sd: Systemd, pair: Pair) -> None:
     address (SGLang does) and never registers again with the new prefill, which is back within
     the decode's heartbeat window, so every transfer fails ("KV transfer failed") until both
     restart again."""
-    sd.stop(pair.spec.target, *(i.unit for i in pair.instances))
+    sd.stop(target, *units)
 
 
-def _start(sd: Systemd, pair: Pair) -> None:
-    sd.reset_failed(*(i.unit for i in pair.instances))  # a crashed side starts clean
-    sd.start(pair.spec.target)
+def _start_here(sd: Systemd, target: str, units: list[str]) -> None:
+    sd.reset_failed(*units)  # a crashed side starts clean
+    sd.start(target)
 
 
-def _clear_pending(ops: Ops, sd: Systemd, pair: Pair) -> None:
-    """The pair runs its current files now: no restart is pending any more."""
-    try:
-        pending.clear(sd, pair)
-    except PdctlError as e:
-        ops.say(f"  {pair.id}: restarted, but its restart-pending marker stays: {e}")
+def _clear_pending(ops: Ops, pair: Pair) -> None:
+    """The pair runs its current files now: no restart is pending any more, on any of its
+    hosts."""
+    for host in pair.hosts:
+        try:
+            pending.clear(ops.systemd(host), pair)
+        except PdctlError as e:
+            ops.say(f"  {pair.id}: restarted, but its restart-pending marker stays: {e}")
 
 
 def _no_reason() -> str | None:
@@ -410,15 +445,14 @@ def restart_pair(
     """The pair's steps in order; before each one `lock_lost` (the fencing check of the fleet
     restart lock) must give no reason, or the restart stops there and says why. `on_phase`
     hears each step's name as it begins (a roll names them on Ctrl-C)."""
-    sd = ops.systemd(pair.spec.host)
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
     reach = Reach(ops, pair)
     steps: list[tuple[str, Callable[[], None]]] = [
         ("drain", lambda: _drain(ops, pair, drain_required, reach)),
-        ("stop", lambda: stop_pair(sd, pair)),
-        ("start", lambda: _start(sd, pair)),
-        ("health", lambda: _wait_healthy(ops, sd, pair)),
+        ("stop", lambda: stop_pair(ops, pair)),
+        ("start", lambda: on_each_host(ops, pair, _start_here)),
+        ("health", lambda: _wait_healthy(ops, pair)),
         ("canary", lambda: _first_canary(ops, pair)),
         ("verify", lambda: _verify(ops, pair)),
         ("register", lambda: register_pair(ops, pair, drain_required, reach)),
@@ -439,14 +473,17 @@ def restart_pair(
                 step()
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
-        rep.journal = _journal(sd, units)
+        rep.journal = _pair_journal(ops, pair)
         if not isinstance(e, StepFailed) or e.phase != "drain":
             rep.error += " (the pair stays out of the gateway)"
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
     if rep.ok:
-        _clear_pending(ops, sd, pair)
-    rep.lines = [_instance_line(ops, sd, i, None if rep.ok else rep.error) for i in pair.instances]
+        _clear_pending(ops, pair)
+    rep.lines = [
+        _instance_line(ops, ops.systemd(i.host), i, None if rep.ok else rep.error)
+        for i in pair.instances
+    ]
     return rep
 
 

@@ -134,7 +134,7 @@ def order(pairs: list[Pair], topo: Topology, first: Collection[str] = ()) -> lis
     time keeps PCIe and disk contention predictable); `first` (groups out of the gateways
     already) before them: restarting those costs no capacity and brings some back."""
     hosts = list(dict.fromkeys(i.host for i in topo.instances))
-    return sorted(pairs, key=lambda p: (p.id not in first, hosts.index(p.spec.host)))
+    return sorted(pairs, key=lambda p: (p.id not in first, hosts.index(p.hosts[0])))
 
 
 def prepare(ops: Ops, chosen: list[Pair], floor: int, include_drained: bool) -> list[Pair]:

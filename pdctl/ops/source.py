@@ -27,7 +27,26 @@ class Pair:
 
     @property
     def id(self) -> str:
-        return f"{self.spec.host}/{self.spec.name}"
+        """HOST/NAME; NAME for a group across hosts (it exists once in the fleet)."""
+        return self.spec.name if self.spec.host is None else f"{self.spec.host}/{self.spec.name}"
+
+    @property
+    def hosts(self) -> list[str]:
+        """Where its members run, in member order, once each (one host but for a group
+        across hosts)."""
+        return list(dict.fromkeys(i.host for i in self.instances))
+
+    def on(self, host: str) -> tuple[TopologyInstance, ...]:
+        """Its members on `host`."""
+        return tuple(i for i in self.instances if i.host == host)
+
+    def names(self, name: str) -> bool:
+        """`name` is its id, its name, or (for a group across hosts) HOST/NAME on a host of
+        one of its members: the recovery unit of each host names it so."""
+        if name in (self.id, self.spec.name):
+            return True
+        host, _, rest = name.rpartition("/")
+        return self.spec.host is None and rest == self.spec.name and host in self.hosts
 
     @property
     def instances(self) -> tuple[TopologyInstance, ...]:
@@ -68,7 +87,7 @@ class Source:
             raise PdctlError(f"name a pair with --pair NAME, or use --all (pairs: {valid})")
         chosen: list[Pair] = []
         for name in names:
-            hits = [p for p in pairs if name in (p.id, p.spec.name)]
+            hits = [p for p in pairs if p.names(name)]
             if not hits:
                 raise PdctlError(f"unknown pair {name!r}; valid pairs: {valid}")
             if len(hits) > 1:

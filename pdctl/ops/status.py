@@ -32,6 +32,12 @@ class InstanceStatus:
     # Its entry at each gateway that listed its workers, in Status.views' order; None: not
     # registered there.
     workers: tuple[GatewayWorker | None, ...]
+    # Its pair's or group's id when that is not HOST/PAIR: a group across hosts' name.
+    fleet_id: str | None = None
+
+    @property
+    def pair_id(self) -> str:
+        return self.fleet_id or f"{self.instance.host}/{self.instance.pair}"
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,9 @@ class PairStatus:
 
     @property
     def is_group(self) -> bool:
-        """More than one member of a role: shown and listed with its members (a 1P1D group is
-        a pair, as in the topology file)."""
-        return len(self.prefills) > 1 or len(self.decodes) > 1
+        """More than one member of a role, or across hosts (its id has no host): shown and
+        listed with its members (a host-local 1P1D group is a pair, as in the topology file)."""
+        return len(self.prefills) > 1 or len(self.decodes) > 1 or "/" not in self.id
 
     @property
     def shape(self) -> str:
@@ -130,7 +136,11 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
     views = [(g.url, {w.url: w for w in workers}) for g, workers in gateways if workers is not None]
     instances = [
         InstanceStatus(
-            i, *units[i.id].result(), engines[i.id], tuple(v.get(i.url) for _, v in views)
+            i,
+            *units[i.id].result(),
+            engines[i.id],
+            tuple(v.get(i.url) for _, v in views),
+            i.pair if topo.pair_id(i.host, i.pair) == i.pair else None,
         )
         for i in topo.instances
     ]
@@ -159,17 +169,26 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
 
 
 def _pending(ops: Ops, pair: Pair) -> tuple[pending.Pending | None, str | None]:
-    return pending.safe_read(ops.systemd(pair.spec.host), pair)
+    """The first of its hosts' markers (a group across hosts has one per changed host)."""
+    found: tuple[pending.Pending | None, str | None] = (None, None)
+    for host in pair.hosts:
+        found = pending.safe_read(ops.systemd(host), pair)
+        if found != (None, None):
+            return found
+    return found
 
 
 def _recovery(ops: Ops, pair: Pair) -> str | None:
-    """What the pair's recovery says while it runs (pdctl recover's sd_notify STATUS=)."""
-    try:
-        u = ops.systemd(pair.spec.host).show(names.recover_unit(pair.spec.name))
-    except PdctlError:
-        return None  # the host's units are reported unreachable with its engines
-    running = u.active in ("activating", "active")
-    return u.status_text if running and u.status_text else None
+    """What the pair's recovery says while it runs (pdctl recover's sd_notify STATUS=), on
+    any of its hosts (a crash on a group's host starts the recovery there)."""
+    for host in pair.hosts:
+        try:
+            u = ops.systemd(host).show(names.recover_unit(pair.spec.name))
+        except PdctlError:
+            continue  # the host's units are reported unreachable with its engines
+        if u.active in ("activating", "active") and u.status_text:
+            return u.status_text
+    return None
 
 
 def _lock(ops: Ops) -> tuple[lock.Holder | None, str | None]:

@@ -3,7 +3,9 @@
 Every engine is stopped through its unit (cgroup kill), never by matching a command line.
 A remote host is reached with `ssh HOST systemctl|journalctl ...` (systemctl -H cannot read
 journals or /proc); every call has a timeout and names the host when it fails. `$PDCTL_SSH_USER`
-is the remote user (root), `$PDCTL_SSH_CONFIG` an ssh config file (`ssh -F`, e.g. a test fleet's).
+is the remote user (root), `$PDCTL_SSH_CONFIG` an ssh config file (`ssh -F`, e.g. a test fleet's);
+without it, the host-to-host ssh site.yml installs for groups across hosts
+(names.PEER_SSH_CONFIG) when it is there.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdctl import names
 from pdctl.errors import PdctlError
 
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
@@ -182,8 +185,17 @@ def is_local(host: str, address: str) -> bool:
         return False
 
 
+def ssh_config(peer_config: str = names.PEER_SSH_CONFIG) -> str | None:
+    """`$PDCTL_SSH_CONFIG`, else pdstack's host-to-host config when this host has one: a
+    recovery unit cannot see /root/.ssh (ProtectHome=)."""
+    given = os.environ.get("PDCTL_SSH_CONFIG")
+    if given:
+        return given
+    return peer_config if os.path.exists(peer_config) else None
+
+
 def for_host(host: str, address: str) -> Systemctl:
     user = os.environ.get("PDCTL_SSH_USER", "root")
-    config = os.environ.get("PDCTL_SSH_CONFIG")
+    config = ssh_config()
     ssh = (*SSH, "-F", config) if config else tuple(SSH)
     return Systemctl(host, None if is_local(host, address) else f"{user}@{address}", ssh=ssh)

@@ -19,7 +19,7 @@ PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_S
 wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
 (mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
 the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefills as bootstrap host:port,
-comma-separated: its pair's one, its group's every one; unset = no cross-pair accounting).
+comma-separated: its pair's one, its group's every one; unset = no cross-group accounting).
 
 SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL

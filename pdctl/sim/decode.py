@@ -10,9 +10,9 @@ admitted once its NIXL notification arrived) and decode. Each known prefill is h
 its bootstrap `/health`; after the allowed failures it is dropped and its waiting rooms fail
 with "Lost connection with prefill instance".
 
-Cross-pair accounting: a decode told its own prefills (PDSIM_PAIR_PARTNER=host:port[,...]: its
+Cross-group accounting: a decode told its own prefills (PDSIM_PAIR_PARTNER=host:port[,...]: its
 pair's or its group's) counts every request whose bootstrap address names another one
-(`pdsim_cross_pair_transfers_total`).
+(`pdsim_cross_group_transfers_total`).
 
 Degraded pair (PDSIM_DEGRADED=on, a modelled failure): a decode that sees its prefill answer
 with a new start id keeps stale metadata, and PDSIM_DEGRADED_FAIL_RATIO of its rooms fail or
@@ -78,10 +78,10 @@ class DecodeLeg:
         self.seen_start_ids: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # With a configured partner the counter is exposed from the start (0 is a result);
-        # without one it stays absent, so nobody reads "no cross-pair transfers" by mistake.
+        # without one it stays absent, so nobody reads "no cross-group transfers" by mistake.
         self.partners = cfg.knobs.pair_partners
         if self.partners:
-            metrics.sched_inc(metrics.cross_pair_transfers, 0)
+            metrics.sched_inc(metrics.cross_group_transfers, 0)
 
     def health(self, req: Req) -> None:
         """FakeKVReceiver: no peer, no KV; the single token comes out at once."""
@@ -204,7 +204,7 @@ class DecodeLeg:
         addr = f"{host}:{port}"
         t0 = clock.now()
         if self.partners and addr not in self.partners:
-            m.sched_inc(m.cross_pair_transfers)
+            m.sched_inc(m.cross_group_transfers)
         try:
             peer = await self._ensure_peer(addr)
         except PeerUnavailable as e:

@@ -178,11 +178,12 @@ class SimMetrics:
         self.num_prefill_retries = Counter(
             "sglang:num_prefill_retries", "Total number of prefill retries.", sl, registry=r
         )
-        # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs.
-        self.cross_pair_transfers = Counter(
-            "pdsim_cross_pair_transfers",
-            "KV transfers this decode took from a prefill other than its pair partner "
-            "(PDSIM_PAIR_PARTNER).",
+        # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs and
+        # groups (a pair is a 1P1D group).
+        self.cross_group_transfers = Counter(
+            "pdsim_cross_group_transfers",
+            "KV transfers this decode took from a prefill outside its pair or group "
+            "(PDSIM_PAIR_PARTNER: the group's prefills).",
             sl,
             registry=r,
         )

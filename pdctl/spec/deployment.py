@@ -24,6 +24,9 @@ class Instance:
     bootstrap_port: int | None
     tp: int
     tuning: Tuning
+    # Its group's members name their hosts: the group exists once in the fleet, its id is
+    # its name alone (docs/spec.md, "Groups across hosts").
+    placed: bool = False
 
     @property
     def kind(self) -> str:
@@ -58,17 +61,24 @@ class Instance:
 
 @dataclass(frozen=True)
 class Group:
-    """The prefills and decodes of one pair or group on one host (a pair: one of each)."""
+    """The prefills and decodes of one pair or group (a pair: one of each): on one host, or,
+    for a group whose members name hosts (`host` None), on those hosts."""
 
-    host: str
+    host: str | None
     name: str
     prefills: tuple[Instance, ...]
     decodes: tuple[Instance, ...]
 
     @property
     def id(self) -> str:
-        """The gateway's pairing protocol for its members (pdctl.ops.gateway)."""
-        return f"{self.host}/{self.name}"
+        """The gateway's pairing protocol for its members (pdctl.ops.gateway): HOST/NAME for
+        what repeats on every host, NAME for a group that exists once in the fleet."""
+        return self.name if self.host is None else f"{self.host}/{self.name}"
+
+    @property
+    def hosts(self) -> list[str]:
+        """Where its members run, in member order, once each."""
+        return list(dict.fromkeys(i.host for i in self.instances))
 
     @property
     def is_pair(self) -> bool:
@@ -87,6 +97,11 @@ class Group:
     @property
     def instances(self) -> tuple[Instance, ...]:
         return (*self.prefills, *self.decodes)
+
+
+def _number(inst: Instance) -> int:
+    """Members of a group across hosts come host by host; the group lists them by number."""
+    return inst.member or 0
 
 
 @dataclass(frozen=True)
@@ -133,15 +148,24 @@ class Deployment:
         return next(h for h in self.hosts if h.name == name)
 
     def groups(self) -> list[Group]:
-        """Every pair and group on every host, in inventory then layout order."""
-        by_group: dict[tuple[str, str], dict[Role, list[Instance]]] = {}
+        """Every pair and group on every host, in inventory then layout order; a group whose
+        members name hosts once, where its first member in that order is."""
+        by_group: dict[tuple[str | None, str], dict[Role, list[Instance]]] = {}
         for inst in self.instances:
-            roles = by_group.setdefault((inst.host, inst.group), {r: [] for r in Role})
+            key = (None if inst.placed else inst.host, inst.group)
+            roles = by_group.setdefault(key, {r: [] for r in Role})
             roles[inst.role].append(inst)
         return [
-            Group(host, name, tuple(m[Role.PREFILL]), tuple(m[Role.DECODE]))
+            Group(host, name, *(tuple(sorted(m[r], key=_number)) for r in Role))
             for (host, name), m in by_group.items()
         ]
+
+    @property
+    def peer_ssh_hosts(self) -> list[HostSpec]:
+        """The hosts holding members of groups across hosts: each one's recovery and restart
+        reach the others over pdstack's own ssh (docs/security.md); none without such groups."""
+        spanning = {g.name for g in self.groups() if g.host is None and len(g.hosts) > 1}
+        return [h for h in self.hosts if any(i.group in spanning for i in h.instances if i.placed)]
 
     @property
     def client_url(self) -> str:

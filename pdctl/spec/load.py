@@ -15,8 +15,10 @@ from pdctl.errors import SpecError
 from pdctl.spec.deployment import Deployment, EtcdMember, GatewayHost, HostSpec, Instance
 from pdctl.spec.profile import (
     LONG_CONTEXT_ENV,
+    GroupSpec,
     InstanceSpec,
     Layout,
+    MemberSpec,
     Profile,
     Role,
     long_context_allowed,
@@ -276,7 +278,9 @@ def load_deployment(inventory_path: Path, profile_path: Path | None = None) -> D
                 f"host is not in the inventory's [{ENGINE_GROUP}] group "
                 f"({', '.join(engine_hosts)})",
             )
+    _check_placed(profile, profile_path, engine_hosts)
     hosts = [_resolve_host(name, profile, inventory) for name in engine_hosts]
+    _check_transfer_paths(profile, profile_path, hosts)
     return Deployment(
         profile=profile,
         profile_path=profile_path,
@@ -309,17 +313,99 @@ def _address(host: str, inventory: Inventory) -> str:
     return address
 
 
+def _check_placed(profile: Profile, path: Path, engine_hosts: list[str]) -> None:
+    """Groups whose members name hosts: each host is a [pd_hosts] host, and no host's own
+    layout names a pair or group like it (`--pair NAME` and its units would be ambiguous)."""
+    groups = profile.layout.groups
+    for g, group in enumerate(groups):
+        if not group.placed:
+            continue
+        for role, n, spec in _numbered(group):
+            if spec.host not in engine_hosts:
+                raise SpecError(
+                    str(path),
+                    f"layout.groups[{g}].{role.value}[{n}].host",
+                    f"group {group.name!r} member {names.instance_name(group.name, role.value, n)}"
+                    f": host {spec.host!r} is not in the inventory's [{ENGINE_GROUP}] group "
+                    f"({', '.join(engine_hosts)}); name one of those, or add it there",
+                )
+        for host, override in profile.hosts.items():
+            if override.layout:
+                local = [p.name for p in override.layout.pairs]
+                local += [x.name for x in override.layout.groups]
+                if group.name in local:
+                    raise SpecError(
+                        str(path),
+                        f"hosts.{host}.layout",
+                        f"names a pair or group {group.name!r}, the name of the group across "
+                        f"hosts layout.groups[{g}]: rename one (its id is its name alone)",
+                    )
+
+
+# Backends that move KV over TCP whatever the host has.
+TCP_BACKENDS = ("mooncake_tcp",)
+
+
+def _check_transfer_paths(profile: Profile, path: Path, hosts: list[HostSpec]) -> None:
+    """A group across hosts moves KV between them: RDMA on each of its hosts, or an explicit
+    `allow_tcp_kv: true` (lint rule group-tcp-kv warns what that costs)."""
+    by_name = {h.name: h for h in hosts}
+    backend = profile.engine.transfer_backend
+    for g, group in enumerate(profile.layout.groups):
+        spanned = group.hosts()
+        if len(spanned) < 2 or group.allow_tcp_kv:
+            continue
+        for host in spanned:
+            problem = _no_rdma(by_name[host], backend)
+            if problem is None:
+                continue
+            inst = next(i for i in by_name[host].instances if i.placed and i.group == group.name)
+            raise SpecError(
+                str(path),
+                f"layout.groups[{g}]",
+                f"group {group.name!r} spans {', '.join(spanned)}, and its member {inst.name} "
+                f"on {host} has no RDMA path: {problem}, so its KV would cross hosts over TCP; "
+                f"give {host} one, or set allow_tcp_kv: true on the group (a rehearsal)",
+            )
+
+
+def _no_rdma(host: HostSpec, backend: str) -> str | None:
+    """Why KV cannot leave `host` over RDMA; None when it can."""
+    nics = host.hardware.rdma_nics
+    if backend in TCP_BACKENDS:
+        return f"engine.transfer_backend {backend} moves KV over TCP"
+    if not nics:
+        return "its hardware lists no rdma_nics"
+    devices = {i.tuning.env.get("UCX_NET_DEVICES") for i in host.instances}
+    if backend == "nixl":
+        for d in devices - {None}:
+            named = [x.strip().split(":")[0] for x in str(d).split(",") if ":" in x]
+            if not set(named) & set(nics):
+                return f"UCX_NET_DEVICES={d} names none of its RDMA NICs {nics}"
+    return None
+
+
+def _numbered(group: GroupSpec) -> Iterator[tuple[Role, int, MemberSpec]]:
+    for role in Role:
+        for n, spec in enumerate(group.members(role)):
+            yield role, n, spec
+
+
 def _resolve_host(name: str, profile: Profile, inventory: Inventory) -> HostSpec:
     override = profile.hosts.get(name)
     hardware = (override and override.hardware) or profile.hardware
     layout = (override and override.layout) or profile.layout
     address = _address(name, inventory)
     instances = layout_instances(name, address, layout, profile)
+    instances += [
+        _instance(name, address, group, role, member, spec, profile, placed=True)
+        for group, role, member, spec in placed_members(profile.layout, name)
+    ]
     return HostSpec(name=name, address=address, hardware=hardware, instances=instances)
 
 
 def layout_instances(host: str, address: str, layout: Layout, profile: Profile) -> list[Instance]:
-    """The instances `layout` puts on one host, in `members` order."""
+    """The host-local instances `layout` puts on one host, in `members` order."""
     return [
         _instance(host, address, group, role, member, spec, profile)
         for group, role, member, spec in members(layout)
@@ -327,16 +413,27 @@ def layout_instances(host: str, address: str, layout: Layout, profile: Profile) 
 
 
 def members(layout: Layout) -> Iterator[tuple[str, Role, int | None, InstanceSpec]]:
-    """Every member of the layout as (group, role, member number, spec): pairs first, each a
-    1P1D group whose sides keep a pair's names (number None), then the groups, prefills
-    before decodes, numbered from 0 per role. The one place pairs become groups."""
+    """Every host-local member of the layout as (group, role, member number, spec): pairs
+    first, each a 1P1D group whose sides keep a pair's names (number None), then the groups,
+    prefills before decodes, numbered from 0 per role. The one place pairs become groups.
+    Groups whose members name hosts are `placed_members`."""
     for pair in layout.pairs:
         for role in Role:
             yield pair.name, role, None, getattr(pair, role.value)
     for group in layout.groups:
-        for role in Role:
-            for n, spec in enumerate(group.members(role)):
+        if not group.placed:
+            for role, n, spec in _numbered(group):
                 yield group.name, role, n, spec
+
+
+def placed_members(layout: Layout, host: str) -> Iterator[tuple[str, Role, int, InstanceSpec]]:
+    """The members on `host` of the groups whose members name hosts, numbered per role over
+    the whole group (g1-decode1 is the group's second decode, wherever it runs)."""
+    for group in layout.groups:
+        if group.placed:
+            for role, n, spec in _numbered(group):
+                if spec.host == host:
+                    yield group.name, role, n, spec
 
 
 def _instance(
@@ -347,6 +444,7 @@ def _instance(
     member: int | None,
     spec: InstanceSpec,
     profile: Profile,
+    placed: bool = False,
 ) -> Instance:
     return Instance(
         host=host,
@@ -360,4 +458,5 @@ def _instance(
         bootstrap_port=spec.bootstrap_port,
         tp=spec.tp or len(spec.gpus),
         tuning=profile.engine.tuning(role),
+        placed=placed,
     )

@@ -217,7 +217,9 @@ class MemberSpec(InstanceSpec):
     """One prefill or decode of a group: a pair's side, plus the host it lives on."""
 
     host: Host | None = Field(
-        default=None, description="An inventory host; groups across hosts are not supported yet."
+        default=None,
+        description="An inventory [pd_hosts] host: the group then exists once in the fleet, "
+        "each member on its host (every member names one, or none does).",
     )
 
 
@@ -228,6 +230,11 @@ class GroupSpec(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     prefill: list[MemberSpec] = Field(default_factory=list)
     decode: list[MemberSpec] = Field(default_factory=list)
+    allow_tcp_kv: bool = Field(
+        default=False,
+        description="A group across hosts without RDMA on each: KV moves over TCP (a lint "
+        "warning says what that costs).",
+    )
 
     @model_validator(mode="after")
     def _members(self) -> GroupSpec:
@@ -242,12 +249,30 @@ class GroupSpec(Strict):
                 where = f"group {self.name!r} {role.value}[{n}]"
                 if problem := _bootstrap_problem(role, m):
                     raise ValueError(f"{where}: {problem}")
-                if m.host is not None:
-                    raise ValueError(
-                        f"{where}: host {m.host!r}: groups across hosts are not supported yet; "
-                        "remove host (the group then runs on every [pd_hosts] host)"
-                    )
+        placed = [(r.value, n, m) for r in Role for n, m in enumerate(self.members(r))]
+        hosted = [(r, n) for r, n, m in placed if m.host is not None]
+        if hosted and len(hosted) < len(placed):
+            r, n = next((r, n) for r, n, m in placed if m.host is None)
+            raise ValueError(
+                f"group {self.name!r} {r}[{n}] has no host while {hosted[0][0]}"
+                f"[{hosted[0][1]}] names one: give every member of the group a host (it then "
+                "exists once in the fleet), or none (it repeats on every [pd_hosts] host)"
+            )
+        if self.allow_tcp_kv and not hosted:
+            raise ValueError(
+                f"group {self.name!r}: allow_tcp_kv is for a group whose members name hosts; "
+                "remove it (a host-local group moves KV inside one host)"
+            )
         return self
+
+    @property
+    def placed(self) -> bool:
+        """Its members name their hosts: it exists once in the fleet (docs/spec.md)."""
+        return self.prefill[0].host is not None
+
+    def hosts(self) -> list[str]:
+        """The hosts its members name, in member order (prefills first), once each."""
+        return list(dict.fromkeys(m.host for r in Role for m in self.members(r) if m.host))
 
     def members(self, role: Role) -> list[MemberSpec]:
         return list(getattr(self, role.value))
@@ -358,6 +383,17 @@ class Etcd(Strict):
 class HostOverride(Strict):
     hardware: Hardware | None = None
     layout: Layout | None = None
+
+    @field_validator("layout")
+    @classmethod
+    def _no_placed_groups(cls, layout: Layout | None) -> Layout | None:
+        for n, g in enumerate(layout.groups if layout else []):
+            if g.placed:
+                raise ValueError(
+                    f"groups[{n}]: group {g.name!r} names its members' hosts: move it to the "
+                    "top-level layout.groups (a group across hosts exists once in the fleet)"
+                )
+        return layout
 
 
 class Planner(Strict):

@@ -10,8 +10,9 @@ own stop job is done first), and a start of a unit still stopping waits for that
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
 from pdctl.spec import Role
-from pdctl.testing.stack import Gateway, SimProc
+from pdctl.testing.stack import Gateway, SimProc, cross_group_transfers
 from pdctl.topology import (
     Topology,
     TopologyCoord,
@@ -56,11 +57,14 @@ class LocalPair:
 
 @dataclass
 class LocalGroup:
-    """A host-local xPyD group: its members are named g0-prefill0, g0-prefill1, ..."""
+    """An xPyD group: its members are named g0-prefill0, g0-prefill1, ... `across`: a group
+    whose members name their hosts (each on the pretend host of its address, host_of), once
+    in the fleet; else host-local."""
 
     name: str
     prefills: list[SimProc]
     decodes: list[SimProc]
+    across: bool = False
 
     def members(self) -> list[tuple[Role, int | None, SimProc]]:
         roles = ((Role.PREFILL, self.prefills), (Role.DECODE, self.decodes))
@@ -74,16 +78,27 @@ class LocalGroup:
 Local = LocalPair | LocalGroup
 
 
-class LocalUnits:
-    host = HOST
+def host_of(sim: SimProc) -> str:
+    """The pretend host an engine runs on: `local` on 127.0.0.1, else its loopback address
+    (127.0.0.2 plays a second host)."""
+    return HOST if sim.address == "127.0.0.1" else sim.address
 
-    def __init__(self, pairs: Sequence[Local]) -> None:
+
+class LocalUnits:
+    def __init__(self, pairs: Sequence[Local], host: str = HOST) -> None:
+        """The units of `host`: the members of `pairs` that run there."""
+        self.host = host
         self.procs: dict[str, SimProc] = {}
         self.targets: dict[str, list[str]] = {}
         for p in pairs:
-            units = {names.engine_unit(p.name, r.value, n): sim for r, n, sim in p.members()}
+            units = {
+                names.engine_unit(p.name, r.value, n): sim
+                for r, n, sim in p.members()
+                if host_of(sim) == host
+            }
             self.procs |= units
-            self.targets[p.target] = list(units)
+            if units:
+                self.targets[p.target] = list(units)
         self.stopped: set[str] = set()  # stopped by a job: inactive rather than failed
         # Stops a target's stop left running (PartOf=): a start of the unit waits for them.
         self.stopping: dict[str, threading.Thread] = {}
@@ -174,8 +189,8 @@ class LocalUnits:
 def _instances(p: Local) -> list[TopologyInstance]:
     return [
         TopologyInstance(
-            id=f"{HOST}/{names.instance_name(p.name, role.value, n)}",
-            host=HOST,
+            id=f"{host_of(sim)}/{names.instance_name(p.name, role.value, n)}",
+            host=host_of(sim),
             name=names.instance_name(p.name, role.value, n),
             pair=p.name,
             role=role,
@@ -228,7 +243,7 @@ def local_topology(
         ],
         groups=[
             TopologyGroup(
-                host=HOST,
+                host=None if p.across else HOST,
                 name=p.name,
                 target=p.target,
                 prefill=ids(p, Role.PREFILL),
@@ -248,10 +263,24 @@ def local_ops(
     others: Sequence[Gateway] = (),
     coord: TopologyCoord | None = None,
 ) -> tuple[Ops, LocalUnits]:
-    """Ops over local processes; with `coord` (a local etcd's, pdctl.testing.etcd) the
-    topology names it and restarts hold the fleet restart lock in it."""
-    units = LocalUnits(pairs)
-    systemd: Systemd = units
+    """Ops over local processes on the one pretend host `local`; with `coord` (a local etcd's,
+    pdctl.testing.etcd) the topology names it and restarts hold the fleet restart lock in it."""
+    ops, units = local_fleet_ops(pairs, gateway, timeouts, others, coord)
+    return ops, units[HOST]
+
+
+def local_fleet_ops(
+    pairs: Sequence[Local],
+    gateway: Gateway,
+    timeouts: Timeouts | None = None,
+    others: Sequence[Gateway] = (),
+    coord: TopologyCoord | None = None,
+) -> tuple[Ops, dict[str, LocalUnits]]:
+    """local_ops over the pretend hosts of the engines' addresses (host_of): each host's
+    units apart, as each host's systemd is."""
+    hosts = dict.fromkeys([HOST, *(host_of(sim) for p in pairs for _, _, sim in p.members())])
+    units = {h: LocalUnits(pairs, h) for h in hosts}
+    systemd: dict[str, Systemd] = dict(units)
     topo = local_topology(pairs, gateway, others)
     store = None
     if coord is not None:
@@ -259,10 +288,32 @@ def local_ops(
         store = Store(coord)
     ops = Ops(
         Source(topo, None),
-        lambda _host: systemd,
+        systemd.__getitem__,
         [GatewayAdmin(g.url) for g in (gateway, *others)],
         timeouts or Timeouts(health=60, canary=30),
         store=store,
         fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )
     return ops, units
+
+
+@contextlib.contextmanager
+def transfers_read(units: Sequence[LocalUnits]) -> Iterator[list[dict[str, float]]]:
+    """Every decode's cross-group counter (pdctl.testing.stack.cross_group_transfers), read
+    just before each stop of the hosts' units (the counter dies with the process; the drain
+    has let in-flight requests finish by then) and once more on the way out."""
+    snapshots: list[dict[str, float]] = []
+    decodes = [sim for u in units for sim in u.procs.values() if sim.mode == "decode"]
+    for u in units:
+
+        def stop_after_reading(*names: str, stop: Callable[..., None] = u.stop) -> None:
+            snapshots.append(cross_group_transfers(decodes))
+            stop(*names)
+
+        setattr(u, "stop", stop_after_reading)  # noqa: B010 (mypy: a method is read-only)
+    try:
+        yield snapshots
+    finally:
+        for u in units:
+            delattr(u, "stop")
+        snapshots.append(cross_group_transfers(decodes))

@@ -104,15 +104,18 @@ def _spawn(
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def sim_args(mode: str, port: int, bootstrap_port: int, *extra: str) -> list[str]:
-    """An engine's launch arguments (after `python -m pdctl.sim`) on 127.0.0.1."""
+def sim_args(
+    mode: str, port: int, bootstrap_port: int, *extra: str, address: str = "127.0.0.1"
+) -> list[str]:
+    """An engine's launch arguments (after `python -m pdctl.sim`) on `address` (a loopback
+    one: 127.0.0.2 plays a second host)."""
     return [
         "--model-path",
         "/models/sim",
         "--served-model-name",
         "sim",
         "--host",
-        "127.0.0.1",
+        address,
         "--port",
         str(port),
         "--disaggregation-mode",
@@ -132,6 +135,7 @@ class SimProc:
     argv: list[str]
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    address: str = "127.0.0.1"  # another loopback address plays another host
 
     @classmethod
     def create(
@@ -144,6 +148,7 @@ class SimProc:
         extra: Sequence[str] = (),
         port: int | None = None,
         bootstrap_port: int | None = None,
+        address: str = "127.0.0.1",
     ) -> SimProc:
         port = port or free_port()
         bootstrap_port = bootstrap_port or free_port()
@@ -151,7 +156,7 @@ class SimProc:
             sys.executable,
             "-m",
             "pdctl.sim",
-            *sim_args(mode, port, bootstrap_port),
+            *sim_args(mode, port, bootstrap_port, address=address),
             "--disaggregation-transfer-backend",
             backend,
             "--enable-metrics",
@@ -164,11 +169,12 @@ class SimProc:
             log_dir / f"{mode}-{port}.log",
             argv,
             {**LOCAL_UCX, **os.environ, **env},
+            address=address,
         )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def start(self) -> SimProc:
         self.proc = _spawn(self.argv, self.log_path, self.env)
@@ -205,16 +211,16 @@ class SimProc:
         return self.log_path.read_text(errors="replace")
 
 
-CROSS_PAIR_METRIC = "pdsim_cross_pair_transfers_total"
+CROSS_GROUP_METRIC = "pdsim_cross_group_transfers_total"
 
 
 def partner_env(*prefills: SimProc) -> dict[str, str]:
-    """The knob that tells a decode its pair's prefill, or its group's prefills (cross-pair
+    """The knob that tells a decode its pair's prefill, or its group's prefills (cross-group
     accounting)."""
-    return {"PDSIM_PAIR_PARTNER": ",".join(f"127.0.0.1:{p.bootstrap_port}" for p in prefills)}
+    return {"PDSIM_PAIR_PARTNER": ",".join(f"{p.address}:{p.bootstrap_port}" for p in prefills)}
 
 
-def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
+def cross_group_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
     """Per running decode (by URL), the KV transfers it took from another pair's prefill.
     The counter dies with the process: read it before a decode stops."""
     out: dict[str, float] = {}
@@ -223,11 +229,11 @@ def cross_pair_transfers(decodes: Iterable[SimProc]) -> dict[str, float]:
             continue
         text = requests.get(f"{sim.url}/metrics", timeout=5).text
         values = [
-            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_PAIR_METRIC)
+            float(x.split()[-1]) for x in text.splitlines() if x.startswith(CROSS_GROUP_METRIC)
         ]
         if not values:
             raise RuntimeError(
-                f"{sim.url} exposes no {CROSS_PAIR_METRIC}: PDSIM_PAIR_PARTNER unset"
+                f"{sim.url} exposes no {CROSS_GROUP_METRIC}: PDSIM_PAIR_PARTNER unset"
             )
         out[sim.url] = sum(values)
     return out

@@ -51,6 +51,20 @@ def two_pair_profile(base: Path, path: Path, **common: Any) -> Path:
     return write_profile(path, profile)
 
 
+GROUPS_PROFILE = ROOT / "deploy" / "profiles" / "sim-fleet-groups.yml"
+
+
+def groups_profile(hosts: list[str], path: Path) -> Path:
+    """sim-fleet-groups.yml with its group across hosts on `hosts` (the fleet's first three)
+    instead of make demo-fleet's pdfleet1-3, written to `path`."""
+    profile = yaml.safe_load(GROUPS_PROFILE.read_text())
+    for group in profile["layout"]["groups"]:
+        for member in group["prefill"] + group["decode"]:
+            if "host" in member:
+                member["host"] = hosts[int(member["host"].removeprefix("pdfleet")) - 1]
+    return write_profile(path, profile)
+
+
 @dataclass
 class Run:
     result: subprocess.CompletedProcess[str]

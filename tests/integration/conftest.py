@@ -45,6 +45,7 @@ def sim_factory(tmp_path: Path) -> Iterator[Callable[..., SimProc]]:
         port: int | None = None,
         bootstrap_port: int | None = None,
         start: bool = True,
+        address: str = "127.0.0.1",
     ) -> SimProc:
         sim = SimProc.create(
             mode,
@@ -54,6 +55,7 @@ def sim_factory(tmp_path: Path) -> Iterator[Callable[..., SimProc]]:
             extra=extra,
             port=port,
             bootstrap_port=bootstrap_port,
+            address=address,
         )
         started.append(sim)
         return sim.start() if start else sim

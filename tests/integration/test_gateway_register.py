@@ -27,7 +27,7 @@ from pdctl.testing.stack import (
     Gateway,
     SimProc,
     constant_load,
-    cross_pair_transfers,
+    cross_group_transfers,
     partner_env,
     wait_until,
 )
@@ -108,7 +108,7 @@ def test_register_binds_every_pair_from_the_first_request_after_each_start(
         served += len(outcomes)
         wait_until(lambda g=gw: len(_pairings(g)) == 4, 30, "all four workers listed")
         assert _pairings(gw) == _expected(ops)
-        crossed = cross_pair_transfers(decodes)
+        crossed = cross_group_transfers(decodes)
         assert set(crossed.values()) == {0.0}, f"start {start}: KV across pairs: {crossed}"
         # Idempotent: a second run changes nothing and says the workers are bound.
         again = _register_cli(topo_file, "--gateway", HOST)
@@ -120,7 +120,7 @@ def test_register_binds_every_pair_from_the_first_request_after_each_start(
     # Every decode served, so its counter of zero means something.
     for d in decodes:
         text = requests.get(f"{d.url}/metrics", timeout=5).text
-        assert "pdsim_cross_pair_transfers_total" in text
+        assert "pdsim_cross_group_transfers_total" in text
     assert served >= STARTS * 150
 
 
@@ -201,7 +201,7 @@ def test_two_gateways_roll_under_load_with_both_bound(
     stop = units.stop
 
     def stop_after_reading(*names: str) -> None:  # a decode's counter dies with it
-        snapshots.append(cross_pair_transfers([p.decode for p in pairs]))
+        snapshots.append(cross_group_transfers([p.decode for p in pairs]))
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
@@ -213,7 +213,7 @@ def test_two_gateways_roll_under_load_with_both_bound(
         reports = restart_pairs(ops, ops.source.pairs())
         n1, n2 = len(first), len(second)
         wait_until(lambda: len(first) >= n1 + 30 and len(second) >= n2 + 30, 30, "load after")
-    snapshots.append(cross_pair_transfers([p.decode for p in pairs]))
+    snapshots.append(cross_group_transfers([p.decode for p in pairs]))
     assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
     for gw in gws:
         assert _pairings(gw) == _expected(ops)

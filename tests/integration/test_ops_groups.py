@@ -21,12 +21,11 @@ from pdctl.ops.recover import RateLimit, RecoveryLog, recover
 from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.pdclient import CanaryResult
-from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops
+from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops, transfers_read
 from pdctl.testing.stack import (
     Gateway,
     SimProc,
     constant_load,
-    cross_pair_transfers,
     partner_env,
     wait_until,
 )
@@ -57,10 +56,6 @@ def group_and_pair(
     return ops, units
 
 
-def _decodes(units: LocalUnits) -> list[SimProc]:
-    return [sim for sim in units.procs.values() if sim.mode == "decode"]
-
-
 def test_group_is_registered_restarted_and_canaried_as_one_unit(
     group_and_pair: tuple[Ops, LocalUnits], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,20 +84,14 @@ def test_group_is_registered_restarted_and_canaried_as_one_unit(
             return super().group(group_legs, count)
 
     monkeypatch.setattr(ops, "canaries", Recorded())
-    snapshots: list[dict[str, float]] = []
-    stop = units.stop
-
-    def stop_after_reading(*names: str) -> None:
-        snapshots.append(cross_pair_transfers(_decodes(units)))
-        stop(*names)
-
-    monkeypatch.setattr(units, "stop", stop_after_reading)
-    with constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes:
+    with (
+        transfers_read([units]) as snapshots,
+        constant_load(ops.source.topology.gateways[0].url, timeout=30) as outcomes,
+    ):
         wait_until(lambda: len(outcomes) >= 20, 30, "load to flow")
         (rep,) = restart_pairs(ops, [g0])
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 30, 30, "load after the restart")
-    snapshots.append(cross_pair_transfers(_decodes(units)))
     assert rep.ok, (rep.error, rep.journal)
     # The target took every member down and up (LocalUnits records the units it expands to).
     assert {(v, i.unit) for i in g0.instances for v in ("stop", "start")} <= set(units.jobs)

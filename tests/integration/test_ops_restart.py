@@ -43,7 +43,7 @@ from pdctl.testing.stack import (
     Gateway,
     SimProc,
     constant_load,
-    cross_pair_transfers,
+    cross_group_transfers,
     partner_env,
     wait_until,
 )
@@ -370,7 +370,7 @@ def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
     stop = units.stop
 
     def stop_after_reading(*names: str) -> None:
-        snapshots.append(cross_pair_transfers(_decodes(units)))
+        snapshots.append(cross_group_transfers(_decodes(units)))
         stop(*names)
 
     monkeypatch.setattr(units, "stop", stop_after_reading)
@@ -380,7 +380,7 @@ def test_requests_stay_inside_pairs_through_drain_and_reregister_cycles(
         reports = [r for _ in range(rolls) for r in restart_pairs(ops, ops.source.pairs())]
         before_end = len(outcomes)
         wait_until(lambda: len(outcomes) >= before_end + 50, 30, "load after the rolls")
-    snapshots.append(cross_pair_transfers(_decodes(units)))
+    snapshots.append(cross_group_transfers(_decodes(units)))
     assert [r.ok for r in reports] == [True] * 2 * rolls, [r.error for r in reports]
     assert len(snapshots) == 2 * rolls + 1 and all(len(s) == 2 or len(s) == 1 for s in snapshots)
     crossed = [s for s in snapshots if any(s.values())]
@@ -529,7 +529,7 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
     (prefill,), (decode,) = pair.prefills, pair.decodes
     port = prefill.bootstrap_port or 0
     if stop == "target alone":
-        monkeypatch.setattr(restart, "stop_pair", lambda sd, p: sd.stop(p.spec.target))
+        monkeypatch.setattr(restart, "_stop_here", lambda sd, target, units: sd.stop(target))
     body = {
         "text": "held",
         "sampling_params": {"max_new_tokens": 1},

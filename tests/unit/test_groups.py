@@ -57,7 +57,7 @@ def test_group_members_render_their_own_ports_and_files(load: Load, shipped: Shi
         args = launch_args(inst, dep)
         assert args[args.index("--disaggregation-bootstrap-port") + 1] == bootstrap
     assert "--disaggregation-bootstrap-port" not in launch_args(d0, dep)
-    # The decode's cross-pair counter knows both prefills of its group, and only them.
+    # The decode's cross-group counter knows both prefills of its group, and only them.
     assert environment(d0, dep)["PDSIM_PAIR_PARTNER"] == "gpu-node-1:9010,gpu-node-1:9012"
     r = render_instance(p1, dep)
     assert r.env_file == "/etc/pdstack/g0-prefill1.env"
@@ -153,10 +153,10 @@ REFUSED = {
         {"groups": [_group(decode=[{**D0, "bootstrap_port": 9000}])]},
         "group 'g0' decode[0]: bootstrap_port is not used: only a prefill serves bootstrap",
     ),
-    "member on another host": (
+    "host on some members only": (
         {"groups": [_group(decode=[{**D0, "host": "node-2"}])]},
-        "group 'g0' decode[0]: host 'node-2': groups across hosts are not supported yet; remove "
-        "host",
+        "layout.groups[0]: group 'g0' prefill[0] has no host while decode[0] names one: give "
+        "every member of the group a host (it then exists once in the fleet), or none",
     ),
 }
 

@@ -45,6 +45,7 @@ class Case:
     extra: dict[str, Any] = field(default_factory=dict)  # edits applied to both
     etcd: str | None = None  # inventory [etcd] hosts (one a line) for the bad case
     etcd_good: str | None = None  # and for the good case
+    hosts: list[str] | None = None  # inventory [pd_hosts] for both cases
 
 
 RDMA = {"hardware.rdma_nics": ["mlx5_0"]}
@@ -73,6 +74,19 @@ GROUP = {
     ],
 }  # fmt: skip
 G0 = "layout.groups.0"
+# The sim profile's pair on every host and a 1P1D group g1 across two hosts (its prefill on
+# gpu-node-1, its decode on gpu-node-2), on the third pretend GPU of each.
+ACROSS = {
+    "hardware.gpu_count": 4,
+    "hardware.numa_gpus": {0: [0, 1, 2, 3]},
+    "layout.groups": [
+        {"name": "g1", "allow_tcp_kv": True,
+         "prefill": [{"host": "gpu-node-1", "numa_node": 0, "gpus": [2], "port": 30010,
+                      "bootstrap_port": 9010}],
+         "decode": [{"host": "gpu-node-2", "numa_node": 0, "gpus": [2], "port": 30011}]},
+    ],
+}  # fmt: skip
+TWO_HOSTS = ["gpu-node-1", "gpu-node-2"]
 CASES = [
     Case("gpu-overlap", {f"{DECODE}.gpus": [3, 4, 5, 6]}, {f"{DECODE}.gpus": [4, 5, 6, 7]},
          "layout.pairs[0].decode.gpus"),
@@ -117,6 +131,12 @@ CASES = [
          "engine.common.page_size", base="sim", extra=GROUP),
     Case("group-tp-ratio", {f"{G0}.decode.0.gpus": [5, 6, 7]}, {f"{G0}.decode.0.gpus": [5]},
          "layout.groups[0].decode[0].gpus", base="sim", extra=GROUP),
+    Case("gpu-overlap", {f"{G0}.decode.0.gpus": [1]}, {f"{G0}.decode.0.gpus": [3]},
+         "layout.groups[0].decode[0].gpus", base="sim", extra=ACROSS, hosts=TWO_HOSTS),
+    Case("port-collision", {f"{G0}.decode.0.port": 30001}, {f"{G0}.decode.0.port": 30010},
+         "layout.groups[0].decode[0].port", base="sim", extra=ACROSS, hosts=TWO_HOSTS),
+    Case("group-tcp-kv", {}, {f"{G0}.decode.0.host": "gpu-node-1", f"{G0}.decode.0.gpus": [3]},
+         "layout.groups[0]: give its hosts RDMA", base="sim", extra=ACROSS, hosts=TWO_HOSTS),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": 128},
          {"engine.decode.max_running_requests": 96}, "engine.decode.max_running_requests"),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": DELETE},
@@ -189,7 +209,10 @@ def _findings(dep: Deployment, rule: str) -> list[Finding]:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
 def test_rule_trips_on_bad_profile(case: Case, load: Load, shipped: Shipped) -> None:
     dep = load(
-        edit(edit(shipped(case.base), case.extra), case.bad), router=case.routers, etcd=case.etcd
+        edit(edit(shipped(case.base), case.extra), case.bad),
+        router=case.routers,
+        etcd=case.etcd,
+        hosts=case.hosts,
     )
     found = _findings(dep, case.rule)
     assert found, f"{case.rule} did not fire; got {[f.id for f in lint(dep)]}"
@@ -205,6 +228,7 @@ def test_rule_passes_near_miss(case: Case, load: Load, shipped: Shipped) -> None
         edit(edit(shipped(case.base), case.extra), case.good),
         router=case.router or case.routers,
         etcd=case.etcd_good,
+        hosts=case.hosts,
     )
     assert not _findings(dep, case.rule)
 

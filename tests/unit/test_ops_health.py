@@ -30,7 +30,7 @@ def test_an_engine_answering_html_is_probed_without_a_crash(
     pair = ops.source.pairs()[0]
     inst = pair.prefills[0].model_copy(update={"url": engine.url})
     dec = pair.decodes[0].model_copy(update={"url": engine.url})
-    restart._wait_healthy(ops, FakeSystemd(), replace(pair, prefills=(inst,), decodes=(dec,)))
+    restart._wait_healthy(ops, replace(pair, prefills=(inst,), decodes=(dec,)))
 
 
 @pytest.mark.parametrize("body", [b"5", b'["text"]', b"<html>"])

@@ -1,5 +1,5 @@
-"""The sim's cross-pair accounting: a decode told its partner prefill counts KV taken from any
-other (`pdsim_cross_pair_transfers_total`), and the render passes the partner to every decode."""
+"""The sim's cross-group accounting: a decode told its partner prefill counts KV taken from any
+other (`pdsim_cross_group_transfers_total`), and the render passes the partner to every decode."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pdctl.spec import Deployment
 from pdctl.testing.stack import free_port, in_process, pd_generate
 
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
-METRIC = "pdsim_cross_pair_transfers"
+METRIC = "pdsim_cross_group_transfers"
 
 
-def cross_pair(text: str) -> float | None:
+def cross_group(text: str) -> float | None:
     """The counter's value, None when the family is absent."""
     for fam in text_string_to_metric_families(text):
         if fam.name == METRIC:
@@ -40,7 +40,7 @@ async def serve_through(partner: bool) -> tuple[float | None, float | None]:
 
         async def metrics() -> float | None:
             async with http.get(f"{decode.url}/metrics") as resp:
-                return cross_pair(await resp.text())
+                return cross_group(await resp.text())
 
         before = await metrics()
         for room, (prefill, port) in enumerate(zip((own, other), ports, strict=True), 1):
