@@ -36,9 +36,10 @@ def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
     restart = _handler("Restart changed PD pairs")
     argv = restart["ansible.builtin.command"]["argv"]
     assert "_pdstack_engine_roll_pdctl + ['restart', '--both', '--yes'" in argv
-    assert "/bin/pdctl" in yaml.safe_load((ROLE / "vars" / "main.yml").read_text())[
-        "_pdstack_engine_roll_pdctl"
-    ]
+    assert (
+        "/bin/pdctl"
+        in yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_pdctl"]
+    )
     # One roll for the play's hosts (pdctl: one group at a time, or K fleet-wide).
     assert restart["run_once"] is True and "throttle" not in restart
     assert restart["delegate_to"] == "{{ _pdstack_engine_roll_on }}"
