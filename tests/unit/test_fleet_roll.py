@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdctl import converge, names
 from tests.conftest import ROOT, role_expression
@@ -167,3 +168,36 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
         "  User root",
         "  Include /srv/fleet/ssh_config",
     ]
+
+
+def test_the_plays_failure_names_the_failed_and_the_untouched_groups(tmp_path: Path) -> None:
+    """The failure handler's message keeps pdctl's lines about groups (of any host), its
+    errors and the untouched list, and drops the progress and journal lines."""
+    (handler,) = [
+        h
+        for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+        if h["name"] == "Stop at the first pair that failed to restart"
+    ]
+    assert handler["run_once"] is True and handler["any_errors_fatal"] is True
+    stderr = [
+        "roll: out h1/pd0, h2/pd0; done 0 of 4; left 2",
+        "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
+        "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
+        "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway)",
+        "--- journalctl -u pdstack-pd0-prefill.service (last 30 lines)",
+        "  h2 sim[1]: boom",
+        "stopping the roll; untouched: h2/pd1, h3/pd0",
+    ]
+    facts = {"__pdstack_engine_restarted": {"rc": 1, "stderr_lines": stderr}}
+    # The message as a variable: Ansible templates it as the handler's task would.
+    message = tmp_path / "message.yml"
+    message.write_text(yaml.safe_dump({"_message": handler["ansible.builtin.fail"]["msg"]}))
+    got = role_expression(tmp_path, message, facts, "_message")
+    assert got.startswith("pdctl restart failed (exit 1):"), got
+    assert (
+        "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
+        "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
+        "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway) | "
+        "stopping the roll; untouched: h2/pd1, h3/pd0."
+    ) in got, got
+    assert "roll: out" not in got and "boom" not in got
