@@ -138,7 +138,7 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
             "layout": {"venv": names.VENV},
             "hosts": {"localhost": {"address": "127.0.0.1"}},
         },
-        "__pdstack_engine_roll_ssh": {"path": "/tmp/roll.ssh_config"},
+        "__pdstack_engine_roll_dir": {"path": "/tmp/x.pdstack-roll"},
     }
     got = role_expression(
         tmp_path,
@@ -159,7 +159,8 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
     assert pdctl == str(ROOT / ".venv" / "bin" / "pdctl")
     assert args == ["-i", str(tmp_path / "hosts.ini"), "-p", "/srv/profile.yml"]
     assert got["env"] == {
-        "PDCTL_SSH_CONFIG": "/tmp/roll.ssh_config",
+        "PDCTL_SSH_CONFIG": "/tmp/x.pdstack-roll/ssh_config",
+        "PDCTL_LOCK": "/tmp/x.pdstack-roll/restart.lock",
         "PDSTACK_GATEWAY_API_KEY": "",
     }
     assert got["ssh"].splitlines() == [
