@@ -5,13 +5,15 @@ engines the controller must reach first; and the ssh settings pdctl gets from th
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pdctl import converge, names
-from tests.conftest import ROOT, role_expression
+from tests.conftest import ROOT, require_path, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_engine"
 
@@ -102,6 +104,40 @@ def test_ssh_settings_follow_the_inventory_with_ansibles_precedence(
     text = converge.ssh_config(hosts[:1], DEPLOYMENT, False)
     assert text.endswith(
         "Host 10.0.0.1\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+    )
+
+
+def test_ssh_itself_reads_the_settings_as_ansible_would(tmp_path: Path) -> None:
+    """`ssh -G` (the options ssh would use, without connecting): the inventory's -F file's
+    pinned host keys win over the no-check default, which applies where nothing else says."""
+    ssh = require_path(shutil.which("ssh"), "ssh")
+    fleet = tmp_path / "fleet_config"
+    fleet.write_text(
+        "Host gpu-1 10.0.0.1\n  IdentityFile /keys/gpu-1\n  StrictHostKeyChecking yes\n"
+        "  UserKnownHostsFile /keys/known_hosts\n"
+    )
+    hosts = [
+        {"inventory_hostname": "gpu-1", "ansible_ssh_common_args": f"-F {fleet}"},
+        {"inventory_hostname": "gpu-2", "ansible_host": "10.0.0.2", "ansible_port": 2222},
+    ]
+    config = tmp_path / "ssh_config"
+    config.write_text(converge.ssh_config(hosts, DEPLOYMENT, False))
+
+    def resolved(address: str) -> dict[str, str]:
+        argv = [str(ssh), "-G", "-F", str(config), f"root@{address}"]
+        out = subprocess.run(argv, text=True, capture_output=True, check=True).stdout
+        return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+    one, two = resolved("10.0.0.1"), resolved("gpu-2.lan")
+    assert (one["user"], one["identityfile"]) == ("root", "/keys/gpu-1")
+    assert (one["stricthostkeychecking"], one["userknownhostsfile"]) == (
+        "true",
+        "/keys/known_hosts",
+    )
+    assert (two["hostname"], two["port"], two["stricthostkeychecking"]) == (
+        "10.0.0.2",
+        "2222",
+        "false",
     )
 
 
