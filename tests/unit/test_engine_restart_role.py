@@ -35,7 +35,7 @@ def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
             assert "state" not in sd, f"{h['name']} changes a unit's state directly"
     restart = _handler("Restart changed PD pairs")
     argv = restart["ansible.builtin.command"]["argv"]
-    assert "_pdstack_engine_roll_pdctl + ['restart', '--both', '--yes'" in argv
+    assert "[_pdstack_engine_roll_pdctl, 'restart', '--both', '--yes'" in argv
     assert (
         "/bin/pdctl"
         in yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_pdctl"]

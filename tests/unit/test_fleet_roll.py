@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -159,10 +160,26 @@ def test_ssh_settings_pdctl_cannot_use_are_refused_naming_the_host(
         converge.ssh_config([{"inventory_hostname": "gpu-1", **host}], DEPLOYMENT, True)
 
 
+def _handler(name: str) -> dict[str, Any]:
+    (handler,) = [
+        h for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text()) if h["name"] == name
+    ]
+    return handler
+
+
+def _with_handler_vars(tmp_path: Path, **templates: str) -> Path:
+    """The role's vars file plus `templates` (a handler's fields) as variables: Ansible
+    templates them as the handler's task would."""
+    variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text()) | templates
+    path = tmp_path / "vars_and_handler.yml"
+    path.write_text(yaml.safe_dump(variables))
+    return path
+
+
 def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: Path) -> None:
     """Through real Ansible and the role's vars: the hosts' handed-in groups make one roll;
-    on the controller pdctl is the playbook's own, with -i/-p, and gets ssh settings built from
-    the inventory's connection variables."""
+    on the controller the command is the playbook's own pdctl, `restart` with -i/-p, and pdctl
+    gets ssh settings built from the inventory's connection variables."""
     inventory = (
         "localhost ansible_host=127.0.0.1 ansible_user=root "
         "ansible_ssh_common_args='-F /srv/fleet/ssh_config'\n"
@@ -175,13 +192,16 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
             "hosts": {"localhost": {"address": "127.0.0.1"}},
         },
         "__pdstack_engine_roll_dir": {"path": "/tmp/x.pdstack-roll"},
+        "pdstack_engine_restart_lock_wait": 600,
+        "pdstack_engine_roll_max_unavailable": "2",
     }
+    restart = _handler("Restart changed PD pairs one at a time (drain, restart, canary, register)")
     got = role_expression(
         tmp_path,
-        ROLE / "vars" / "main.yml",
+        _with_handler_vars(tmp_path, _argv=restart["ansible.builtin.command"]["argv"]),
         facts,
-        "{'roll': _pdstack_engine_roll, 'on': _pdstack_engine_roll_on, "
-        "'pdctl': _pdstack_engine_roll_pdctl, 'env': _pdstack_engine_roll_env, "
+        "{'roll': _pdstack_engine_roll, 'on': _pdstack_engine_roll_on, 'argv': _argv, "
+        "'env': _pdstack_engine_roll_env, "
         "'ssh': _pdstack_engine_roll_ssh_hosts | pdstack_ssh_config(_pdstack_engine_dep.hosts, "
         "true)}",
         inventory=inventory,
@@ -191,9 +211,23 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
         {"id": "localhost/pd1", "hosts": ["localhost"]},
     ]
     assert got["on"] == "localhost"
-    pdctl, *args = got["pdctl"]
-    assert pdctl == str(ROOT / ".venv" / "bin" / "pdctl")
-    assert args == ["-i", str(tmp_path / "hosts.ini"), "-p", "/srv/profile.yml"]
+    assert got["argv"] == [
+        str(ROOT / ".venv" / "bin" / "pdctl"),
+        "restart",  # -i/-p are the command's options: after it
+        "--both",
+        "--yes",
+        "--lock-wait",
+        "600",
+        "-i",
+        str(tmp_path / "hosts.ini"),
+        "-p",
+        "/srv/profile.yml",
+        "--max-unavailable",
+        "2",
+        "--include-drained",
+        "--pair=localhost/pd0",
+        "--pair=localhost/pd1",
+    ]
     assert got["env"] == {
         "PDCTL_SSH_CONFIG": "/tmp/x.pdstack-roll/ssh_config",
         "PDCTL_LOCK": "/tmp/x.pdstack-roll/restart.lock",
@@ -205,16 +239,17 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
         "  User root",
         "  Include /srv/fleet/ssh_config",
     ]
+    # pdctl takes that command line (its options parsed, up to loading the inventory).
+    help_ = subprocess.run(
+        [*got["argv"][:2], "--help"], text=True, capture_output=True, check=True
+    ).stdout
+    assert all(opt in help_ for opt in ("-i,", "-p,", "--max-unavailable", "--lock-wait"))
 
 
 def test_the_plays_failure_names_the_failed_and_the_untouched_groups(tmp_path: Path) -> None:
     """The failure handler's message keeps pdctl's lines about groups (of any host), its
     errors and the untouched list, and drops the progress and journal lines."""
-    (handler,) = [
-        h
-        for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
-        if h["name"] == "Stop at the first pair that failed to restart"
-    ]
+    handler = _handler("Stop at the first pair that failed to restart")
     assert handler["run_once"] is True and handler["any_errors_fatal"] is True
     stderr = [
         "roll: out h1/pd0, h2/pd0; done 0 of 4; left 2",
@@ -226,10 +261,8 @@ def test_the_plays_failure_names_the_failed_and_the_untouched_groups(tmp_path: P
         "stopping the roll; untouched: h2/pd1, h3/pd0",
     ]
     facts = {"__pdstack_engine_restarted": {"rc": 1, "stderr_lines": stderr}}
-    # The message as a variable: Ansible templates it as the handler's task would.
-    message = tmp_path / "message.yml"
-    message.write_text(yaml.safe_dump({"_message": handler["ansible.builtin.fail"]["msg"]}))
-    got = role_expression(tmp_path, message, facts, "_message")
+    msg = handler["ansible.builtin.fail"]["msg"]
+    got = role_expression(tmp_path, _with_handler_vars(tmp_path, _message=msg), facts, "_message")
     assert got.startswith("pdctl restart failed (exit 1):"), got
     assert (
         "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
