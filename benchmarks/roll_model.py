@@ -6,8 +6,7 @@ progress line's time to go uses too): every group takes T = drain + stop + start
 + register seconds and starts on the first of K lanes to come free, so N groups roll in
 ceil(N/K) x T. K is what --max-unavailable makes of a count or a percentage of the fleet's
 groups (roll.budget), less what groups out for another reason take from the floor
-(roll.lanes). site.yml rolls one host after another, each host's groups at most K at once:
-H x ceil(G/K) x T for H hosts of G groups.
+(roll.lanes). site.yml's roll is this same roll, over the play's changed groups.
 
     .venv/bin/python benchmarks/roll_model.py            # the table in docs/operations.md
     .venv/bin/python benchmarks/roll_model.py --measure 4 --k 1 2 [--clients 4]
@@ -46,19 +45,13 @@ def roll_seconds(groups: int, k: str, per_group_s: float) -> float:
     return roll.finish([], [per_group_s] * groups, roll.lanes(b, groups))
 
 
-def site_seconds(hosts: int, per_host: int, k: str, per_group_s: float) -> float:
-    """site.yml's roll: hosts one after another, each host's groups K at a time."""
-    each = min(roll.max_unavailable(k, hosts * per_host), per_host)
-    return hosts * roll.finish([], [per_group_s] * per_host, each)
-
-
 def _hm(s: float) -> str:
     h, m = divmod(math.ceil(s / 60), 60)
     return f"{h} h {m:02d} min" if h else f"{m} min"
 
 
 def table() -> list[str]:
-    """The docs table: one row per fleet and start-up time, a column per K, and site.yml's."""
+    """The docs table: one row per fleet and start-up time, a column per K."""
 
     def k_of(k: str, groups: int) -> str:
         return k if not k.endswith("%") else f"{k} = {roll.max_unavailable(k, groups)}"
@@ -66,8 +59,8 @@ def table() -> list[str]:
     lines = [
         "| hosts x groups (N) | start-up | T per group | "
         + " | ".join(f"K = {k}" for k in KS)
-        + " | site.yml, K >= 2 |",
-        "|---|---|---|" + "---|" * (len(KS) + 1),
+        + " |",
+        "|---|---|---|" + "---|" * len(KS),
     ]
     for hosts, per_host in FLEETS:
         groups = hosts * per_host
@@ -78,11 +71,10 @@ def table() -> list[str]:
                 + ("" if not k.endswith("%") else f" ({k_of(k, groups)})")
                 for k in KS
             ]
-            site = _hm(site_seconds(hosts, per_host, "2", t))
             lines.append(
                 f"| {hosts} x {per_host} ({groups}) | {startup:g} min | {t:.0f} s | "
                 + " | ".join(cells)
-                + f" | {site} |"
+                + " |"
             )
     return lines
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import posixpath
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 # A registered loop result: {"results": [{"changed": bool, "item": ..., ...}, ...]}; the list
 # is what the roles pass.
@@ -98,18 +101,6 @@ def running_pairs(
     return [c for c, state in zip(changed, active, strict=False) if state == "active"]
 
 
-def roll_here(
-    running: Sequence[Mapping[str, Any]], host: str, hosts: Sequence[str], each: Sequence[Any]
-) -> list[Mapping[str, Any]]:
-    """What this host's roll restarts of its `running` changed pairs: all of them but the
-    groups across hosts that an earlier host of the play (`hosts`, with `each` its own running
-    changed list, [] where nothing changed) restarts: one `pdctl restart --pair` restarts
-    such a group on all its hosts, so it runs once, from the first host it changed on."""
-    before = hosts[: list(hosts).index(host)]
-    earlier = {c["id"] for h, cs in zip(hosts, each, strict=True) if h in before for c in cs}
-    return [c for c in running if "/" in c["id"] or c["id"] not in earlier]
-
-
 # IPv4 addresses and networks are digits, dots and slashes; IPv6 ones hold a colon.
 _IPV4 = re.compile(r"^[0-9./]+$")
 
@@ -154,6 +145,117 @@ def roll_args(max_unavailable: int | str) -> list[str]:
     does)."""
     k = str(max_unavailable)
     return [] if k == "1" else ["--max-unavailable", k, "--include-drained"]
+
+
+def roll_groups(per_host: Iterable[Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """site.yml's one fleet roll: each host's running changed groups (running_pairs, hosts in
+    inventory order), once each by id, with `hosts`: every host that listed it (a group with
+    members on several hosts is listed by each of them, and restarts once)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for host_groups in per_host:
+        for g in host_groups:
+            got = groups.setdefault(g["id"], {"id": g["id"], "hosts": []})
+            if g["host"] not in got["hosts"]:
+                got["hosts"].append(g["host"])
+    return list(groups.values())
+
+
+def roll_hosts(groups: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The hosts a roll of `groups` (roll_groups) touches, in order."""
+    return list(dict.fromkeys(h for g in groups for h in g["hosts"]))
+
+
+def roll_runs_on(groups: Iterable[Mapping[str, Any]]) -> str:
+    """Where site.yml runs the roll: on the groups' host when they are all on one (no ssh, the
+    engines on loopback), else on the controller ("localhost"), the one place that reaches
+    every host (ssh as root, as Ansible does) and the store."""
+    hosts = roll_hosts(groups)
+    return hosts[0] if len(hosts) == 1 else "localhost"
+
+
+def roll_engines(
+    groups: Iterable[Mapping[str, Any]], hosts: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The engines of a roll's `groups` (roll_groups), {id, url, address, port} each: those
+    the deployment's `hosts` (by name: {instances: [{inst: {id, pair, url}}]}) put on each
+    group's hosts under the group's id (`HOST/NAME`; a group across hosts: `NAME`)."""
+    out = []
+    for g in groups:
+        for host in g["hosts"]:
+            for i in hosts[host]["instances"]:
+                if g["id"] in (f"{host}/{i['inst']['pair']}", i["inst"]["pair"]):
+                    url = urlsplit(i["inst"]["url"])
+                    out.append(
+                        {"id": i["inst"]["id"], "url": i["inst"]["url"]}
+                        | {"address": url.hostname, "port": url.port}
+                    )
+    return out
+
+
+# ssh's own options that have a config-file keyword (`ssh -F`'s file is included).
+_SSH_FLAGS = {"-i": "IdentityFile", "-p": "Port", "-J": "ProxyJump", "-l": "User"}
+
+
+def _ssh_options(host: str, args: str) -> list[str]:
+    """ssh command-line options (ansible_ssh_common_args, ..._extra_args) as config lines; a
+    relative -F file is the one ssh would read from Ansible's folder."""
+    words, out = shlex.split(args), []
+    while words:
+        word = words.pop(0)
+        flag, value = word[:2], word[2:]
+        if flag not in ("-F", "-o", *_SSH_FLAGS) or (not value and not words):
+            raise ValueError(
+                f"{host}: the ssh option {word!r} cannot be passed on to pdctl's ssh (the fleet "
+                "roll from the controller): give it as -o Option=value, or in an ssh -F file"
+            )
+        value = value or words.pop(0)
+        if flag == "-F":
+            out.append(f"Include {os.path.abspath(value)}")
+        elif flag == "-o":
+            out.append(" ".join(value.replace("=", " ", 1).split(None, 1)))
+        else:
+            out.append(f"{_SSH_FLAGS[flag]} {value}")
+    return out
+
+
+def ssh_config(
+    hosts: Sequence[Mapping[str, Any]],
+    deployment: Mapping[str, Mapping[str, Any]],
+    host_key_checking: bool,
+) -> str:
+    """An `ssh -F` file for pdctl on the controller ($PDCTL_SSH_CONFIG) that reaches each host
+    at its pdctl address (the `deployment`'s hosts by name: {address}) the way Ansible does:
+    `hosts` are each host's variables (inventory_hostname, and any of ansible_host,
+    ansible_port, ansible_user, ansible_ssh_private_key_file, ansible_ssh_common_args,
+    ansible_ssh_extra_args). ssh takes the first value of each option, so Ansible's own order
+    of precedence holds: its variables, then its ssh arguments, then the -F file they name;
+    then, with host_key_checking off (as Ansible runs), no host key check. pdctl logs in as
+    root: another ansible_user is refused."""
+    out = []
+    for h in hosts:
+        name = h["inventory_hostname"]
+        address = deployment[name]["address"]
+        user = h.get("ansible_user") or "root"
+        if user != "root":
+            raise ValueError(
+                f"{name}: the roll of several hosts runs pdctl on the controller, which logs in "
+                f"as root, but Ansible logs in as {user}: connect as root, or set "
+                "pdstack_engine_restart_on_change=false and roll where root ssh works"
+            )
+        out.append(f"Host {address}")
+        vars_ = {
+            "HostName": h.get("ansible_host"),
+            "Port": h.get("ansible_port"),
+            "User": "root",
+            "IdentityFile": h.get("ansible_ssh_private_key_file"),
+        }
+        out += [f"  {k} {v}" for k, v in vars_.items() if v]
+        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            out += [f"  {line}" for line in _ssh_options(name, h.get(key) or "")]
+        if not host_key_checking:  # a block of its own: after an Include, first values win
+            out += [f"Host {address}", "  StrictHostKeyChecking no"]
+            out += ["  UserKnownHostsFile /dev/null"]
+    return "\n".join(out) + "\n"
 
 
 def ready_retries(timeout: int | str, each: Mapping[str, float]) -> int:
@@ -243,8 +345,12 @@ FILTERS = {
     "pdstack_port_clashes": port_clashes,
     "pdstack_controller_address": controller_address,
     "pdstack_roll_args": roll_args,
+    "pdstack_roll_groups": roll_groups,
+    "pdstack_roll_hosts": roll_hosts,
+    "pdstack_roll_runs_on": roll_runs_on,
+    "pdstack_roll_engines": roll_engines,
+    "pdstack_ssh_config": ssh_config,
     "pdstack_ready_retries": ready_retries,
     "pdstack_pki_dir": pki_dir,
     "pdstack_known_hosts": known_hosts,
-    "pdstack_roll_here": roll_here,
 }

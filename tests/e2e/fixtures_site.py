@@ -140,13 +140,14 @@ def build_wheelhouse(profile: Path, inventory: Path) -> Path:
     return Path(result.stdout.strip())
 
 
-def roll_under_load(site: Site, profile: Path) -> Run:
-    """site.yml with `profile` (-v: pdctl's progress lines in the output) while streaming
-    clients load the first gateway; asserts the run passed and no client request failed."""
+def roll_under_load(site: Site, profile: Path, *args: str) -> Run:
+    """site.yml with `profile` and `args` (-v: pdctl's progress lines in the output) while
+    streaming clients load the first gateway; asserts the run passed and no client request
+    failed."""
     url = site.deployment()["gateway"]["url"]
     with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
         time.sleep(3)
-        run = site.run("-v", profile=profile)
+        run = site.run("-v", *args, profile=profile)
         time.sleep(3)
     run.assert_ok()
     failed = [o.failure for o in outcomes if not o.ok]

@@ -5,10 +5,11 @@ etcd member of the coordination store on every host).
 In file order: the first converge, the second run (nothing changes on any host), requests
 through the first host's gateway served by every pair of every host, `pdctl status` of the
 whole fleet from the controller, every store member healthy over TLS from the controller; then
-restarts across the fleet: a config change rolled under load one pair at a time over all hosts
-with no failed request, the fleet restart lock (a lease in etcd) refusing a second restarter
-(the controller) while a host restarts, naming the holder, a pair whose prefill and decode are
-on different hosts (KV through NIXL between them), and last the second host cut off the bridge
+restarts across the fleet: a config change rolled under load two groups at a time over all
+hosts (one roll from the controller) with no failed request and the floor held, the fleet
+restart lock (a lease in etcd) refusing a second restarter (the controller) while a host
+restarts, naming the holder, a pair whose prefill and decode are on different hosts (KV
+through NIXL between them), and last the second host cut off the bridge
 in the middle of a roll (site.yml fails naming it; its lease ends with its renewals, and its
 gateway's liveness key with them, so a restart on host 1 goes on without that gateway, naming
 it; host 2's drained pair stays visible), then put back. Then the store's faults: hosts 1 and
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -237,24 +239,81 @@ def target_jobs(fleet: TestFleet, since: float) -> list[tuple[float, str, str]]:
     return sorted(jobs)
 
 
-def test_a_config_change_rolls_one_pair_at_a_time_across_the_fleet(
+# The fleet rolls K groups at a time, fleet-wide (one pdctl restart for the play, from the
+# controller); the single host's roll (test_site_roll.py) keeps K=1, one at a time.
+ROLL_K = 2
+
+
+def groups_routed(dep: dict[str, Any]) -> int:
+    """The fleet's groups that every gateway routes to (each member listed, not draining):
+    the count the roll's floor keeps."""
+    groups: dict[str, set[str]] = {}
+    for host, spec in dep["hosts"].items():
+        for i in spec["instances"]:
+            groups.setdefault(f"{host}/{i['inst']['pair']}", set()).add(i["inst"]["url"])
+    views = [gateway_urls(url) for url in dep["gateway"]["urls"].values()]
+    return sum(all(urls <= v for v in views) for urls in groups.values())
+
+
+def most_out(jobs: list[tuple[float, str, str]]) -> int:
+    """The most pair targets between their stop and their start at once."""
+    out = peak = 0
+    for _, _, kind in jobs:
+        out += 1 if kind == "stop" else -1
+        peak = max(peak, out)
+    return peak
+
+
+def test_a_config_change_rolls_k_groups_at_a_time_across_the_fleet(
     fleet_site: Site, fleet: TestFleet, tmp_path: Path
 ) -> None:
+    """pdstack_engine_roll_max_unavailable=2: one roll of the fleet's 6 groups with at most 2
+    out at once over all hosts, the gateways routing at least 4 throughout (polled), no
+    failed request; then a second run changes nothing."""
     before = main_pids(fleet)
     t0 = time.time() - 1
+    dep = fleet_site.deployment()
     changed = _profile(tmp_path / "changed.yml", 4096)
-    roll_under_load(fleet_site, changed)
+    routed: list[int] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            with contextlib.suppress(PdctlError):
+                routed.append(groups_routed(dep))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        run = roll_under_load(
+            fleet_site, changed, "-e", f"pdstack_engine_roll_max_unavailable={ROLL_K}"
+        )
+    finally:
+        done.set()
+        watcher.join(10)
     after = main_pids(fleet)
     assert all(after[k] != v for k, v in before.items()), (before, after)
-    # Strictly one pair down at a time over both hosts: every stop is followed by the start
-    # of the same pair target before anything else stops.
+    groups = PAIRS_PER_HOST * FLEET_SIZE
+    assert routed and min(routed) >= groups - ROLL_K, routed  # the floor, as the gateways see it
+    # pdctl's progress: the groups out after each start and end; never more than K.
+    outs = [
+        [] if out == "none" else out.split(", ")
+        for line in run.output.splitlines()
+        if "roll: out " in line
+        for out in [line.split("roll: out ", 1)[1].split(";", 1)[0]]
+    ]
+    assert outs and max(len(o) for o in outs) == ROLL_K, run.output[-6000:]
+    hosts_out = max(len({g.split("/")[0] for g in o}) for o in outs)
+    # Every pair target of every host stopped and started once, at most K down at once.
     jobs = target_jobs(fleet, t0)
-    pairs = [jobs[i][1] for i in range(0, len(jobs), 2)]
-    assert [(t, kind) for _, t, kind in jobs] == [
-        (p, kind) for p in pairs for kind in ("stop", "start")
-    ], jobs
-    assert sorted(pairs) == sorted(
+    assert sorted(t for _, t, kind in jobs if kind == "stop") == sorted(
         f"{h.name}/{names.pair_target(p)}" for h in fleet.hosts for p in PAIRS
+    ), jobs
+    assert most_out(jobs) <= ROLL_K, jobs
+    print(
+        f"roll at K={ROLL_K}: fewest groups routed {min(routed)} of {groups}; "
+        f"most hosts with a group out at once {hosts_out}"
     )
     again = fleet_site.run(profile=changed)
     again.assert_ok()

@@ -35,8 +35,14 @@ def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
             assert "state" not in sd, f"{h['name']} changes a unit's state directly"
     restart = _handler("Restart changed PD pairs")
     argv = restart["ansible.builtin.command"]["argv"]
-    assert "'restart', '--both', '--yes'" in argv and "/bin/pdctl" in argv
-    assert restart["throttle"] == 1  # one host at a time; pdctl: one pair at a time
+    assert "[_pdstack_engine_roll_pdctl, 'restart', '--both', '--yes'" in argv
+    assert (
+        "/bin/pdctl"
+        in yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_pdctl"]
+    )
+    # One roll for the play's hosts (pdctl: one group at a time, or K fleet-wide).
+    assert restart["run_once"] is True and "throttle" not in restart
+    assert restart["delegate_to"] == "{{ _pdstack_engine_roll_on }}"
     # Always through the fleet restart lock in etcd (the store play runs before the engines),
     # waited for.
     assert "'--lock-wait', pdstack_engine_restart_lock_wait" in argv

@@ -212,14 +212,29 @@ def test_no_peer_ssh_without_groups_across_hosts(
 
 
 def test_the_roll_restarts_a_group_across_hosts_once() -> None:
-    """site.yml's handler: each host restarts its own pairs, a group across hosts only from
-    the first host (in play order) it changed on."""
+    """site.yml's one roll: a group across hosts that changed on two of its hosts is one
+    `--pair g1`, and the engine check finds its members on each host under its bare id."""
     g1 = {"pair": "g1", "id": "g1"}
     pd0 = {"pair": "pd0", "id": "node-2/pd0"}
-    each = [[], [pd0, g1], [g1]]
-    assert converge.roll_here([pd0, g1], "node-2", HOSTS, each) == [pd0, g1]
-    assert converge.roll_here([g1], "node-3", HOSTS, each) == []
-    assert converge.roll_here([g1], "node-1", HOSTS, [[g1], [g1], []]) == [g1]
+    roll = converge.roll_groups(
+        [[], [pd0 | {"host": "node-2"}, g1 | {"host": "node-2"}], [g1 | {"host": "node-3"}]]
+    )
+    assert roll == [
+        {"id": "node-2/pd0", "hosts": ["node-2"]},
+        {"id": "g1", "hosts": ["node-2", "node-3"]},
+    ]
+
+    def inst(host: str, name: str, pair: str, port: int) -> dict[str, Any]:
+        url = f"http://{host}:{port}"
+        return {"inst": {"id": f"{host}/{name}", "pair": pair, "url": url}}
+
+    hosts = {
+        "node-2": {"instances": [inst("node-2", "pd0-decode", "pd0", 1), inst("node-2", "g1-decode0", "g1", 2)]},
+        "node-3": {"instances": [inst("node-3", "pd0-decode", "pd0", 1), inst("node-3", "g1-decode1", "g1", 2)]},
+    }  # fmt: skip
+    assert [e["id"] for e in converge.roll_engines(roll, hosts)] == [
+        "node-2/pd0-decode", "node-2/g1-decode0", "node-3/g1-decode1",
+    ]  # fmt: skip
     changed = converge.changed_pairs(
         [{"pair": "g1", "target": "pdstack-g1.target", "id": "g1"}],
         host="node-2",

@@ -184,7 +184,6 @@ def test_the_roll_time_table_in_the_docs_is_the_one_the_model_prints() -> None:
     assert table in (ROOT / "docs" / "operations.md").read_text()
     # The model is the scheduler's: 32 groups of 220 s at 25% (K = 8) are 4 waves.
     assert model.roll_seconds(32, "25%", 220.0) == pytest.approx(4 * 220.0)
-    assert model.site_seconds(16, 2, "25%", 220.0) == pytest.approx(16 * 220.0)
 
 
 # ----- the scheduler over a stand-in step -------------------------------------------------
