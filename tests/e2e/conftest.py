@@ -273,7 +273,17 @@ def start_fleet(name: str, size: int = 2) -> TestFleet:
 # other tests. Three hosts: the store's HA layout (a member on each).
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[TestFleet]:
-    f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl"), size=3)
+    yield from _module_fleet("")
+
+
+# test_fleet_groups.py's own fleet, so that it runs in a lane beside test_fleet.py's.
+@pytest.fixture(scope="module")
+def groups_fleet() -> Iterator[TestFleet]:
+    yield from _module_fleet("g")
+
+
+def _module_fleet(suffix: str) -> Iterator[TestFleet]:
+    f = start_fleet(os.environ.get("PDSTACK_FLEET_NAME", "pdfl") + suffix, size=3)
     yield f
     if os.environ.get("PDSTACK_TESTHOST_KEEP") != "1":
         f.down()

@@ -256,18 +256,25 @@ def test_the_plays_failure_names_the_failed_and_the_untouched_groups(tmp_path: P
         "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
         "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
         "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway)",
+        "g1: restarting pdstack-g1-prefill0.service + pdstack-g1-decode0.service",
         "--- journalctl -u pdstack-pd0-prefill.service (last 30 lines)",
         "  h2 sim[1]: boom",
         "stopping the roll; untouched: h2/pd1, h3/pd0",
     ]
-    facts = {"__pdstack_engine_restarted": {"rc": 1, "stderr_lines": stderr}}
+    facts = {
+        "__pdstack_engine_restarted": {"rc": 1, "stderr_lines": stderr},
+        # A group across hosts in the roll: its lines start with its bare id.
+        "__pdstack_engine_roll_mine": [{"id": "g1", "pair": "g1", "host": "localhost"}],
+    }
     msg = handler["ansible.builtin.fail"]["msg"]
-    got = role_expression(tmp_path, _with_handler_vars(tmp_path, _message=msg), facts, "_message")
+    variables = _with_handler_vars(tmp_path, _message=msg, **handler["vars"])
+    got = role_expression(tmp_path, variables, facts, "_message")
     assert got.startswith("pdctl restart failed (exit 1):"), got
     assert (
         "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
         "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
         "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway) | "
+        "g1: restarting pdstack-g1-prefill0.service + pdstack-g1-decode0.service | "
         "stopping the roll; untouched: h2/pd1, h3/pd0."
     ) in got, got
     assert "roll: out" not in got and "boom" not in got

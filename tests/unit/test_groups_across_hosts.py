@@ -228,10 +228,11 @@ def test_the_roll_restarts_a_group_across_hosts_once() -> None:
         url = f"http://{host}:{port}"
         return {"inst": {"id": f"{host}/{name}", "pair": pair, "url": url}}
 
+    members = {"node-2": "g1-decode0", "node-3": "g1-decode1"}
     hosts = {
-        "node-2": {"instances": [inst("node-2", "pd0-decode", "pd0", 1), inst("node-2", "g1-decode0", "g1", 2)]},
-        "node-3": {"instances": [inst("node-3", "pd0-decode", "pd0", 1), inst("node-3", "g1-decode1", "g1", 2)]},
-    }  # fmt: skip
+        h: {"instances": [inst(h, "pd0-decode", "pd0", 1), inst(h, m, "g1", 2)]}
+        for h, m in members.items()
+    }
     assert [e["id"] for e in converge.roll_engines(roll, hosts)] == [
         "node-2/pd0-decode", "node-2/g1-decode0", "node-3/g1-decode1",
     ]  # fmt: skip
