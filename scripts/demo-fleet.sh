@@ -11,7 +11,9 @@ ROOT=$PWD
 
 FLEET=${PDSTACK_DEMO_FLEET:-pdfleet}  # `make demo-fleet-down` takes down pdfleet
 SIZE=3  # three etcd members: the store survives losing any one host
-PROFILE=$ROOT/deploy/profiles/sim-fleet.yml
+# PDSTACK_DEMO_FLEET_PROFILE=deploy/profiles/sim-fleet-groups.yml: xPyD groups instead of pairs
+# (a 2P1D group on every host, a 1P2D group across the three; its hosts are named pdfleet1-3).
+PROFILE=$(realpath "${PDSTACK_DEMO_FLEET_PROFILE:-$ROOT/deploy/profiles/sim-fleet.yml}")
 STATE=$ROOT/deploy/testhost/state
 INVENTORY=$STATE/$FLEET/inventory.ini
 SSH_CONFIG=$STATE/$FLEET/ssh_config
@@ -38,9 +40,9 @@ cat "$INVENTORY"
 
 demo_secrets  # scripts/demo-lib.sh
 
-step "ansible-playbook site.yml over the fleet (profile: deploy/profiles/sim-fleet.yml)"
+step "ansible-playbook site.yml over the fleet (profile: ${PROFILE#"$ROOT"/})"
 echo "preflight on every host -> the coordination store (etcd on all three, mutual TLS) -> PD"
-echo "engines (2 pairs per host) -> a gateway on hosts 1 and 2, over all 6 pairs -> monitoring"
+echo "engines (sim-fleet.yml: 2 pairs per host) -> a gateway on hosts 1 and 2, over all of them -> monitoring"
 echo "on the first host"
 demo_converge "$INVENTORY" "$PROFILE"
 
@@ -86,6 +88,6 @@ cat <<EOF
 Done. Next:
   ssh -F $SSH_CONFIG ${FLEET}1              a root shell on the first host (${FLEET}2, ${FLEET}3: the others)
   PDCTL_SSH_CONFIG=$SSH_CONFIG PDSTACK_GATEWAY_API_KEY=\$(cat $KEY_FILE) \\
-    .venv/bin/pdctl status -i $INVENTORY -p deploy/profiles/sim-fleet.yml
+    .venv/bin/pdctl status -i $INVENTORY -p $PROFILE
   make demo-fleet-down                          remove the fleet
 EOF

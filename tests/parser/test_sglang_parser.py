@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdctl.render import launch_args
 from pdctl.spec import Deployment, Instance, Role, load_deployment
@@ -31,9 +32,14 @@ def sglang_parse(argvs: list[list[str]]) -> list[dict]:
 
 
 def deployment_for(profile: Path, tmp_path: Path) -> Deployment:
+    """The profile on one host, or on the hosts its groups across hosts name."""
+    groups = yaml.safe_load(profile.read_text())["layout"].get("groups", [])
+    named = [m["host"] for g in groups for m in g["prefill"] + g["decode"] if "host" in m]
+    hosts = "\n".join(dict.fromkeys(named)) or "host-a"
     inventory = tmp_path / "inventory.ini"
     inventory.write_text(
-        f"[pd_hosts]\nhost-a\n[router]\nhost-a\n[all:vars]\npdstack_profile={profile}\n"
+        f"[pd_hosts]\n{hosts}\n[router]\n{hosts.split()[0]}\n"
+        f"[all:vars]\npdstack_profile={profile}\n"
     )
     return load_deployment(inventory)
 
