@@ -316,11 +316,15 @@ def local_fleet_ops(
 
 @contextlib.contextmanager
 def serving(
-    pairs: Sequence[Local], log_dir: Path, *gateway_args: str, timeouts: Timeouts | None = None
+    pairs: Sequence[Local],
+    log_dir: Path,
+    *gateway_args: str,
+    timeouts: Timeouts | None = None,
+    bound: bool = True,
 ) -> Iterator[tuple[Ops, LocalUnits, Gateway]]:
-    """`pairs` started behind the real gateway (smg with no workers on its command line),
-    each pair and group registered under its own id as pdctl registers them; every process
-    stopped by PID on the way out."""
+    """`pairs` started behind the real gateway (smg), every process stopped by PID on the way
+    out. `bound`: each pair and group registered under its own id as pdctl registers them,
+    else its members listed on smg's command line (unbound: smg pairs any with any)."""
     sims = [sim for p in pairs for _, _, sim in p.members()]
     binary = smg_binary()
     if binary is None:
@@ -331,9 +335,11 @@ def serving(
             s.start()
         for s in sims:
             s.wait_healthy(120)
-        gw = start_gateway(binary, [], [], log_dir, *gateway_args)
+        listed = [] if bound else [(r, sim) for p in pairs for r, _, sim in p.members()]
+        prefills, decodes = ([s for r, s in listed if r is role] for role in Role)
+        gw = start_gateway(binary, prefills, decodes, log_dir, *gateway_args)
         ops, units = local_ops(pairs, gw, timeouts)
-        for unit in ops.source.pairs():
+        for unit in ops.source.pairs() if bound else ():
             register_pair(ops, unit)
         yield ops, units, gw.wait_ready()
     finally:
