@@ -40,14 +40,12 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 
-import aiohttp
-
 from pdctl.analyze.report import analyze_stream
 from pdctl.analyze.synth import SynthJournal, SynthPrefill, journal_lines, prefill_journal_lines
-from pdctl.bench.builtin import arrival_times, run_requests
+from pdctl.bench.builtin import arrival_times, run_alone
 from pdctl.bench.client import RequestOutput
 from pdctl.bench.level import Level, Target
-from pdctl.bench.metrics import calculate
+from pdctl.bench.metrics import calculate, window_tokens
 from pdctl.capacity.laws import load_laws
 from pdctl.capacity.model import StepInProgress, sample_quantile
 from pdctl.capacity.prefill import Handoff, PrefillSide, replay
@@ -112,24 +110,8 @@ def write_laws(root: Path) -> list[Path]:
 async def drive(url: str, model: str, level: Level) -> tuple[list[RequestOutput], float, float]:
     """`pdctl bench sweep`'s builtin driver (a warm-up, then the level); the outputs, the
     first and the last arrival (perf_counter seconds)."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-    ) as session:
-        target = Target(url, model, "chat")
-        outputs, start, _ = await run_requests(session, target, level, lambda: None)
+    outputs, start, _ = await run_alone(Target(url, model, "chat"), level)
     return outputs, start, start + arrival_times(level)[-1]
-
-
-def window_tokens(outputs: list[RequestOutput], start: float, end: float) -> int:
-    """Output tokens generated between start and end (perf_counter seconds)."""
-    tokens = 0
-    for o in outputs:
-        if not o.success:
-            continue
-        times = accumulate([o.start_time + o.ttft, *o.itl])
-        tokens += sum(1 for t in times if start <= t <= end)
-    return tokens
 
 
 @contextlib.contextmanager

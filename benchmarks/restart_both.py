@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.ops.context import Timeouts
-from pdctl.ops.restart import register_pair, restart_pair, restart_pairs
+from pdctl.ops.restart import restart_pair, restart_pairs
 from pdctl.ops.source import Pair
 from pdctl.pdclient import group_canary
-from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops
+from pdctl.testing.localproc import LocalPair, LocalUnits, local_ops, serving
 from pdctl.testing.stack import (
     Gateway,
     SimProc,
@@ -57,11 +57,6 @@ def first_success(pair: Pair, timeout: float = 120.0) -> float:
     raise TimeoutError("the pair never served a request")
 
 
-def wait_healthy(sims: list[SimProc]) -> None:
-    for s in sims:
-        s.wait_healthy(120)
-
-
 @contextmanager
 def stack(
     n_pairs: int, args: argparse.Namespace, log_dir: Path, bound: bool = True
@@ -75,29 +70,8 @@ def stack(
         )
         decode_env = {"PDSIM_STARTUP_DELAY_S": str(args.decode_startup), **partner_env(prefill)}
         pairs.append(LocalPair(f"pd{n}", prefill, SimProc.create("decode", log_dir, decode_env)))
-    sims = [s for p in pairs for s in (p.prefill, p.decode)]
-    binary = smg_binary()
-    if binary is None:
-        raise SystemExit("smg is not installed (scripts/setup.sh)")
-    gw: Gateway | None = None
-    try:
-        for s in sims:
-            s.start()
-        wait_healthy(sims)
-        listed = [] if bound else pairs
-        gw = start_gateway(
-            binary, [p.prefill for p in listed], [p.decode for p in listed], log_dir, *GATEWAY_ARGS
-        )
-        if bound:
-            ops, _ = local_ops(pairs, gw)
-            for pair in ops.source.pairs():
-                register_pair(ops, pair)
-        yield pairs, gw.wait_ready()
-    finally:
-        if gw is not None:
-            gw.stop()
-        for s in sims:
-            s.stop()
+    with serving(pairs, log_dir, *GATEWAY_ARGS, bound=bound) as (_, _, gw):
+        yield pairs, gw
 
 
 def coordinated(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:

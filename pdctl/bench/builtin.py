@@ -73,6 +73,18 @@ async def run_requests(
     return list(outputs), start, time.perf_counter() - start
 
 
+async def run_alone(
+    target: Target, level: Level, warmup_requests: int = 1
+) -> tuple[list[RequestOutput], float, float]:
+    """run_requests in a session of its own with no timeout but the connect's (a long stream
+    is no failure), for scripts that drive one level at a time."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+        return await run_requests(session, target, level, lambda: None, warmup_requests)
+
+
 async def run_level(
     session: aiohttp.ClientSession,
     target: Target,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -90,3 +91,15 @@ def calculate(outputs: Sequence[RequestOutput], duration: float) -> dict[str, An
         "max_concurrent_requests": peak_requests,
     }
     return result
+
+
+def window_tokens(outputs: Sequence[RequestOutput], start: float, end: float) -> int:
+    """Output tokens of the successful requests generated between start and end (perf_counter
+    seconds): a steady state's throughput, without a level's ramp-up or tail."""
+    tokens = 0
+    for o in outputs:
+        if not o.success:
+            continue
+        times = accumulate([o.start_time + o.ttft, *o.itl])
+        tokens += sum(1 for t in times if start <= t <= end)
+    return tokens

@@ -15,16 +15,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from pdctl import names
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayAdmin
+from pdctl.ops.restart import register_pair
 from pdctl.ops.source import Source
 from pdctl.ops.systemd import Systemd, UnitStatus
-from pdctl.spec import Role
-from pdctl.testing.stack import Gateway, SimProc, cross_group_transfers
+from pdctl.spec import Deployment, Role
+from pdctl.testing.stack import Gateway, SimProc, cross_group_transfers, smg_binary, start_gateway
 from pdctl.topology import (
     Topology,
     TopologyCoord,
@@ -76,6 +78,21 @@ class LocalGroup:
 
 
 Local = LocalPair | LocalGroup
+
+
+def deployed(dep: Deployment, log_dir: Path) -> list[Local]:
+    """A sim deployment's pairs and groups as local processes (not started), each engine as
+    its unit would run it (SimProc.rendered); for a profile whose engines all listen on
+    127.0.0.1, the pretend host `local`."""
+    units: list[Local] = []
+    for g in dep.groups():
+        prefills = [SimProc.rendered(i, dep, log_dir) for i in g.prefills]
+        decodes = [SimProc.rendered(i, dep, log_dir) for i in g.decodes]
+        if g.is_pair:
+            units.append(LocalPair(g.name, prefills[0], decodes[0]))
+        else:
+            units.append(LocalGroup(g.name, prefills, decodes, across=g.host is None))
+    return units
 
 
 def host_of(sim: SimProc) -> str:
@@ -295,6 +312,41 @@ def local_fleet_ops(
         fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )
     return ops, units
+
+
+@contextlib.contextmanager
+def serving(
+    pairs: Sequence[Local],
+    log_dir: Path,
+    *gateway_args: str,
+    timeouts: Timeouts | None = None,
+    bound: bool = True,
+) -> Iterator[tuple[Ops, LocalUnits, Gateway]]:
+    """`pairs` started behind the real gateway (smg), every process stopped by PID on the way
+    out. `bound`: each pair and group registered under its own id as pdctl registers them,
+    else its members listed on smg's command line (unbound: smg pairs any with any)."""
+    sims = [sim for p in pairs for _, _, sim in p.members()]
+    binary = smg_binary()
+    if binary is None:
+        raise RuntimeError("smg is not installed (scripts/setup.sh installs it into .venv)")
+    gw: Gateway | None = None
+    try:
+        for s in sims:
+            s.start()
+        for s in sims:
+            s.wait_healthy(120)
+        listed = [] if bound else [(r, sim) for p in pairs for r, _, sim in p.members()]
+        prefills, decodes = ([s for r, s in listed if r is role] for role in Role)
+        gw = start_gateway(binary, prefills, decodes, log_dir, *gateway_args)
+        ops, units = local_ops(pairs, gw, timeouts)
+        for unit in ops.source.pairs() if bound else ():
+            register_pair(ops, unit)
+        yield ops, units, gw.wait_ready()
+    finally:
+        if gw is not None:
+            gw.stop()
+        for s in sims:
+            s.stop()
 
 
 @contextlib.contextmanager

@@ -26,9 +26,11 @@ import aiohttp
 import requests
 
 from pdctl.bench.stream import STREAM_FIELDS, StreamCheck, sse_payload
+from pdctl.render import environment, launch_args
 from pdctl.sim.args import resolve
 from pdctl.sim.logs import configure
 from pdctl.sim.server import SimServer, running
+from pdctl.spec import Deployment, Instance
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -170,6 +172,21 @@ class SimProc:
             argv,
             {**LOCAL_UCX, **os.environ, **env},
             address=address,
+        )
+
+    @classmethod
+    def rendered(cls, inst: Instance, dep: Deployment, log_dir: Path) -> SimProc:
+        """The engine `inst`'s unit runs: the command line and environment pdctl.render gives
+        it (numactl aside), so a profile's tuning and sim knobs reach it as they would on a
+        host. A sim profile's instance (engine: sim)."""
+        return cls(
+            inst.role.value,
+            inst.port,
+            inst.bootstrap_port or 0,  # a decode serves no bootstrap
+            log_dir / f"{inst.name}-{inst.port}.log",
+            [sys.executable, "-m", "pdctl.sim", *launch_args(inst, dep)],
+            {**LOCAL_UCX, **os.environ, **environment(inst, dep)},
+            address=inst.address,
         )
 
     @property
