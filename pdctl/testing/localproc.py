@@ -11,6 +11,7 @@ own stop job is done first), and a start of a unit still stopping waits for that
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -311,6 +312,23 @@ def local_fleet_ops(
         store=store,
         fleet_lock=RestartLock(store, coord.lock_ttl_s) if store and coord else None,
     )
+    return ops, units
+
+
+def behind_gateway(
+    pairs: Sequence[Local], gateway_factory: Callable[..., Gateway]
+) -> tuple[Ops, dict[str, LocalUnits]]:
+    """`pairs` (their engines started) healthy behind a new round-robin gateway from
+    `gateway_factory` (the integration fixture), each registered under its id as pdctl
+    registers them; the ops' progress goes to stderr."""
+    for sim in (sim for p in pairs for _, _, sim in p.members()):
+        sim.wait_healthy(120)  # several engines start at once on a small machine
+    gw = gateway_factory([], [], "--policy", "round_robin")
+    ops, units = local_fleet_ops(pairs, gw)
+    for unit in ops.source.pairs():
+        register_pair(ops, unit)
+    gw.wait_ready()
+    ops.say = lambda line: print(line, file=sys.stderr)
     return ops, units
 
 

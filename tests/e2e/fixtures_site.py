@@ -3,6 +3,7 @@ that reads Ansible's recap."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import requests
 import yaml
 
+from pdctl import names
 from pdctl.testing.stack import constant_load
 from tests.conftest import filter_plugin
 
@@ -27,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM_PROFILE = ROOT / "deploy" / "profiles" / "sim.yml"
 API_KEY = "e2e-test-key"
 CONVERGE_TIMEOUT = 600
+PDCTL = f"{names.VENV}/bin/pdctl"  # on a test host
+CLIENTS = 4  # constant_load's streaming clients: at most this many requests in flight
 
 
 def write_profile(path: Path, profile: dict[str, Any]) -> Path:
@@ -176,3 +180,11 @@ def wait_ready(url: str, timeout: float = 120) -> None:
 @pytest.fixture(scope="session", name="site")
 def site_fixture(testhost: TestHost) -> Iterator[Site]:
     yield Site(testhost, build_wheelhouse(SIM_PROFILE, testhost.inventory))
+
+
+def host_status(host: TestHost) -> dict[str, Any]:
+    """`pdctl status --format json` on a host (its topology: the whole fleet)."""
+    r = host.ssh(f"{PDCTL} status --format json", timeout=300)
+    assert r.stdout, r.stderr
+    result: dict[str, Any] = json.loads(r.stdout)
+    return result

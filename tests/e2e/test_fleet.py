@@ -41,10 +41,13 @@ import requests
 import yaml
 from fixtures_site import (
     API_KEY,
+    CLIENTS,
     CONVERGE_TIMEOUT,
+    PDCTL,
     ROOT,
     Site,
     build_wheelhouse,
+    host_status,
     roll_under_load,
     wait_ready,
     write_profile,
@@ -71,7 +74,6 @@ FLEET_SIZE = 3  # conftest's fleet fixture: three etcd members, gateways on host
 REQUESTS_PER_PAIR = 2
 PROBES = ("/metrics", "/health", "/health_generate")
 PAIRS = ("pd0", "pd1")
-PDCTL = f"{names.VENV}/bin/pdctl"
 
 
 @pytest.fixture(scope="module")
@@ -323,14 +325,6 @@ def test_a_config_change_rolls_k_groups_at_a_time_across_the_fleet(
     fleet_site.profile = changed  # the fleet runs it now: later tests change from here
 
 
-def host_status(host: TestHost) -> dict[str, Any]:
-    """`pdctl status --format json` on a host (its topology: the whole fleet)."""
-    r = host.ssh(f"{PDCTL} status --format json", timeout=300)
-    assert r.stdout, r.stderr
-    result: dict[str, Any] = json.loads(r.stdout)
-    return result
-
-
 def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
     """pred()'s first true value, polled every 0.2 s for up to `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -576,9 +570,6 @@ def _unit_state(host: TestHost, unit: str) -> str:
 
 def _main_pid(host: TestHost, unit: str) -> int:
     return int(host.ssh(f"systemctl show -p MainPID --value {unit}", check=True).stdout)
-
-
-CLIENTS = 4  # constant_load's streaming clients: at most this many requests in flight
 
 
 def serving_at(host: TestHost, gateway: str, pair_id: str) -> bool:

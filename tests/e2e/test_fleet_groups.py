@@ -28,13 +28,14 @@ import requests
 import yaml
 from fixtures_site import (
     API_KEY,
+    CLIENTS,
     Site,
     build_wheelhouse,
     groups_profile,
+    host_status,
     roll_under_load,
     write_profile,
 )
-from test_fleet import CLIENTS, host_status
 
 from pdctl import names
 from pdctl.ops.gateway import GatewayAdmin

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from fixtures_site import (
     API_KEY,
+    PDCTL,
     SIM_PROFILE,
     Site,
     build_wheelhouse,
@@ -29,7 +30,6 @@ from fixtures_site import (
     write_profile,
 )
 
-from pdctl import names
 from pdctl.testing.stack import constant_load
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-PDCTL = f"{names.VENV}/bin/pdctl"
 CANARIES = "--canaries 12"  # a degraded sim pair fails half its requests: 12 cannot all pass
 
 

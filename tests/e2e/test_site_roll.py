@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from fixtures_site import (
+    PDCTL,
     SIM_PROFILE,
     Site,
     build_wheelhouse,
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 HOST = "rollsite"
-PDCTL = f"{names.VENV}/bin/pdctl"
 PAIRS = ("pd0", "pd1")
 UNITS = [names.engine_unit(p, r) for p in PAIRS for r in names.ROLES]
 

@@ -5,7 +5,6 @@ prefill and every decode (docs/operations.md, "Groups")."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,17 @@ from pdctl.ops import doctor
 from pdctl.ops.context import Ops
 from pdctl.ops.health import HttpCanaries, Leg
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
-from pdctl.ops.restart import plan_lines, register_gateways, register_pair, restart_pairs
+from pdctl.ops.restart import plan_lines, register_gateways, restart_pairs
 from pdctl.ops.status import collect
 from pdctl.pdclient import CanaryResult
-from pdctl.testing.localproc import LocalGroup, LocalPair, LocalUnits, local_ops, transfers_read
+from pdctl.testing.localproc import (
+    HOST,
+    LocalGroup,
+    LocalPair,
+    LocalUnits,
+    behind_gateway,
+    transfers_read,
+)
 from pdctl.testing.stack import (
     Gateway,
     SimProc,
@@ -45,15 +51,8 @@ def group_and_pair(
     pair = LocalPair("pd0", prefill, sim_factory("decode", env=partner_env(prefill)))
     prefills = [sim_factory("prefill"), sim_factory("prefill")]
     group = LocalGroup("g0", prefills, [sim_factory("decode", env=partner_env(*prefills))])
-    for sim in (pair.prefill, pair.decode, *group.prefills, *group.decodes):
-        sim.wait_healthy(120)  # five engines start at once on a small machine
-    gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_ops([pair, group], gw)
-    for unit in ops.source.pairs():
-        register_pair(ops, unit)
-    gw.wait_ready()
-    ops.say = lambda line: print(line, file=sys.stderr)
-    return ops, units
+    ops, units = behind_gateway([pair, group], gateway_factory)
+    return ops, units[HOST]
 
 
 def test_group_is_registered_restarted_and_canaried_as_one_unit(

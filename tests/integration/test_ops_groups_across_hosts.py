@@ -15,12 +15,12 @@ import pytest
 from pdctl import pdclient
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
-from pdctl.ops.restart import register_pair, restart_pairs
+from pdctl.ops.restart import restart_pairs
 from pdctl.testing.localproc import (
     LocalGroup,
     LocalPair,
     LocalUnits,
-    local_fleet_ops,
+    behind_gateway,
     transfers_read,
 )
 from pdctl.testing.stack import Gateway, SimProc, constant_load, partner_env, wait_until
@@ -45,15 +45,7 @@ def across(
         sim_factory("decode", env=partner_env(g1_prefill), address=host) for host in DECODE_HOSTS
     ]
     group = LocalGroup("g1", [g1_prefill], decodes, across=True)
-    for sim in (pair.prefill, pair.decode, g1_prefill, *decodes):
-        sim.wait_healthy(120)  # five engines start at once on a small machine
-    gw = gateway_factory([], [], "--policy", "round_robin")
-    ops, units = local_fleet_ops([pair, group], gw)
-    for unit in ops.source.pairs():
-        register_pair(ops, unit)
-    gw.wait_ready()
-    ops.say = lambda line: print(line, file=sys.stderr)
-    return ops, units
+    return behind_gateway([pair, group], gateway_factory)
 
 
 def test_the_group_restarts_on_all_its_hosts_under_load(
