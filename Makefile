@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 # Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
 # Each module is one unit of work (tests/conftest.py); the e2e units start first.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 LANES := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 setup:
@@ -40,4 +40,4 @@ unit: setup
 check: lint unit
 
 test: setup lint
-	$(PY) -m pytest -q -ra --durations=25 $(LANES)
+	$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES)

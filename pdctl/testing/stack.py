@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -424,6 +424,15 @@ def stream_chat(
             return Outcome(200, check.failure())
     except requests.RequestException as e:
         return Outcome(0, f"no answer: {type(e).__name__}: {e}")
+
+
+def flowed(outcomes: Sized, more: int = 8, timeout: float = 60.0) -> int:
+    """Waits until `more` of constant_load's requests beyond those ended so far have ended,
+    however loaded the machine (load flows before and after the event a test plants, where a
+    fixed sleep may see none); returns the count of ended requests then."""
+    start = len(outcomes)
+    wait_until(lambda: len(outcomes) >= start + more, timeout, f"{more} more requests to end")
+    return len(outcomes)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import requests
 import yaml
 
 from pdctl import names
-from pdctl.testing.stack import constant_load
+from pdctl.testing.stack import constant_load, flowed
 from tests.conftest import filter_plugin
 
 if TYPE_CHECKING:
@@ -150,9 +150,9 @@ def roll_under_load(site: Site, profile: Path, *args: str) -> Run:
     failed."""
     url = site.deployment()["gateway"]["url"]
     with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
-        time.sleep(3)
+        flowed(outcomes)
         run = site.run("-v", *args, profile=profile)
-        time.sleep(3)
+        flowed(outcomes)
     run.assert_ok()
     failed = [o.failure for o in outcomes if not o.ok]
     print(f"roll: {run.seconds:.0f}s, {len(outcomes)} requests, {len(failed)} failed")

@@ -39,7 +39,7 @@ from fixtures_site import (
 
 from pdctl import names
 from pdctl.ops.gateway import GatewayAdmin
-from pdctl.testing.stack import CROSS_GROUP_METRIC, constant_load, wait_until
+from pdctl.testing.stack import CROSS_GROUP_METRIC, constant_load, flowed, wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -231,7 +231,7 @@ def test_a_decode_of_the_group_across_hosts_killed_recovers_the_whole_group(
         return member_urls <= live
 
     with constant_load(gateway, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
-        time.sleep(3)
+        flowed(outcomes)
         before_kill = len(outcomes)
         t_kill = time.monotonic()
         third.ssh(f"kill -9 {_main_pid(third, killed)}", check=True)
@@ -241,7 +241,7 @@ def test_a_decode_of_the_group_across_hosts_killed_recovers_the_whole_group(
             f"{ACROSS} restarted on host 1 and routed again",
         )
         recovered_s = time.monotonic() - t_kill
-        time.sleep(3)
+        flowed(outcomes)
     journal = third.ssh(
         f"journalctl -u {recover} --since @{since} -o cat --no-pager", check=True
     ).stdout

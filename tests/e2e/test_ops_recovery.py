@@ -30,7 +30,7 @@ from fixtures_site import (
     write_profile,
 )
 
-from pdctl.testing.stack import constant_load
+from pdctl.testing.stack import constant_load, flowed
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -157,9 +157,9 @@ def test_restart_all_of_two_pairs_under_load_fails_no_request(
     wait_ready(url)
     assert status(host)["healthy"]
     with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
-        time.sleep(3)
+        flowed(outcomes)
         code, out, err = pdctl(host, "restart --both --all --yes")
-        time.sleep(3)
+        flowed(outcomes)
     assert code == 0, err
     assert out.count("OK: ") == 4, out
     failed = [o.failure for o in outcomes if not o.ok]
