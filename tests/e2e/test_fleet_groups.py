@@ -242,9 +242,15 @@ def test_a_decode_of_the_group_across_hosts_killed_recovers_the_whole_group(
         )
         recovered_s = time.monotonic() - t_kill
         flowed(outcomes)
-    journal = third.ssh(
-        f"journalctl -u {recover} --since @{since} -o cat --no-pager", check=True
-    ).stdout
+
+    def verdict() -> str | None:
+        cmd = f"journalctl -u {recover} --since @{since} -o cat --no-pager"
+        text = third.ssh(cmd, check=True).stdout
+        return text if re.search(rf"{ACROSS}: recover(ed|y FAILED)", text) else None
+
+    # The gateway routes the group once it is registered; the unit writes its verdict after
+    # recording the restart in etcd and releasing the lock, a moment later.
+    journal = wait_until(verdict, 60, f"{recover}'s verdict in its journal", step=0.5)
     assert journal.count(f"{ACROSS}: restarting") == 1, journal[-3000:]
     assert re.search(rf"{ACROSS}: recovered", journal), journal[-3000:]
     assert _main_pid(second, other_decode) not in (0, pids["decode0"]), "decode 0 not restarted"
