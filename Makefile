@@ -1,5 +1,5 @@
 # Entry points. Each target runs scripts/setup.sh first: it is idempotent and cached.
-.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint unit
+.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint lint-tools unit
 
 PY := .venv/bin/python
 # Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
@@ -27,6 +27,9 @@ demo-fleet-down:
 SHELL_SCRIPTS := scripts/*.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost deploy/testhost/lib/*.sh roles/pdstack_etcd/files/pdstack-etcd-snapshot
 
 lint: setup
+	@$(MAKE) --no-print-directory lint-tools
+
+lint-tools:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
@@ -39,5 +42,11 @@ unit: setup
 # The inner loop: lint, type checks and the unit tests, in about two minutes.
 check: lint unit
 
-test: setup lint
-	$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES)
+# Lint runs beside the suite, not before it: its minute of CPU overlaps the test hosts' boots.
+# Either failing fails the target; lint's output (.lint.log) is shown when it failed.
+test: setup
+	@$(MAKE) --no-print-directory lint-tools > .lint.log 2>&1 & lint=$$!; \
+	$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES); tests=$$?; \
+	if wait $$lint; then echo "make test: lint passed (ruff, mypy, shellcheck)"; \
+	else cat .lint.log; echo "make test: lint failed (above)" >&2; tests=1; fi; \
+	exit $$tests

@@ -434,9 +434,12 @@ def dead_bootstrap_request(decode_url: str, room: int) -> None:
 
 
 def long_request(
-    url: str, max_new_tokens: int, text: str = "tell me about disaggregated serving"
+    url: str,
+    max_new_tokens: int,
+    text: str = "tell me about disaggregated serving",
+    session: requests.Session | None = None,
 ) -> None:
-    r = requests.post(
+    r = (session or requests).post(
         f"{url}/generate",
         timeout=120,
         json={
@@ -509,12 +512,21 @@ def plant_last_interval_retraction(live: Live) -> int:
     again (tests/unit/test_sim_retraction.py pins these step counts). Returns what the last
     stats line published."""
     text = "x" * 4 * GAUGE_PAIR_PROMPT
+    url = live.gateway.url
+
+    def together(start: threading.Barrier) -> None:
+        # Connected before the barrier and sent at its release: on a loaded machine a thread
+        # started later, or a connection made after the other request left, put the two
+        # requests more steps apart than their overlap at the decode (no retraction).
+        with requests.Session() as s:
+            s.get(f"{url}/readiness", timeout=30).raise_for_status()
+            start.wait(60)
+            long_request(url, GAUGE_PAIR_MAX_NEW, text, s)
+
     for tries in range(1, GAUGE_PLANT_TRIES + 1):
+        start = threading.Barrier(2)
         with ThreadPoolExecutor(2) as pool:
-            jobs = [
-                pool.submit(long_request, live.gateway.url, GAUGE_PAIR_MAX_NEW, text)
-                for _ in range(2)
-            ]
+            jobs = [pool.submit(together, start) for _ in range(2)]
             for job in jobs:
                 job.result()
         # The decode logs its last stats line before it answers the last request.
