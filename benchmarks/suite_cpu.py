@@ -6,8 +6,10 @@ The test suite is CPU-bound on 2 cores (issue 20): its wall time follows the sum
 figures, so this table says what to make cheaper. Process accounting (Debian's `acct`:
 `accton`, `dump-acct`) records every process as it exits, the test hosts' too (an nspawn
 host's processes are accounted in the controller's namespace as well); a process is named
-by its command line, read from /proc while it ran, or by its nearest named ancestor (a short
-`ssh` that pytest started counts as pytest's). Run as root; it turns accounting off at the end.
+by its command line, read from /proc every 2 s while it ran, or by its nearest named ancestor
+(a short `ssh` that pytest started counts as pytest's), or else by its 16-character name.
+Accounting is machine-wide: every process that ends while the command runs is counted, so run
+it alone. Run as root; it turns accounting off at the end.
 
     apt-get install acct
     .venv/bin/python benchmarks/suite_cpu.py -- make test
@@ -148,8 +150,9 @@ def main() -> int:
         print(json.dumps({**summary, "components": shares}))
     else:
         busy = 100 * total / available
-        print(f"\n{args.command!r}: exit {code}, wall {wall:.0f} s, CPU {total:.0f} s of")
-        print(f"{available:.0f} s on {os.cpu_count()} cores ({busy:.0f}% busy)")
+        print(f"\n{args.command!r}: exit {code}, wall {wall:.0f} s")
+        print(f"CPU of the processes that ended meanwhile (the machine's): {total:.0f} s of ")
+        print(f"{available:.0f} s on {os.cpu_count()} cores ({busy:.0f}%)")
         print(f"{'component':<34} {'CPU s':>8} {'share':>6}")
         for name, seconds in cpu[: args.top]:
             print(f"{name:<34} {seconds:8.1f} {100 * seconds / total:5.1f}%")
