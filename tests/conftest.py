@@ -117,6 +117,17 @@ def filter_plugin() -> ModuleType:
     return module
 
 
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py (scripts, not a package) as a module, registered in sys.modules so
+    that its dataclasses can look their module up."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @dataclass(frozen=True)
 class Run:
     exit_code: int

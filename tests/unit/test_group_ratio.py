@@ -3,8 +3,6 @@ engine launched as its unit would be (pdctl.testing's SimProc.rendered and deplo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from itertools import count
 from pathlib import Path
 from types import ModuleType
@@ -12,18 +10,12 @@ from types import ModuleType
 import pytest
 
 from pdctl.testing.localproc import LocalGroup, LocalPair, deployed
-from tests.conftest import ROOT
+from tests.conftest import benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    path = ROOT / "benchmarks" / "group_ratio.py"
-    spec = importlib.util.spec_from_file_location("group_ratio", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("group_ratio")
 
 
 @pytest.mark.parametrize(

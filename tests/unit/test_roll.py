@@ -4,7 +4,6 @@ failure stops new starts, the rest listed untouched, Ctrl-C names every group ou
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import threading
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.report import PHASES, Interrupted, Report
 from pdctl.ops.source import Pair, Source
 from pdctl.topology import Topology
-from tests.conftest import ROOT
+from tests.conftest import ROOT, benchmark
 from tests.unit.ops_fakes import topo as topology
 
 
@@ -174,11 +173,7 @@ def test_lanes_are_k_less_what_groups_already_out_take_from_the_floor() -> None:
 
 def test_the_roll_time_table_in_the_docs_is_the_one_the_model_prints() -> None:
     """docs/operations.md's table is benchmarks/roll_model.py's output, not typed by hand."""
-    path = ROOT / "benchmarks" / "roll_model.py"
-    spec = importlib.util.spec_from_file_location("roll_model", path)
-    assert spec and spec.loader
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
+    model = benchmark("roll_model")
     table = "\n".join(model.table())
     assert table in (ROOT / "docs" / "operations.md").read_text()
     # The model is the scheduler's: 32 groups of 220 s at 25% (K = 8) are 4 waves.

@@ -3,24 +3,16 @@ named ancestor; its figures are only as good as that naming."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    path = ROOT / "benchmarks" / "suite_cpu.py"
-    spec = importlib.util.spec_from_file_location("suite_cpu", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("suite_cpu")
 
 
 @pytest.mark.parametrize(
