@@ -35,18 +35,27 @@ lint-tools:
 	.venv/bin/mypy
 	shellcheck -x $(SHELL_SCRIPTS)
 
-# Fast tests only: no gateway, no systemd host.
+# Fast tests only: no gateway, no systemd host. The longest module (ansible-lint) starts first
+# (tests/conftest.py), so that it is not the last lane.
+UNIT := $(PY) -m pytest tests/unit -q -n 2 --dist loadscope --no-loadscope-reorder
 unit: setup
-	$(PY) -m pytest tests/unit -q -n 2 --dist loadscope
+	$(UNIT)
 
-# The inner loop: lint, type checks and the unit tests, in about three minutes on 2 cores.
-check: lint unit
-
-# Lint runs beside the suite, not before it: its minute of CPU overlaps the test hosts' boots.
-# Either failing fails the target; lint's output (.lint.log) is shown when it failed.
-test: setup
+# Runs its argument with lint (lint-tools: a few seconds with mypy's cache, a minute without)
+# beside it, not before: either failing fails the target; lint's output (.lint.log) is shown
+# when it failed.
+define with_lint
 	@$(MAKE) --no-print-directory lint-tools > .lint.log 2>&1 & lint=$$!; \
-	$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES); tests=$$?; \
-	if wait $$lint; then echo "make test: lint passed (ruff, mypy, shellcheck)"; \
-	else cat .lint.log; echo "make test: lint failed (above)" >&2; tests=1; fi; \
+	$(1); tests=$$?; \
+	if wait $$lint; then echo "make $@: lint passed (ruff, mypy, shellcheck)"; \
+	else cat .lint.log; echo "make $@: lint failed (above)" >&2; tests=1; fi; \
 	exit $$tests
+endef
+
+# The inner loop: lint, type checks and the unit tests, in about two minutes on 2 cores.
+check: setup
+	$(call with_lint,$(UNIT))
+
+# Everything CI runs (.ci/run): lint beside the whole suite in lanes.
+test: setup
+	$(call with_lint,$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES))
