@@ -25,6 +25,16 @@ if ((${#missing[@]})); then
   systemctl disable --now prometheus prometheus-node-exporter etcd >/dev/null 2>&1 || true
 fi
 
+# The Debian roots of the systemd test host, built once and cached by their package lists:
+# plain (e2e tests) and with Prometheus baked in (the demo and the monitoring tests; the host
+# has no route to a package mirror). On a cold machine each takes 1-2 minutes, mostly waiting
+# on the mirror: they are built at once, beside the venvs below.
+roots=()
+deploy/testhost/testhost build & roots+=($!)
+deploy/testhost/testhost build --extra-packages "$(cat deploy/testhost/monitoring-packages)" & roots+=($!)
+# A failed step below still waits for the builds: no debootstrap is left running.
+trap 'wait' EXIT
+
 # The project venv: pdctl (editable), dev tools, the pinned gateway, and NIXL for the sim's
 # nixl backend (without its torch/CUDA dependencies).
 stamp=$(cat pyproject.toml requirements/gateway.txt requirements/nixl-sim.txt | sha256sum | cut -c1-16)
@@ -52,9 +62,7 @@ if [[ ! -e "$SGENV/.complete" ]]; then
 fi
 ln -sfn "$SGENV" "$CACHE/sglang-parser"
 
-# The Debian roots of the systemd test host, built once and cached by their package lists:
-# plain (e2e tests) and with Prometheus baked in (the demo and the monitoring tests; the host
-# has no route to a package mirror).
-deploy/testhost/testhost build
-deploy/testhost/testhost build --extra-packages "$(cat deploy/testhost/monitoring-packages)"
+for pid in "${roots[@]}"; do
+  wait "$pid" || { echo "setup: building a test host root failed (above)" >&2; exit 1; }
+done
 echo "setup: ready"

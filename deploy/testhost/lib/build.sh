@@ -77,10 +77,12 @@ build_pristine() {
     return
   fi
   mkdir -p "$CACHE_DIR"
-  exec 8>"$CACHE_DIR/.build.lock"
+  # One lock per root: builds of different package lists run at once (scripts/setup.sh).
+  local lock; lock="$CACHE_DIR/.build-${dir##*/}.lock"
+  exec 8>"$lock"
   if ! flock -n 8; then
-    log "another build of the root is running; waiting (up to ${BUILD_TIMEOUT}s)"
-    flock -w "$BUILD_TIMEOUT" 8 || die "timed out waiting for the lock $CACHE_DIR/.build.lock"
+    log "another build of this root is running; waiting (up to ${BUILD_TIMEOUT}s)"
+    flock -w "$BUILD_TIMEOUT" 8 || die "timed out waiting for the lock $lock"
   fi
   if [[ -e $dir/.complete ]]; then exec 8>&-; log "cached root: $dir"; return; fi
   need_tools debootstrap
