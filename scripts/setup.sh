@@ -25,15 +25,33 @@ if ((${#missing[@]})); then
   systemctl disable --now prometheus prometheus-node-exporter etcd >/dev/null 2>&1 || true
 fi
 
+# What builds in the background, beside the project venv: on a cold machine each mostly waits on
+# a mirror (the test host roots 1-2 minutes each), so they overlap. A failed step still waits
+# for them (no debootstrap or pip is left running); each must succeed.
+pids=() whats=()
+background() { local what=$1; shift; "$@" & pids+=($!); whats+=("$what"); }
+trap 'wait' EXIT
+
 # The Debian roots of the systemd test host, built once and cached by their package lists:
 # plain (e2e tests) and with Prometheus baked in (the demo and the monitoring tests; the host
-# has no route to a package mirror). On a cold machine each takes 1-2 minutes, mostly waiting
-# on the mirror: they are built at once, beside the venvs below.
-roots=()
-deploy/testhost/testhost build & roots+=($!)
-deploy/testhost/testhost build --extra-packages "$(cat deploy/testhost/monitoring-packages)" & roots+=($!)
-# A failed step below still waits for the builds: no debootstrap is left running.
-trap 'wait' EXIT
+# has no route to a package mirror).
+background "the test host root" deploy/testhost/testhost build
+background "the monitoring test host root" \
+  deploy/testhost/testhost build --extra-packages "$(cat deploy/testhost/monitoring-packages)"
+
+# SGLang's own parser: the pinned sglang without its GPU dependencies, cached across runs.
+sg_stamp=$(cat requirements/sglang.txt requirements/sglang-parser.txt | sha256sum | cut -c1-16)
+SGENV="$CACHE/sglang-parser-$sg_stamp"
+sglang_parser_env() {
+  echo "setup: building the SGLang parser environment in $SGENV (once per machine)"
+  rm -rf "$SGENV"
+  python3 -m venv "$SGENV"
+  "$SGENV/bin/pip" install -q -r requirements/sglang-parser.txt
+  "$SGENV/bin/pip" install -q --no-deps -r requirements/sglang.txt
+  "$SGENV/bin/python" -c "import sglang.srt.server_args"
+  touch "$SGENV/.complete"
+}
+[[ -e "$SGENV/.complete" ]] || background "the SGLang parser environment" sglang_parser_env
 
 # The project venv: pdctl (editable), dev tools, the pinned gateway, and NIXL for the sim's
 # nixl backend (without its torch/CUDA dependencies).
@@ -48,21 +66,8 @@ if [[ ! -x .venv/bin/pdctl || "$(cat .venv/.stamp 2>/dev/null)" != "$stamp" ]]; 
   echo "$stamp" > .venv/.stamp
 fi
 
-# SGLang's own parser: the pinned sglang without its GPU dependencies, cached across runs.
-sg_stamp=$(cat requirements/sglang.txt requirements/sglang-parser.txt | sha256sum | cut -c1-16)
-SGENV="$CACHE/sglang-parser-$sg_stamp"
-if [[ ! -e "$SGENV/.complete" ]]; then
-  echo "setup: building the SGLang parser environment in $SGENV (once per machine)"
-  rm -rf "$SGENV"
-  python3 -m venv "$SGENV"
-  "$SGENV/bin/pip" install -q -r requirements/sglang-parser.txt
-  "$SGENV/bin/pip" install -q --no-deps -r requirements/sglang.txt
-  "$SGENV/bin/python" -c "import sglang.srt.server_args"
-  touch "$SGENV/.complete"
-fi
-ln -sfn "$SGENV" "$CACHE/sglang-parser"
-
-for pid in "${roots[@]}"; do
-  wait "$pid" || { echo "setup: building a test host root failed (above)" >&2; exit 1; }
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { echo "setup: building ${whats[$i]} failed (above)" >&2; exit 1; }
 done
+ln -sfn "$SGENV" "$CACHE/sglang-parser"
 echo "setup: ready"
