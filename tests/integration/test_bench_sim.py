@@ -27,6 +27,7 @@ from pdctl.testing.stack import Gateway, SimProc
 pytestmark = pytest.mark.gateway
 
 A_MS, B_MS, TIME_SCALE = 20.0, 4.0, 1.0
+OUTPUT_LEN = 128
 LAW_ENV = {
     "PDSIM_STEP_A_MS": str(A_MS),
     "PDSIM_STEP_B_MS": str(B_MS),
@@ -52,7 +53,12 @@ def test_sweep_recovers_the_sims_step_law(
 ) -> None:
     decode, gateway = law_stack
     out = tmp_path / "sweep.jsonl"
-    levels = build_levels("1,4,8,16", "3,8,16,32", 64, 32, 1.0, seed=1)
+    # A level's requests start and end in waves (same lengths, closed loop); a log line whose
+    # interval spans the gap between two waves (the next wave's prefill and KV transfer: longer
+    # on a loaded machine) or a wave's ramp reads slower. Long outputs make the waves long and
+    # those lines few: 32 tokens gave a mean step at C=16 of 97.5 ms against 84 once, at a
+    # load of about 10.
+    levels = build_levels("1,4,8,16", "3,8,16,32", 64, OUTPUT_LEN, 1.0, seed=1)
     target = Target(gateway.url, "", "completions", (decode.url + "/metrics",))
     opts = SweepOptions(timeout_s=120, sample_interval_s=0.2)
     rows = asyncio.run(run_sweep(target, levels, opts, output_file=out))
@@ -60,7 +66,7 @@ def test_sweep_recovers_the_sims_step_law(
     assert [r["max_concurrency"] for r in load(out)] == [1, 4, 8, 16]
     for r in rows:
         assert r["completed"] == r["num_prompts"] and r["failed"] == 0
-        assert r["total_output_tokens"] == 32 * r["completed"]
+        assert r["total_output_tokens"] == OUTPUT_LEN * r["completed"]
         assert r["server"]["num_running_reqs"]["max"] <= r["max_concurrency"]
         assert r["server"]["is_cuda_graph"]["mean"] == 1.0
     assert max(r["server"]["num_running_reqs"]["max"] for r in rows) >= 12
