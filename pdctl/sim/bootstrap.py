@@ -13,7 +13,8 @@ Sim-only routes stand in for SGLang's ZMQ side channel:
 - `POST /pdsim/rooms/{room}` {session_id[, dst_offset]}: the decode preallocated KV for the
   room and sent its indices ("bootstrapped"); answered with the room state and start id.
 - `GET /pdsim/rooms/{room}?wait=S`: long-poll (S simulated seconds) until the room's KV
-  was transferred ("ready") or failed.
+  was transferred ("ready") or failed. A room whose result was fetched answers the same
+  result to a poll that comes again (its answer was lost or late).
 A room goes through SGLang's sender states (KVPoll): Bootstrapping until its decode sent the
 indices, WaitingForInput until it is prefilled, Transferring, then Success or Failed; the
 poll's `state` is "pending" until one of the last two.
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -35,6 +37,8 @@ from .model import Clock
 from .nixl_conn import NixlKV, PeerInfo
 
 ROOM_SWEEP_AT = 1024
+# Fetched results kept for a poll that comes again, oldest forgotten first.
+CONCLUDED_KEPT = 1024
 
 
 @dataclass(eq=False)
@@ -93,6 +97,7 @@ class BootstrapServer:
         self.info: dict[str, object] | None = None
         self.rank: dict[str, object] | None = None
         self.rooms: dict[int, Room] = {}
+        self.concluded: OrderedDict[int, Room] = OrderedDict()
         # decode_addr -> session id, and decode addrs whose session changed under us.
         self.sessions: dict[str, str] = {}
         self.session_addr: dict[str, str] = {}
@@ -116,7 +121,15 @@ class BootstrapServer:
         return r
 
     def drop(self, room: int) -> None:
-        self.rooms.pop(room, None)
+        """The decode fetched the room's result: the room leaves the live ones, its result
+        stays for a poll that comes again. A poll's answer can be lost or late (the decode's
+        timeout on a loaded machine) and the decode then asks again; SGLang's decode holds the
+        state its prefill pushed, so a lost answer cannot fail a request there."""
+        r = self.rooms.pop(room, None)
+        if r is not None:
+            self.concluded[room] = r
+            while len(self.concluded) > CONCLUDED_KEPT:
+                self.concluded.popitem(last=False)
 
     def is_degraded(self, r: Room) -> bool:
         addr = self.session_addr.get(r.session_id or "")
@@ -199,7 +212,7 @@ class BootstrapServer:
     async def _poll_room(self, request: web.Request) -> web.Response:
         room = int(request.match_info["room"])
         wait = float(request.query.get("wait", "0"))
-        r = self.rooms.get(room)
+        r = self.rooms.get(room) or self.concluded.get(room)
         if r is None:
             return web.json_response(
                 {"state": KVPoll.Failed.wire, "reason": "unknown room", "start_id": self.start_id}

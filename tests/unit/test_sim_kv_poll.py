@@ -60,6 +60,14 @@ def test_a_good_transfer_goes_through_every_sender_state() -> None:
             assert (pstatus, dstatus) == (200, 200)
             assert room.history == GOOD and room.reason == ""
             assert ROOM not in p.boot.rooms, "the decode's last poll drops a concluded room"
+            # A poll that comes again (its answer was lost or late) gets the same result, not
+            # "unknown room": a CI run once failed a request that way under load.
+            async with http.get(f"http://127.0.0.1:{port}/pdsim/rooms/{ROOM}") as resp:
+                assert await resp.json() == {
+                    "state": "ready",
+                    "reason": "",
+                    "start_id": p.boot.start_id,
+                }
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
