@@ -3,6 +3,7 @@ that reads Ansible's recap."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import requests
 import yaml
 
 from pdctl import names
-from pdctl.testing.stack import constant_load, flowed
+from pdctl.testing.stack import Outcome, constant_load, flowed
 from tests.conftest import filter_plugin
 
 if TYPE_CHECKING:
@@ -31,6 +32,11 @@ API_KEY = "e2e-test-key"
 CONVERGE_TIMEOUT = 600
 PDCTL = f"{names.VENV}/bin/pdctl"  # on a test host
 CLIENTS = 4  # constant_load's streaming clients: at most this many requests in flight
+# Tokens per load request: each stream is in flight for about 0.7 s (32 decode steps), so a
+# drain, a stop or a kill still meets requests mid-stream, at half the CPU of 8-token requests
+# (0.08 against 0.16 cores of sims, smg and clients: benchmarks/load_cost.py). The load's CPU
+# is taken from the rolls it watches, on a machine whose cores are busy.
+LOAD_TOKENS = 32
 
 
 def write_profile(path: Path, profile: dict[str, Any]) -> Path:
@@ -144,12 +150,20 @@ def build_wheelhouse(profile: Path, inventory: Path) -> Path:
     return Path(result.stdout.strip())
 
 
+@contextlib.contextmanager
+def site_load(url: str) -> Iterator[list[Outcome]]:
+    """constant_load's streaming clients through a test host's gateway (its API key)."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with constant_load(url, max_tokens=LOAD_TOKENS, headers=headers) as outcomes:
+        yield outcomes
+
+
 def roll_under_load(site: Site, profile: Path, *args: str) -> Run:
     """site.yml with `profile` and `args` (-v: pdctl's progress lines in the output) while
     streaming clients load the first gateway; asserts the run passed and no client request
     failed."""
     url = site.deployment()["gateway"]["url"]
-    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+    with site_load(url) as outcomes:
         flowed(outcomes)
         run = site.run("-v", *args, profile=profile)
         flowed(outcomes)

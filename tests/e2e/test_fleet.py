@@ -50,6 +50,7 @@ from fixtures_site import (
     build_wheelhouse,
     host_status,
     roll_under_load,
+    site_load,
     wait_ready,
     write_profile,
 )
@@ -59,7 +60,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.pdclient import pair_canary
 from pdctl.spec.load import load_profile
-from pdctl.testing.stack import constant_load, flowed, wait_until
+from pdctl.testing.stack import flowed, wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -721,7 +722,7 @@ def test_with_host_1_powered_off_restarts_and_recoveries_go_on(
     decode = names.engine_unit("pd1", "decode")
     recover_unit = names.recover_unit("pd1")
     killed = f"{third.name}/pd1"
-    with constant_load(gateway2, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+    with site_load(gateway2) as outcomes:
         flowed(outcomes)
         restarted = controller_pdctl(
             fleet, fleet_site.profile, "restart", "--both", "--pair", f"{second.name}/pd0", "--yes",

@@ -34,12 +34,13 @@ from fixtures_site import (
     groups_profile,
     host_status,
     roll_under_load,
+    site_load,
     write_profile,
 )
 
 from pdctl import names
 from pdctl.ops.gateway import GatewayAdmin
-from pdctl.testing.stack import CROSS_GROUP_METRIC, constant_load, flowed, wait_until
+from pdctl.testing.stack import CROSS_GROUP_METRIC, flowed, wait_until
 
 if TYPE_CHECKING:
     from conftest import TestFleet, TestHost
@@ -230,7 +231,7 @@ def test_a_decode_of_the_group_across_hosts_killed_recovers_the_whole_group(
         live = {w.url for w in workers if w.healthy and w.status != "draining"}
         return member_urls <= live
 
-    with constant_load(gateway, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+    with site_load(gateway) as outcomes:
         flowed(outcomes)
         before_kill = len(outcomes)
         t_kill = time.monotonic()

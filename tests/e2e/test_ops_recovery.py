@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from fixtures_site import (
-    API_KEY,
     PDCTL,
     SIM_PROFILE,
     Site,
     build_wheelhouse,
+    site_load,
     two_pair_profile,
     wait_ready,
     write_profile,
 )
 
-from pdctl.testing.stack import constant_load, flowed
+from pdctl.testing.stack import flowed
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -156,7 +156,7 @@ def test_restart_all_of_two_pairs_under_load_fails_no_request(
     url = ops_site.deployment()["gateway"]["url"]
     wait_ready(url)
     assert status(host)["healthy"]
-    with constant_load(url, headers={"Authorization": f"Bearer {API_KEY}"}) as outcomes:
+    with site_load(url) as outcomes:
         flowed(outcomes)
         code, out, err = pdctl(host, "restart --both --all --yes")
         flowed(outcomes)
