@@ -90,6 +90,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
+# Every test phase's lane (xdist worker), start and stop, one JSON line each, for
+# benchmarks/suite_lanes.py: which lane ends last, and what it ran. Written by the workers of
+# every lane run (a few hundred bytes per test), emptied when a run starts.
+LANES_LOG = ROOT / ".lanes.jsonl"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        LANES_LOG.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        line = {"worker": worker, "nodeid": report.nodeid, "when": report.when,
+                "start": report.start, "stop": report.stop, "outcome": report.outcome}  # fmt: skip
+        with LANES_LOG.open("a") as log:
+            log.write(json.dumps(line) + "\n")
+
+
 def start_order(item: pytest.Item) -> tuple[int, int]:
     module = module_of(item.nodeid)
     if item.get_closest_marker("e2e") is not None:
