@@ -44,15 +44,18 @@ def main() -> None:
         sys.exit("smg is not installed: run scripts/setup.sh")
     logs = Path(tempfile.mkdtemp(prefix="load-cost-"))
     env = {"PDSIM_STARTUP_DELAY_S": "0"}
-    prefill = SimProc.create("prefill", logs, env).start()
-    decode = SimProc.create("decode", logs, env).start()
-    prefill.wait_healthy()
-    decode.wait_healthy()
-    gw = start_gateway(binary, [prefill], [decode], logs, "--disable-retries").wait_ready()
-    procs = {"prefill": prefill.proc, "decode": decode.proc, "smg": gw.proc}
-    print(f"{a.clients} clients, {a.seconds:.0f} s each; CPU s per wall s (logs: {logs})")
-    print("max_tokens  req/s  failed  prefill  decode    smg  clients  total  ms/request")
-    try:
+    prefill = SimProc.create("prefill", logs, env)
+    decode = SimProc.create("decode", logs, env)
+    gw = None
+    try:  # from the first start on: an engine or gateway that fails to come up stops the rest
+        for sim in (prefill, decode):
+            sim.start()
+        for sim in (prefill, decode):
+            sim.wait_healthy()
+        gw = start_gateway(binary, [prefill], [decode], logs, "--disable-retries").wait_ready()
+        procs = {"prefill": prefill.proc, "decode": decode.proc, "smg": gw.proc}
+        print(f"{a.clients} clients, {a.seconds:.0f} s each; CPU s per wall s (logs: {logs})")
+        print("max_tokens  req/s  failed  prefill  decode    smg  clients  total  ms/request")
         for tokens in a.tokens:
             before = {k: cpu_of(p.pid) for k, p in procs.items() if p}
             mine, t0 = own_cpu(), time.monotonic()
@@ -70,9 +73,10 @@ def main() -> None:
                 + f" {1000 * total / max(len(outcomes), 1):>11.1f}"
             )
     finally:
-        gw.stop()
-        prefill.stop()
-        decode.stop()
+        if gw is not None:
+            gw.stop()
+        for sim in (prefill, decode):
+            sim.stop()
 
 
 if __name__ == "__main__":
