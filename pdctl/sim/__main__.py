@@ -9,6 +9,7 @@ import sys
 
 from .args import resolve
 from .logs import configure, rank_prefix
+from .nixl_conn import SIM_PROCESS_DEFAULTS
 from .server import running
 
 
@@ -34,6 +35,9 @@ async def serve(argv: list[str]) -> int:
 
 
 def main() -> None:
+    # Here, not where NIXL is loaded: in-process servers (tests) keep their host's environment.
+    for name, value in SIM_PROCESS_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     sys.exit(asyncio.run(serve(sys.argv[1:])))
 
 
