@@ -1,9 +1,10 @@
-"""benchmarks/suite_lanes.py turns the lane log into each lane's chain of modules: a module's
-phases merge into one span, in the lane that ran it, ordered by start."""
+"""The lanes of `make test`: benchmarks/suite_lanes.py turns the lane log into each lane's chain
+of modules (a module's phases merge into one span, in the lane that ran it, ordered by start),
+and the scheduler binds a long unit of work only behind short work (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from tests.conftest import benchmark
+from tests.conftest import benchmark, next_unit
 
 
 def _line(worker: str, nodeid: str, when: str, start: float, stop: float) -> dict[str, object]:
@@ -27,3 +28,14 @@ def test_a_modules_phases_merge_into_one_span_per_lane_in_start_order() -> None:
         {"module": "tests/c.py", "start": 50.0, "end": 55.0},
     ]
     assert lanes["gw1"] == [{"module": "tests/b.py", "start": 5.0, "end": 70.0}]
+
+
+def test_behind_a_long_unit_a_lane_binds_a_short_one_and_a_long_one_behind_short_work() -> None:
+    fleet, roll = "tests/e2e/test_fleet.py", "tests/e2e/test_site_roll.py"
+    monitoring = "tests/integration/test_monitoring_gateway.py"
+    short, other = "tests/unit/test_lint.py", "tests/unit/test_bench.py"
+    assert next_unit([fleet], [roll, monitoring, short, other]) == short
+    assert next_unit(["session-host"], [monitoring, other]) == other
+    assert next_unit([monitoring], [roll, monitoring]) == roll  # only long units left
+    assert next_unit([short], [monitoring, other]) == monitoring
+    assert next_unit([], [roll, short]) == roll  # a lane's first unit: the queue's head
