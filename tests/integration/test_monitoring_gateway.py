@@ -292,9 +292,16 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
     # The decode restarted alone after those transfers: the pair is degraded, every PD
     # request fails with the decode's 500, which smg records as a worker error on both legs
     # and as a failure on both breakers; CB_FAILURES in a row open one (smg logs which).
+    # It starts again once smg has probed it down (one line per failed probe in smg's log):
+    # that creates the failure series the health-check panel is read from below (a sim is
+    # back within 0.3 s, sooner than smg's next probe).
     decode_url = stack.decode.url
     before = logged(stack.gateway, PROBE_FAILED)[decode_url]
-    stack.decode.restart().wait_healthy()
+    stack.decode.stop()
+    wait_until(
+        lambda: logged(stack.gateway, PROBE_FAILED)[decode_url] > before, 30, "a failed probe"
+    )
+    stack.decode.start().wait_healthy()
     stack.gateway.wait_ready()
     transitions = logged(stack.gateway, CB_TRANSITION)
     answers: Counter[tuple[str, str]] = Counter()
@@ -358,8 +365,7 @@ def test_gateway_panels_show_planted_events(stack: Stack) -> None:
         )
 
     # The decode stopped: each failed probe is one line in smg's log; the gateway marks the
-    # worker unhealthy. The restart above created the failure series (its probes failed).
-    assert logged(stack.gateway, PROBE_FAILED)[decode_url] > before, "no probe failed"
+    # worker unhealthy.
     time.sleep(3)
     start, before = time.time(), logged(stack.gateway, PROBE_FAILED)[decode_url]
     stack.decode.stop()
