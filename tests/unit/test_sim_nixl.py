@@ -326,8 +326,8 @@ def test_the_sim_process_starts_ucx_without_memory_hooks_unless_its_env_file_say
         return 0
 
     monkeypatch.setattr(entry, "serve", serve)
-    monkeypatch.delenv("UCX_MEM_EVENTS", raising=False)
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    # A copy: main() sets the process's variables, which must not reach this worker's others.
+    monkeypatch.setattr(os, "environ", {"OPENBLAS_NUM_THREADS": "4"})
     monkeypatch.setattr(sys, "argv", ["pdctl.sim"])
     with pytest.raises(SystemExit) as stopped:
         entry.main()
