@@ -5,9 +5,10 @@ Boots a fresh systemd test host (deploy/testhost/testhost, as `make demo` does; 
 with --fleet a fleet of --size hosts (sim-fleet profile, as `make demo-fleet`), converges it
 (the first run), then runs site.yml again RUNS times with nothing to change. Prints each run's
 wall time and `changed=` count, the median no-op run and the ratio no-op / first (goal: at most
-0.35), and, from callback_plugins/pdstack_timing.py, the time per role, the remote round trips
-per host (module executions, commands sent, file transfers), the parses of the deployment
-(filter_plugins/pdstack.py) and the slowest tasks, for the first run and the median no-op run.
+0.35), and, from callback_plugins/pdstack_timing.py, the time per role and per module (action),
+the remote round trips per host (module executions, commands sent, file transfers), the parses
+of the deployment (filter_plugins/pdstack.py) and the slowest tasks, for the first run and the
+median no-op run.
 The hosts are taken down at the end unless --keep; --inventory measures an already converged
 deployment (no first run, no ratio).
 
@@ -54,10 +55,11 @@ class Run:
     def summary(self) -> str:
         return f"{self.wall:7.1f} s  controller cpu {self.cpu:6.1f} s  changed={self.changed}"
 
-    def roles(self) -> dict[str, float]:
+    def seconds_by(self, key: str) -> dict[str, float]:
+        """Task seconds summed per role or per action (module)."""
         out: defaultdict[str, float] = defaultdict(float)
         for task in self.timing["tasks"]:
-            out[task["role"] or "(play)"] += task["seconds"]
+            out[task[key] or "(play)"] += task["seconds"]
         return dict(out)
 
 
@@ -92,11 +94,15 @@ def site(inventory: Path, extra: list[str], scratch: Path, n: int) -> Run:
 def report(runs: dict[str, Run], top: int) -> None:
     """Per role, round trips per host, parses, and the slowest tasks of each run."""
     names = list(runs)
-    print(f"\n{'role':28}" + "".join(f"{n:>12}" for n in names))
-    roles = dict.fromkeys(r for run in runs.values() for r in run.roles())
-    for role in roles:
-        cells = "".join(f"{run.roles().get(role, 0.0):11.1f}s" for run in runs.values())
-        print(f"{role:28}{cells}")
+    for key in ("role", "action"):
+        print(f"\n{key:28}" + "".join(f"{n:>12}" for n in names))
+        totals = [run.seconds_by(key) for run in runs.values()]
+        rows = dict.fromkeys(r for t in totals for r in t)
+        if key == "action":  # the costliest modules first
+            rows = dict.fromkeys(sorted(rows, key=lambda r: -totals[-1].get(r, 0.0)))
+        for row in rows:
+            label = row.removeprefix("ansible.builtin.")
+            print(f"{label:28}" + "".join(f"{t.get(row, 0.0):11.1f}s" for t in totals))
     print(f"{'all tasks':28}" + "".join(f"{run.timing['seconds']:11.1f}s" for run in runs.values()))
 
     print(f"\n{'round trips by target':28}" + "".join(f"{n:>24}" for n in names))

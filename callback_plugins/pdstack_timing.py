@@ -1,4 +1,5 @@
-"""Where a playbook run's time goes: wall time per task and per role, and the remote round trips.
+"""Where a playbook run's time goes: wall time per task, per role and per module, and the remote
+round trips.
 
 Enabled by benchmarks/site_noop.py (ANSIBLE_CALLBACKS_ENABLED=pdstack_timing), it writes one
 JSON document to PDSTACK_TIMING_FILE at the end of the run. Round trips are counted in the
@@ -79,7 +80,8 @@ class CallbackModule(CallbackBase):
         self._close_task()
         role = task._role.get_name() if task._role else ""
         self._tasks.append(
-            {"uuid": task._uuid, "name": task.get_name(), "role": role, "_t0": time.monotonic()}
+            {"uuid": task._uuid, "name": task.get_name(), "role": role, "action": task.action,
+             "_t0": time.monotonic()}
         )
 
     def v2_playbook_on_handler_task_start(self, task: Any) -> None:

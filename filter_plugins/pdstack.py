@@ -278,6 +278,19 @@ def pdstack_deployment(inventory_file: str, profile: str) -> dict[str, Any]:
     return _load(str(inventory_file), profile, (_mtime(inventory_file), _mtime(profile)))
 
 
+def pdstack_validate(inventory_file: str, profile: str, strict: bool = False) -> dict[str, Any]:
+    """`pdctl validate` run in this Python: the same code as the command without starting a
+    second Python (0.6 s of every site.yml run). Its exit code (`rc`), its text (`stdout`) and
+    the `command` that prints the same (pdctl beside the Python that runs Ansible)."""
+    from pdctl.cli.spec_commands import validation_report
+
+    profile = pdstack_profile_path(inventory_file, profile)
+    rc, text = validation_report(Path(inventory_file), Path(profile), strict)
+    argv = [str(Path(sys.executable).parent / "pdctl"), "validate", "-i", inventory_file]
+    argv += ["-p", profile, *(["--strict"] if strict else [])]
+    return {"rc": rc, "stdout": text, "command": shlex.join(argv)}
+
+
 def pdstack_profile_path(inventory_file: str, profile: str) -> str:
     """Relative profiles resolve against the inventory's directory, as pdctl resolves them."""
     from pdctl.spec.load import resolve_profile
@@ -330,6 +343,7 @@ class FilterModule:
         return {
             "pdstack_deployment": pdstack_deployment,
             "pdstack_profile_path": pdstack_profile_path,
+            "pdstack_validate": pdstack_validate,
             "pdstack_unit_verify": pdstack_unit_verify,
             "pdstack_monitoring_rules": pdstack_monitoring_rules,
             **escape.FILTERS,

@@ -4,8 +4,16 @@ per host for the whole run instead of one per task (docs/performance.md, "Mitoge
 
 import ansible_mitogen.loaders
 import ansible_mitogen.strategy
+from ansible.plugins.loader import filter_loader, test_loader
 
 Base = ansible_mitogen.loaders.strategy_loader.get("linear", class_only=True)
+
+# Ansible forks a worker per task and host, and the first Jinja filter or test a worker
+# templates loads every filter and test plugin file: about 12 ms per task, a sixth of a no-op
+# site.yml (docs/performance.md, "Jinja plugins loaded once"). Loaded here, in the controller's
+# main process before any fork, every worker inherits them.
+for _loader in (filter_loader, test_loader):
+    list(_loader.all())
 
 
 class StrategyModule(ansible_mitogen.strategy.StrategyMixin, Base):  # type: ignore[misc,valid-type]

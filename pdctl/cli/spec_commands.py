@@ -6,6 +6,7 @@ import json
 import shlex
 import sys
 from dataclasses import asdict
+from io import StringIO
 from pathlib import Path
 
 import click
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdctl.cli.options import deployment_options, format_option, instance_option
+from pdctl.errors import PdctlError
 from pdctl.lint import Finding, Severity, lint
 from pdctl.plan import TIGHT_MARGIN_GIB, InstancePlan, Verdict, plan_instance
 from pdctl.render import render_instance, router_args
@@ -107,15 +109,8 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
     """
     dep = load_deployment(inventory, profile)
     findings = lint(dep)
-    code = _exit_code(findings, strict)
-    errors = sum(f.severity is Severity.ERROR for f in findings)
-    summary = {
-        "errors": errors,
-        "warnings": len(findings) - errors,
-        "instances": len(dep.instances),
-        "hosts": len(dep.hosts),
-        "exit_code": code,
-    }
+    summary = _summary(dep, findings, strict)
+    code = summary["exit_code"]
     if fmt == "json":
         out = {
             "inventory": str(dep.inventory_path),
@@ -125,14 +120,44 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
         }
         click.echo(json.dumps(out, indent=2))
     else:
-        _print_findings(dep, findings, summary)
+        _print_findings(dep, findings, summary, Console())
     sys.exit(code)
 
 
-def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str, int]) -> None:
+def validation_report(inventory: Path, profile: Path, strict: bool) -> tuple[int, str]:
+    """`pdctl validate -i INVENTORY -p PROFILE [--strict]`: its exit code and its text, for a
+    caller in the same Python (site.yml's preflight, through the `pdstack_validate` filter)."""
+    out = StringIO()
+    console = Console(file=out, width=120, color_system=None)
+    try:
+        dep = load_deployment(inventory, profile)
+    except PdctlError as e:
+        return e.exit_code, f"Error: {e}"
+    findings = lint(dep)
+    summary = _summary(dep, findings, strict)
+    _print_findings(dep, findings, summary, console)
+    return summary["exit_code"], out.getvalue()
+
+
+def _summary(dep: Deployment, findings: list[Finding], strict: bool) -> dict[str, int]:
+    errors = sum(f.severity is Severity.ERROR for f in findings)
+    return {
+        "errors": errors,
+        "warnings": len(findings) - errors,
+        "instances": len(dep.instances),
+        "hosts": len(dep.hosts),
+        "exit_code": _exit_code(findings, strict),
+    }
+
+
+def _print_findings(
+    dep: Deployment, findings: list[Finding], summary: dict[str, int], console: Console
+) -> None:
     scope = f"instances: {summary['instances']}, hosts: {summary['hosts']}, {dep.profile_path}"
+    # Plain lines (paths and group names are not rich markup), never wrapped.
+    line = {"markup": False, "highlight": False, "soft_wrap": True}
     if not findings:
-        click.secho(f"OK: no findings ({scope})", fg="green")
+        console.print(f"OK: no findings ({scope})", style="green", **line)
         return
     table = Table("id", "severity", "where", "message", "fix", show_lines=True)
     for f in findings:
@@ -140,8 +165,8 @@ def _print_findings(dep: Deployment, findings: list[Finding], summary: dict[str,
         # Findings name inventory groups ([etcd], [router]): text, not rich markup.
         text = (escape(f.where), escape(f.message), escape(f.fix))
         table.add_row(f.id, f"[{style}]{f.severity}[/]", *text)
-    Console().print(table)
-    click.echo(f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})")
+    console.print(table)
+    console.print(f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})", **line)
 
 
 @click.command()

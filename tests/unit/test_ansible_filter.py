@@ -134,6 +134,27 @@ def test_bad_profile_is_an_ansible_error(tmp_path: Path) -> None:
         filters.pdstack_deployment(str(TWO_HOSTS), str(bad))
 
 
+def test_validate_filter_is_pdctl_validate_in_process(tmp_path: Path) -> None:
+    """site.yml's preflight stops on what `pdctl validate` would print, and names that command."""
+    sim = ROOT / "deploy/profiles/sim.yml"
+    ok = filters.pdstack_validate(str(ROOT / "inventory.ini"), str(sim))
+    assert ok["rc"] == 0 and ok["stdout"].startswith("OK: no findings"), ok
+    argv = shlex.split(ok["command"])
+    assert argv[0].endswith("/pdctl") and argv[1:] == [
+        "validate", "-i", str(ROOT / "inventory.ini"), "-p", str(sim)
+    ]  # fmt: skip
+    overlap = tmp_path / "overlap.yml"
+    overlap.write_text(sim.read_text().replace("gpus: [1]", "gpus: [0]"))
+    bad = filters.pdstack_validate(str(ROOT / "inventory.ini"), str(overlap), True)
+    assert bad["rc"] == 2 and "gpu-overlap" in bad["stdout"], bad
+    assert "errors: 1, warnings: 0" in bad["stdout"] and bad["command"].endswith(" --strict")
+    unreadable = tmp_path / "broken.yml"
+    unreadable.write_text("model: [\n")
+    broken = filters.pdstack_validate(str(ROOT / "inventory.ini"), str(unreadable))
+    assert broken["rc"] == 2 and broken["stdout"].startswith("Error: "), broken
+    assert "YAML" in broken["stdout"]
+
+
 def test_unit_verify_command_runs_systemd_analyze_on_the_unit_name() -> None:
     cmd = filters.pdstack_unit_verify("pdstack-pd0.target")
     assert cmd.endswith(" %s")
