@@ -80,8 +80,13 @@ class CallbackModule(CallbackBase):
         self._close_task()
         role = task._role.get_name() if task._role else ""
         self._tasks.append(
-            {"uuid": task._uuid, "name": task.get_name(), "role": role, "action": task.action,
-             "_t0": time.monotonic()}
+            {
+                "uuid": task._uuid,
+                "name": task.get_name(),
+                "role": role,
+                "action": task.action,
+                "_t0": time.monotonic(),
+            }
         )
 
     def v2_playbook_on_handler_task_start(self, task: Any) -> None:
