@@ -154,10 +154,8 @@ def _print_findings(
     dep: Deployment, findings: list[Finding], summary: dict[str, int], console: Console
 ) -> None:
     scope = f"instances: {summary['instances']}, hosts: {summary['hosts']}, {dep.profile_path}"
-    # Plain lines (paths and group names are not rich markup), never wrapped.
-    line = {"markup": False, "highlight": False, "soft_wrap": True}
     if not findings:
-        console.print(f"OK: no findings ({scope})", style="green", **line)
+        _line(console, f"OK: no findings ({scope})", style="green")
         return
     table = Table("id", "severity", "where", "message", "fix", show_lines=True)
     for f in findings:
@@ -166,7 +164,12 @@ def _print_findings(
         text = (escape(f.where), escape(f.message), escape(f.fix))
         table.add_row(f.id, f"[{style}]{f.severity}[/]", *text)
     console.print(table)
-    console.print(f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})", **line)
+    _line(console, f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})")
+
+
+def _line(console: Console, text: str, style: str | None = None) -> None:
+    """A plain line (paths and group names are not rich markup), never wrapped."""
+    console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command()
