@@ -10,7 +10,7 @@ Base = ansible_mitogen.loaders.strategy_loader.get("linear", class_only=True)
 
 # Ansible forks a worker per task and host, and the first Jinja filter or test a worker
 # templates loads every filter and test plugin file: about 12 ms per task, a sixth of a no-op
-# site.yml (docs/performance.md, "Jinja plugins loaded once"). Loaded here, in the controller's
+# site.yml (docs/performance.md, "2026-12-07 (later)"). Loaded here, in the controller's
 # main process before any fork, every worker inherits them.
 for _loader in (filter_loader, test_loader):
     list(_loader.all())
