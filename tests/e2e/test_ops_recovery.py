@@ -155,7 +155,9 @@ def test_restart_all_of_two_pairs_under_load_fails_no_request(
     ops_site.run(profile=two_pair_profile(ops_site.profile, tmp_path / "two-pairs.yml")).assert_ok()
     url = ops_site.deployment()["gateway"]["url"]
     wait_ready(url)
-    assert status(host)["healthy"]
+    # site.yml ends once the gateway has one healthy PD path (/readiness), not once the pair it
+    # added is healthy too (CI 33: pd1 not yet, right after the run): wait for both, bounded.
+    wait_for(lambda: status(host)["healthy"], 120, "pdctl status to see both pairs healthy")
     with site_load(url) as outcomes:
         flowed(outcomes)
         code, out, err = pdctl(host, "restart --both --all --yes")
