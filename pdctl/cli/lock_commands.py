@@ -59,13 +59,20 @@ def show(topology_path: Path, inventory: Path, profile: Path | None, fmt: str) -
 def break_(topology_path: Path, inventory: Path, profile: Path | None, force: bool) -> None:
     """End the holder's lease now, and say whose it was.
 
+    Only the holder read here loses it: its lease is revoked, which deletes the key only
+    while it is still under that lease (a restarter that took the lock since keeps it).
+
     Only for a holder known to be gone whose lease you cannot wait out: a holder that is
     still running stops before its next step (it checks the lease before each one), and may
     leave its current pair drained (pdctl status shows it)."""
     if not force:
         raise PdctlError("pdctl lock break ends another restart's lease: add --force")
     held = _fleet_lock(topology_path, inventory, profile).force_break()
-    click.echo(f"broke the fleet restart lock: it was {_line(held)}" if held else "it was free")
+    click.echo(
+        f"broke the fleet restart lock: it was {_line(held)}"
+        if held
+        else "the fleet restart lock is free: nothing to break"
+    )
 
 
 def _record_line(r: Record) -> str:

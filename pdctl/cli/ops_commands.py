@@ -325,8 +325,15 @@ def restart(
     budget = roll.budget(k, min_serving, groups)
     fleet = restart_lock(ops, no_fleet_lock, _warn)
 
-    def locked(what: str) -> AbstractContextManager[lock.Acquired]:
-        return lock.held(what, wait=lock_wait, say=ops.say, poll=ops.timeouts.poll, fleet=fleet)
+    def locked(what: str, targets: list[str]) -> AbstractContextManager[lock.Acquired]:
+        return lock.held(
+            what,
+            wait=lock_wait,
+            say=ops.say,
+            poll=ops.timeouts.poll,
+            fleet=fleet,
+            targets=targets,
+        )
 
     if gateways:
         _confirm(
@@ -334,7 +341,8 @@ def restart(
             [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
             "Restart the gateways, one at a time? Requests in flight through each one fail.",
         )
-        with locked("pdctl restart --gateways") as got:
+        gws = [f"{r.host}/{r.unit}" for r in ops.source.topology.gateways]
+        with locked("pdctl restart --gateways", gws) as got:
             reports = restart_gateways(ops)
             got.record(outcome(reports))
     else:
@@ -346,7 +354,7 @@ def restart(
                 [f"{i.id} ({i.unit})" for i in insts],
                 "Restart these ALONE? The pairs will be degraded until both restart.",
             )
-            with locked("pdctl restart --force (one side)") as got:
+            with locked("pdctl restart --force (one side)", [i.id for i in insts]) as got:
                 reports = [restart_instance(ops, i) for i in insts]
                 got.record(outcome(reports))
             click.secho(
@@ -364,7 +372,8 @@ def restart(
                 [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
                 f"Restart {len(chosen)} pair(s) as above?",
             )
-            with locked(f"pdctl restart --both {' '.join(p.id for p in chosen)}") as got:
+            ids = [p.id for p in chosen]
+            with locked(f"pdctl restart --both {' '.join(ids)}", ids) as got:
                 reports = restart_pairs(ops, chosen, got.lost, budget)
                 got.record(outcome(reports))
     _print_reports(reports, fmt)

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from pdctl.coord.store import Entry, Store, StoreUnavailable
+from pdctl.coord.kv import KV, Entry, StoreUnavailable
 
 PREFIX = "gateways/"
 
@@ -28,7 +28,7 @@ class GatewayKey(BaseModel):
 
 
 class Keys(Protocol):
-    """What `alive` reads (Store; tests hand in fakes)."""
+    """What `alive` reads: KV's list (tests hand in fakes of it alone)."""
 
     def list(self, prefix: str, *, serializable: bool = False) -> list[Entry]: ...
 
@@ -48,7 +48,7 @@ def alive(store: Keys) -> dict[str, GatewayKey]:
 
 
 def heartbeat(
-    store: Store,
+    store: KV,
     host: str,
     url: str,
     ttl_s: float,
@@ -65,7 +65,8 @@ def heartbeat(
             if lease == 0 or store.keepalive(lease) == 0:
                 lease = store.grant(ttl_s)
                 store.put(PREFIX + host, value, lease)
-                say(f"{host}: gateway key {store.prefix}{PREFIX}{host} held (ttl {ttl_s:g}s)")
+                where = f"{PREFIX}{host} in {store.describe()}"
+                say(f"{host}: gateway key {where} held (ttl {ttl_s:g}s)")
             elif down:
                 say(f"{host}: gateway key renewed again")
             down = False

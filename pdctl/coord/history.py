@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from pdctl.coord.store import Store
+from pdctl.coord.kv import KV
 
 PREFIX = "history/"
 KEEP = 500
@@ -45,13 +45,15 @@ class Outcome(BaseModel):
 
 
 class History:
-    def __init__(self, store: Store, keep: int = KEEP) -> None:
+    def __init__(self, store: KV, keep: int = KEEP) -> None:
         self.store, self.keep = store, keep
 
     def _put(self, rec: Record) -> None:
+        # Unconditional: only its restarter writes a record, but for the next holder's
+        # "lost" mark, which follows the lease's end.
         self.store.put(rec.key, rec.model_dump_json().encode())
 
-    def start(self, command: str) -> Record:
+    def start(self, command: str, targets: list[str] | None = None) -> Record:
         now = time.time()
         host, pid = socket.gethostname(), os.getpid()
         rec = Record(
@@ -60,6 +62,7 @@ class History:
             pid=pid,
             command=command,
             started=now,
+            targets=targets or [],
         )
         self._put(rec)
         self._prune()

@@ -3,9 +3,12 @@
 Taken in a transaction only if the key does not exist (create revision 0), attached to a
 lease of the configured ttl that the holder's heartbeat renews (pdctl.ops.lock). A holder
 that stops renewing (killed, paused, cut off) loses the lease after ttl and etcd deletes the
-key: the next restarter simply takes it. The key's value says who holds it (host, PID,
-command, start time). A restart checks before each step that the key is still under its own
-lease (`check`), so a holder that lost it stops before touching another pair.
+key: the next restarter simply takes it. The key's value says who holds it in structured
+fields (host, PID, command, the targets it restarts, start time); every decision about a
+holder reads those fields (recovery's containment reads `targets`), never its display text.
+A restart checks before each step that the key is still under its own lease (`check`), so a
+holder that lost it stops before touching another pair. Breaking the lock revokes the lease
+that was read, which deletes the key only if it is still under that lease.
 """
 
 from __future__ import annotations
@@ -16,20 +19,23 @@ import socket
 import time
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, BaseModel, Field, ValidationError
 
-from pdctl.coord.store import Entry, Store, StoreUnavailable
+from pdctl.coord.kv import KV, Entry, StoreUnavailable
 
 KEY = "lock/restart"
 WHAT_MAX = 2000  # characters of the holder's command line kept in the key
 
 
 class HolderValue(BaseModel):
-    """The lock key's value (JSON)."""
+    """The lock key's value (JSON). Fields a newer pdctl adds are ignored; `targets` is empty
+    in a record of a pdctl before it (its holder's targets are unknown)."""
 
     host: str
     pid: int
-    what: str
+    # "what" until pdstack 0.4: an older holder's record reads the same
+    command: str = Field(validation_alias=AliasChoices("command", "what"))
+    targets: list[str] = []  # what it restarts: pairs/groups (HOST/NAME), instances, gateways
     since: float  # the holder's time.time() when it took the lock
     ttl_s: float  # its lease's
 
@@ -43,6 +49,7 @@ class Holder:
     heartbeat_age_s: float | None = None  # fleet lock: since its last renewal
     ttl_s: float | None = None  # fleet lock: the lease's ttl
     lease: int | None = None  # fleet lock: the etcd lease that holds the key
+    targets: tuple[str, ...] = ()  # fleet lock: what it restarts (empty: unknown)
 
     def describe(self) -> str:
         """In one line: pdf1 PID 4242 pdctl restart --both --pair pd0, since 12:01:05."""
@@ -58,7 +65,7 @@ class Grant:
 class RestartLock:
     """The fleet restart lock in `store`, with leases of `ttl_s`."""
 
-    def __init__(self, store: Store, ttl_s: float) -> None:
+    def __init__(self, store: KV, ttl_s: float) -> None:
         self.store, self.ttl_s = store, ttl_s
         # The heartbeat renews every ttl/3; one renewal must not take longer than that.
         self.timeout = ttl_s / 3
@@ -73,22 +80,24 @@ class RestartLock:
             raw = entry.value.decode(errors="replace")[:80]
             return Holder(None, f"unreadable holder {raw!r}", time.time(), "?", lease=entry.lease)
         left = self.store.time_to_live(entry.lease) if entry.lease else 0
+        age = max(0.0, v.ttl_s - left)
         return Holder(
-            v.pid, v.what, v.since, v.host, max(0.0, v.ttl_s - left), v.ttl_s, entry.lease
+            v.pid, v.command, v.since, v.host, age, v.ttl_s, entry.lease, tuple(v.targets)
         )
 
     def holder(self) -> Holder | None:
         entry = self.store.get(KEY)
         return self._holder(entry) if entry else None
 
-    def acquire(self, what: str) -> Grant | Holder:
-        """The lock (a Grant), or who holds it."""
-        if len(what) > WHAT_MAX:  # a roll of very many pairs: its start says what it is
+    def acquire(self, what: str, targets: list[str] | None = None) -> Grant | Holder:
+        """The lock (a Grant) for the command `what` restarting `targets`, or who holds it."""
+        if len(what) > WHAT_MAX:  # a roll of very many pairs: `targets` has them all
             what = what[: WHAT_MAX - 1] + "…"
         value = HolderValue(
             host=socket.gethostname(),
             pid=os.getpid(),
-            what=what,
+            command=what,
+            targets=targets or [],
             since=time.time(),
             ttl_s=self.ttl_s,
         )
@@ -134,14 +143,19 @@ class RestartLock:
         self._revoke(grant.lease)
 
     def force_break(self) -> Holder | None:
-        """End the holder's lease (its key goes with it); who held it, or None."""
+        """End the lease of the holder read here, or None when nobody holds the lock.
+
+        Only what was read is ended: revoking that lease deletes the key only while it is
+        under it (one step in etcd), so a restarter that took the lock in between keeps it.
+        A key without a lease (written by hand) is deleted only at the revision read."""
         entry = self.store.get(KEY)
         if entry is None:
             return None
         held = self._holder(entry)
         if entry.lease:
-            self._revoke(entry.lease)
-        self.store.delete(KEY)
+            self.store.revoke(entry.lease)
+        else:
+            self.store.delete_if_revision(KEY, entry.mod_revision)
         return held
 
 
@@ -158,4 +172,5 @@ def holder_json(h: Holder | None) -> dict[str, object] | None:
         "heartbeat_age_s": h.heartbeat_age_s,
         "ttl_s": h.ttl_s,
         "lease": h.lease,
+        "targets": list(h.targets),
     }

@@ -1,4 +1,5 @@
-"""The coordination store: etcd's v3 JSON gateway (etcd3gw), over every [etcd] member.
+"""The coordination store: etcd's v3 JSON gateway (etcd3gw), over every [etcd] member. It
+implements pdctl.coord.kv.KV, whose docstrings say what each operation guarantees.
 
 One client per member. A call goes to the member that answered last and moves on to the
 next when one does not answer, so the loss of any one member costs a connect timeout, not a
@@ -24,6 +25,7 @@ from etcd3gw.exceptions import (
 )
 
 from pdctl import names
+from pdctl.coord.kv import Entry, Guard, StoreUnavailable
 from pdctl.errors import PdctlError
 from pdctl.topology import TopologyCoord
 
@@ -31,21 +33,6 @@ T = TypeVar("T")
 # (connect, read): a powered-off member costs the connect timeout; a write etcd cannot commit
 # (no leader) is given up after the read timeout.
 TIMEOUT = (1.0, 3.0)
-
-
-class StoreUnavailable(PdctlError):
-    """etcd cannot serve the call (no member answers, no quorum, TLS refused)."""
-
-    exit_code = 5
-
-
-@dataclass(frozen=True)
-class Entry:
-    key: str  # relative to the prefix
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    lease: int  # 0: none
 
 
 @dataclass(frozen=True)
@@ -226,10 +213,6 @@ class Store:
             body["lease"] = lease
         self._call("write", lambda c: c.post(c.get_url("/kv/put"), json=body))
 
-    def delete(self, key: str) -> None:
-        body = {"key": _b64(self._key(key))}
-        self._call("write", lambda c: c.post(c.get_url("/kv/deleterange"), json=body))
-
     def delete_before(self, prefix: str, end: str) -> None:
         """Every key under `prefix` that sorts before `end` (a key under it)."""
         body = {"key": _b64(self._key(prefix)), "range_end": _b64(self._key(end))}
@@ -250,15 +233,27 @@ class Store:
         kvs = res.get("responses", [{}])[0].get("response_range", {}).get("kvs", [])
         return False, self._entry(kvs[0]) if kvs else None
 
-    def delete_if_lease(self, key: str, lease: int) -> bool:
-        """Delete `key` if it is (still) held under `lease`."""
-        k = _b64(self._key(key))
-        txn = {
-            "compare": [{"key": k, "result": "EQUAL", "target": "LEASE", "lease": lease}],
-            "success": [{"request_delete_range": {"key": k}}],
-        }
+    def _txn(self, compare: dict[str, Any], success: dict[str, Any]) -> bool:
+        """One transaction: `success` only if `compare` holds; whether it did."""
+        txn = {"compare": [compare], "success": [success]}
         res = self._call("write", lambda c: c.post(c.get_url("/kv/txn"), json=txn))
         return bool(res.get("succeeded"))
+
+    def delete_if_lease(self, key: str, lease: int) -> bool:
+        k = _b64(self._key(key))
+        held = {"key": k, "result": "EQUAL", "target": "LEASE", "lease": lease}
+        return self._txn(held, {"request_delete_range": {"key": k}})
+
+    def delete_if_revision(self, key: str, mod_revision: int) -> bool:
+        k = _b64(self._key(key))
+        same = {"key": k, "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}
+        return self._txn(same, {"request_delete_range": {"key": k}})
+
+    def put_if(self, key: str, value: bytes, guard: Guard) -> bool:
+        g = _b64(self._key(guard.key))
+        held = {"key": g, "result": "EQUAL", "target": "LEASE", "lease": guard.lease}
+        put = {"request_put": {"key": _b64(self._key(key)), "value": _b64(value)}}
+        return self._txn(held, put)
 
     def grant(self, ttl_s: float) -> int:
         ttl = max(1, round(ttl_s))
@@ -282,8 +277,11 @@ class Store:
         return max(0, int(res.get("TTL", 0)))
 
     def revoke(self, lease: int) -> None:
-        """End the lease; the keys under it are deleted with it."""
-        self._call(
-            "revoke a lease",
-            lambda c: c.post(c.get_url("/kv/lease/revoke"), json={"ID": lease}),
-        )
+        def revoke(c: Etcd3Client) -> None:
+            try:
+                c.post(c.get_url("/kv/lease/revoke"), json={"ID": lease})
+            except Etcd3Exception as e:  # expired or revoked by another since it was read
+                if "lease not found" not in (e.detail_text or str(e)):
+                    raise
+
+        self._call("revoke a lease", revoke)

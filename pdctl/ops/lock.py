@@ -241,22 +241,24 @@ def fleet_held(
     poll: float = 0.5,
     started: float | None = None,
     store_wait: bool = False,
-    on_wait: Callable[[str], None] | None = None,
+    on_wait: Callable[[str, Holder | None], None] | None = None,
+    targets: list[str] | None = None,
 ) -> Iterator[Acquired]:
-    """Hold the fleet lock for `what`, renewed until the block ends, then released, with a
-    record in the restart history from start to end.
+    """Hold the fleet lock for `what` (restarting `targets`), renewed until the block ends,
+    then released, with a record in the restart history from start to end.
 
     Waits up to `wait` s from `started` (time.monotonic(); default now) for a holder
     (progress through `say` every 10 s), then LockHeld naming it. StoreUnavailable when etcd
     cannot serve (no quorum, no member answers), at once, or with `store_wait` after waiting
-    for it too. `on_wait` hears why, on each try that did not get the lock."""
+    for it too. `on_wait` hears why, and who holds it (None: etcd cannot tell), on each try
+    that did not get the lock."""
     say = say or _stderr
     t0, last = started if started is not None else time.monotonic(), None
     behind: Holder | None = None
     pause = poll
     while True:
         try:
-            got: Grant | Holder | StoreUnavailable = fleet.acquire(what)
+            got: Grant | Holder | StoreUnavailable = fleet.acquire(what, targets)
         except StoreUnavailable as e:
             if not store_wait:
                 raise _unavailable(e) from None
@@ -277,7 +279,7 @@ def fleet_held(
         else:
             pause, why = min(pause * 2, STORE_RETRY_MAX_S), f"etcd cannot serve: {got}"
         if on_wait is not None:
-            on_wait(why)
+            on_wait(why, got if isinstance(got, Holder) else None)
         if last is None or now - last >= PROGRESS_EVERY_S:
             last = now
             say(f"waiting for the fleet restart lock, {why} [{now - t0:.0f}s of {wait:g}s]")
@@ -285,7 +287,7 @@ def fleet_held(
     history = History(fleet.store)
     outcome = Outcome(result="failed", error="it ended before saying what it did")
     try:
-        rec: Record | None = history.start(what)
+        rec: Record | None = history.start(what, targets or [])
         lost = history.mark_lost(rec) if rec else None
     except StoreUnavailable as e:
         rec = lost = None
@@ -330,10 +332,12 @@ def held(
     poll: float = 0.5,
     fleet: RestartLock | None = None,
     store_wait: bool = False,
-    on_wait: Callable[[str], None] | None = None,
+    on_wait: Callable[[str, Holder | None], None] | None = None,
+    targets: list[str] | None = None,
 ) -> Iterator[Acquired]:
-    """Hold the restart lock for `what` (e.g. "pdctl restart --both --pair pd0"): this host's
-    flock, then with `fleet` the fleet lock's lease.
+    """Hold the restart lock for `what` (e.g. "pdctl restart --both --pair pd0") restarting
+    `targets` (pair ids, instances or gateways): this host's flock, then with `fleet` the
+    fleet lock's lease.
 
     With `wait` > 0, wait that many seconds in all for the holders to finish (progress
     through `say`) before giving up with LockHeld."""
@@ -342,7 +346,7 @@ def held(
         if fleet is None:
             yield host
             return
-        with fleet_held(fleet, what, wait, say, poll, t0, store_wait, on_wait) as got:
+        with fleet_held(fleet, what, wait, say, poll, t0, store_wait, on_wait, targets) as got:
             behind = got.behind or host.behind
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
             yield Acquired(waited_s, behind, got.took_over, got.lost, got.record)

@@ -16,7 +16,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import secrets
 import socket
 import stat
@@ -28,6 +27,7 @@ from pathlib import Path
 from pydantic import FiniteFloat, TypeAdapter, ValidationError
 
 from pdctl import names
+from pdctl.coord.lock import Holder
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
@@ -207,14 +207,15 @@ class Containment:
     """While a recovery waits for the fleet lock, the broken pair is taken out of every
     gateway that answers (but those gone: restart.Reach) and its live side is stopped, once:
     no request is routed into a half pair for as long as the wait lasts. Not while the
-    lock's holder is restarting this very pair (its own restart is bringing it back)."""
+    lock's holder lists this very pair in its targets (its own restart is bringing it back);
+    a holder whose targets are unknown (an older pdctl's record) is not counted on."""
 
     def __init__(self, ops: Ops, pair: Pair) -> None:
         self.ops, self.pair, self.done = ops, pair, False
 
-    def __call__(self, why: str) -> None:
+    def __call__(self, why: str, holder: Holder | None) -> None:
         _notify_status(f"recovery waiting: {why}")
-        if self.done or re.search(rf"(?<![\w/.-]){re.escape(self.pair.id)}(?![\w/.-])", why):
+        if self.done or (holder is not None and self.pair.id in holder.targets):
             return
         self.done = True
         ops, pair = self.ops, self.pair
@@ -260,13 +261,15 @@ def recover(
         ops.fleet_lock,
         store_wait=True,
         on_wait=Containment(ops, pair),
+        targets=[pair.id],
     ) as got:
         _notify_status("recovering")
         if got.behind:
             ops.say(f"{pair.id}: the restart lock is free after {got.waited_s:.0f}s; recovering")
         log.admit(pair.id, limit)
-        # The pair is already broken: a gateway we cannot reach must not block recovery.
-        rep = restart_pair(ops, pair, drain_required=False, lock_lost=got.lost)
+        # The pair is already broken: a gateway we cannot reach must not block recovery, and
+        # no request it holds can finish.
+        rep = restart_pair(ops, pair, planned=False, lock_lost=got.lost)
         got.record(outcome([rep]))
     after = f" after waiting {got.waited_s:.0f}s for {got.behind}" if got.behind else ""
     verdict = "recovered" if rep.ok else "recovery FAILED"

@@ -333,19 +333,25 @@ def register_gateways(
     return list(done.values())
 
 
-def _drain(ops: Ops, pair: Pair, required: bool, reach: Reach) -> None:
+def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
+    """Take the pair out of every gateway. A planned restart waits (bounded) for the requests
+    in flight; a recovery does not: one side is dead, and what the live side holds depends
+    on it (a NIXL prefill never times out a room its dead decode held, and no queue metric
+    or /v1/loads shows it: docs/reliability.md)."""
     urls = [i.url for i in pair.instances]
     deadline = time.monotonic() + ops.timeouts.drain
     try:
         # Every gateway must answer before any stops routing: a gateway left out would keep
         # sending requests to engines about to stop.
-        gws = _reachable(reach, "drain", required)
+        gws = _reachable(reach, "drain", planned)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
+        if not planned:
+            return
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
         )
     except gateway.GatewayError as e:
-        if required:
+        if planned:
             raise StepFailed("drain", f"{e}; nothing was stopped") from None
         ops.say(f"  {pair.id}: cannot drain ({e}); going on")
         return
@@ -438,24 +444,29 @@ class LockLost(StepFailed):
 def restart_pair(
     ops: Ops,
     pair: Pair,
-    drain_required: bool = True,
+    planned: bool = True,
     lock_lost: Callable[[], str | None] = _no_reason,
     on_phase: Callable[[str], None] = _any_phase,
 ) -> Report:
     """The pair's steps in order; before each one `lock_lost` (the fencing check of the fleet
     restart lock) must give no reason, or the restart stops there and says why. `on_phase`
-    hears each step's name as it begins (a roll names them on Ctrl-C)."""
+    hears each step's name as it begins (a roll names them on Ctrl-C).
+
+    Planned (an operator's restart or roll): every gateway that is not gone must answer the
+    drain and the register, and the drain waits for requests in flight. Not planned (a
+    recovery: a side crashed): gateways that do not answer are skipped, and nothing waits
+    for requests, which depend on the dead side."""
     units = [i.unit for i in pair.instances]
     rep = Report(pair.id)
     reach = Reach(ops, pair)
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("drain", lambda: _drain(ops, pair, drain_required, reach)),
+        ("drain", lambda: _drain(ops, pair, planned, reach)),
         ("stop", lambda: stop_pair(ops, pair)),
         ("start", lambda: on_each_host(ops, pair, _start_here)),
         ("health", lambda: _wait_healthy(ops, pair)),
         ("canary", lambda: _first_canary(ops, pair)),
         ("verify", lambda: _verify(ops, pair)),
-        ("register", lambda: register_pair(ops, pair, drain_required, reach)),
+        ("register", lambda: register_pair(ops, pair, planned, reach)),
     ]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
     phase = steps[0][0]

@@ -14,13 +14,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from pdctl import topology
 from pdctl.coord import gateways
 from pdctl.coord.history import History, Outcome
-from pdctl.coord.lock import Grant, Holder, RestartLock
+from pdctl.coord.kv import KV, Entry
+from pdctl.coord.lock import KEY, Grant, Holder, RestartLock
 from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.ops import lock
 from pdctl.testing.etcd import LocalEtcd, local_etcd
@@ -65,14 +67,15 @@ def _holder(coord: TopologyCoord, what: str) -> subprocess.Popen[str]:
 
 def test_one_holder_at_a_time_and_the_second_is_told_who(etcd_coord: TopologyCoord) -> None:
     fleet = RestartLock(Store(etcd_coord), 30)
-    first = fleet.acquire("pdctl restart --both --pair a/pd0")
+    first = fleet.acquire("pdctl restart --both --pair a/pd0", ["a/pd0"])
     assert isinstance(first, Grant)
-    second = fleet.acquire("pdctl recover --pair b/pd1")
+    second = fleet.acquire("pdctl recover --pair b/pd1", ["b/pd1"])
     assert isinstance(second, Holder)
-    assert (second.host, second.pid, second.what) == (
+    assert (second.host, second.pid, second.what, second.targets) == (
         HOST,
         os.getpid(),
         "pdctl restart --both --pair a/pd0",
+        ("a/pd0",),
     )
     assert second.ttl_s == 30 and 0 <= (second.heartbeat_age_s or 0) < 5
     assert fleet.check(first) is None and fleet.renew(first) == (True, None)
@@ -151,6 +154,12 @@ def test_lock_show_break_and_history_name_the_holder(
             broke.stdout
         )
         assert run_pdctl("lock", "show", *where).stdout == "free\n"
+        again = run_pdctl("lock", "break", "--force", *where)  # nothing held: nothing changes
+        assert (again.exit_code, again.stdout, again.stderr) == (
+            0,
+            "the fleet restart lock is free: nothing to break\n",
+            "",
+        )
     finally:
         holder.kill()
         holder.wait(10)
@@ -158,6 +167,49 @@ def test_lock_show_break_and_history_name_the_holder(
     assert [(r["pid"], r["result"]) for r in listed] == [(holder.pid, "running")]
     table = run_pdctl("history", *where).stdout
     assert f"{holder.pid}  RUNNING" in table and "pdctl restart --both --pair a/pd0" in table
+
+
+class _ReadBefore:
+    """The store as a breaker saw it: its first read of the lock is the `seen` entry, taken
+    before another restarter took the lock; everything else is the real store's."""
+
+    def __init__(self, store: Store, seen: Entry) -> None:
+        self.store, self.seen = store, seen
+
+    def get(self, key: str) -> Entry | None:
+        return self.seen
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_lock_break_ends_only_the_holder_it_read(etcd_coord: TopologyCoord) -> None:
+    """Between the breaker's read and its break the old holder's lease ends and another takes
+    the lock: the break must leave the new holder's key (it revokes the lease it read)."""
+    store = Store(etcd_coord)
+    fleet = RestartLock(store, 30)
+    old = fleet.acquire("pdctl restart --both --pair a/pd0", ["a/pd0"])
+    assert isinstance(old, Grant)
+    seen = store.get(KEY)
+    assert seen is not None
+    store.revoke(old.lease)  # its holder's lease expired
+    new = fleet.acquire("pdctl recover --pair a/pd0", ["a/pd0"])
+    assert isinstance(new, Grant)
+    broke = RestartLock(cast(KV, _ReadBefore(store, seen)), 30).force_break()
+    assert broke is not None and broke.lease == old.lease
+    assert fleet.check(new) is None  # the new holder keeps it
+
+
+def test_a_lock_record_of_an_older_pdctl_is_read(etcd_coord: TopologyCoord) -> None:
+    """`what` (before `command`), no `targets`, and a field this pdctl does not know."""
+    store = Store(etcd_coord)
+    lease = store.grant(30)
+    old = {"host": "ctl", "pid": 7, "what": "pdctl restart --all", "since": 1.0, "ttl_s": 30}
+    store.put(KEY, json.dumps({**old, "from_the_future": [1]}).encode(), lease)
+    held = RestartLock(store, 30).holder()
+    assert held is not None
+    assert (held.host, held.pid, held.what, held.targets) == ("ctl", 7, "pdctl restart --all", ())
+    store.revoke(lease)
 
 
 def test_history_is_bounded_and_newest_first(etcd_coord: TopologyCoord) -> None:
@@ -218,6 +270,10 @@ def test_a_restart_refuses_at_once_without_quorum_and_a_recovery_waits_for_it(
     assert "not restarting without the fleet restart lock" in str(refused.value)
     waits: list[str] = []
 
+    def waited(why: str, holder: Holder | None) -> None:
+        assert holder is None  # etcd cannot tell who holds it
+        waits.append(why)
+
     def quorum_back() -> None:
         while len(waits) < 2:
             time.sleep(0.1)
@@ -232,7 +288,7 @@ def test_a_restart_refuses_at_once_without_quorum_and_a_recovery_waits_for_it(
         lambda _: None,
         0.2,
         store_wait=True,
-        on_wait=waits.append,
+        on_wait=waited,
     ):
         pass
     t.join(10)

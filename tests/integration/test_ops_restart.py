@@ -554,7 +554,7 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
     canaries = threading.Thread(target=exporter, daemon=True)
     canaries.start()
     try:
-        rep = restart_pair(ops, pair, drain_required=False)
+        rep = restart_pair(ops, pair, planned=False)
     finally:
         done.set()
         canaries.join(10)

@@ -338,9 +338,9 @@ def test_recover_stops_after_the_rate_limit(
 ) -> None:
     done: list[str] = []
 
-    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
+    def fake_restart(_ops: Ops, pair: Pair, planned: bool = True, **_: Any) -> Report:
         done.append(pair.id)
-        assert drain_required is False  # a broken pair must not wait on the gateway
+        assert planned is False  # a broken pair must not wait on the gateway or its requests
         return Report(pair.id, lines=[f"OK: {pair.id}"])
 
     monkeypatch.setattr("pdctl.ops.recover.restart_pair", fake_restart)
@@ -546,7 +546,7 @@ def test_status_shows_a_drained_pair(
 def recovered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     done: list[str] = []
 
-    def fake_restart(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
+    def fake_restart(_ops: Ops, pair: Pair, planned: bool = True, **_: Any) -> Report:
         done.append(pair.id)
         return Report(pair.id, lines=[f"OK: {pair.id}"])
 
@@ -595,7 +595,7 @@ def test_a_failed_recovery_exits_6_which_systemd_tries_again_within_the_rate_lim
     """The recover unit's RestartPreventExitStatus= holds 1 2 4, not 6: a restart that
     failed after a crash is tried again, each try counted, until the rate limit (exit 4)."""
 
-    def failed(_ops: Ops, pair: Pair, drain_required: bool = True, **_: Any) -> Report:
+    def failed(_ops: Ops, pair: Pair, planned: bool = True, **_: Any) -> Report:
         return Report(pair.id, ok=False, error="canary: no request passed in 120s")
 
     monkeypatch.setattr("pdctl.ops.recover.restart_pair", failed)

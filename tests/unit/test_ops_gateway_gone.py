@@ -5,6 +5,9 @@ at each step); one whose host holds its key blocks when it does not answer."""
 
 from __future__ import annotations
 
+import pytest
+
+from pdctl.coord.lock import Holder
 from pdctl.ops import restart
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import Containment
@@ -28,7 +31,7 @@ def test_a_gateway_without_key_is_tried_once_briefly_then_left_out() -> None:
     for required in (True, False):  # an operator's restart, and a recovery
         keys, dead = FakeKeys({"node-a"}), Silent(GONE)
         ops, sd, first, said = _ops(keys, dead)
-        rep = restart.restart_pair(ops, ops.source.pairs()[0], drain_required=required)
+        rep = restart.restart_pair(ops, ops.source.pairs()[0], planned=required)
         assert rep.ok, rep.error
         # One connection attempt of GONE_CONNECT_S, then nothing: no drain, no register.
         assert dead.calls == [f"reachable {restart.GONE_CONNECT_S:g}s"]
@@ -108,7 +111,33 @@ def test_each_pairs_restart_reads_the_keys_afresh() -> None:
 def test_a_waiting_recovery_contains_its_pair_without_contacting_a_gone_gateway() -> None:
     keys, dead = FakeKeys({"node-a"}), Silent(GONE)
     ops, sd, first, said = _ops(keys, dead)
-    Containment(ops, ops.source.pairs()[0])("etcd has no quorum")
+    Containment(ops, ops.source.pairs()[0])("etcd has no quorum", None)
     assert dead.calls == [f"reachable {restart.GONE_CONNECT_S:g}s"]
     assert first.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
     assert sd.jobs[0][0] == "stop" and len(_gone_lines(said)) == 1
+
+
+def _holder(command: str, targets: tuple[str, ...]) -> Holder:
+    return Holder(4242, command, 0.0, "ctl", targets=targets)
+
+
+@pytest.mark.parametrize(
+    ("holder", "contained"),
+    [
+        # Its own restart lists it: that restart brings it back.
+        (_holder("pdctl restart --both node-a/pd0", ("node-a/pd0",)), False),
+        # The command names it, the targets do not (a roll cut at WHAT_MAX lists it; a
+        # prefix of its id in the command is another pair): only targets count.
+        (_holder("pdctl restart --both node-a/pd0", ("node-a/pd00",)), True),
+        (_holder("pdctl restart --both node-a/pd1", ("node-a/pd1",)), True),
+        # An older pdctl's record: its targets are unknown, so the pair is contained.
+        (_holder("pdctl restart --both --pair node-a/pd0", ()), True),
+    ],
+)
+def test_containment_reads_the_holders_targets_never_its_command(
+    holder: Holder, contained: bool
+) -> None:
+    ops, sd, first, _ = _ops(FakeKeys({"node-a"}), FakeGateway("http://gw2:8000"))
+    Containment(ops, ops.source.pairs()[0])(f"held by {holder.describe()}", holder)
+    assert bool(sd.jobs) is contained
+    assert bool(first.calls) is contained

@@ -4,6 +4,7 @@ Ctrl-C. tests/integration/test_ops_restart.py runs it against real engines and s
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -143,10 +144,10 @@ def test_restart_drains_and_registers_at_every_gateway() -> None:
 
 
 def _restart_with_engine_counts(
-    counts: dict[str, list[int | None]], drain: float
+    counts: dict[str, list[int | None]], drain: float, planned: bool = True
 ) -> tuple[FakeSystemd, list[str], list[str]]:
-    """Restart pd0 while its engines report `counts` in turn (the last repeats); the systemd
-    jobs, what was said, and each poll's URL."""
+    """Restart pd0 (planned, or as a recovery) while its engines report `counts` in turn (the
+    last repeats); the systemd jobs, what was said, and each poll's URL."""
     sd, said, polls = FakeSystemd(), [], []
 
     def in_flight(url: str) -> int | None:
@@ -157,7 +158,7 @@ def _restart_with_engine_counts(
 
     ops = fake_ops(sd, FakeGateway(), engines=FakeEngines(held=in_flight))
     ops.say, ops.timeouts = said.append, replace(ops.timeouts, drain=drain)
-    (rep,) = restart.restart_pairs(ops, [ops.source.pairs()[0]])
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], planned)
     assert rep.ok, rep.error
     return sd, said, polls
 
@@ -179,6 +180,17 @@ def test_a_drain_that_times_out_names_the_busy_engine_and_stops_anyway() -> None
     assert sd.jobs[0][0] == "stop"
 
 
+def test_a_recovery_takes_the_pair_out_and_stops_without_waiting_for_requests() -> None:
+    """What the live side holds depends on the crashed one and can never finish: a recovery
+    drains the gateways and stops at once, however long the drain timeout."""
+    decode = "http://10.0.0.1:30001"
+    t0 = time.monotonic()
+    sd, said, polls = _restart_with_engine_counts({decode: [5]}, drain=600, planned=False)
+    assert time.monotonic() - t0 < 5
+    assert polls == [] and sd.jobs[0][0] == "stop"
+    assert not [line for line in said if "still in flight" in line]
+
+
 def test_an_unreachable_gateway_during_drain_stops_nothing() -> None:
     sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
     ops = fake_ops(sd, up, down)
@@ -196,7 +208,7 @@ def test_recovery_skips_an_unreachable_gateway() -> None:
     said: list[str] = []
     ops = fake_ops(sd, up, down)
     ops.say = said.append
-    rep = restart.restart_pair(ops, ops.source.pairs()[0], drain_required=False)
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], planned=False)
     assert rep.ok, rep.error
     assert sum(c.startswith("add") for c in up.calls) == 2
     assert any("cannot drain (gateway http://gw2:8000" in line for line in said)
