@@ -22,6 +22,7 @@ COMMANDS = {
     "restart": "pdctl.cli.ops_commands:restart",
     "doctor": "pdctl.cli.ops_commands:doctor",
     "recover": "pdctl.cli.ops_commands:recover",
+    "finish": "pdctl.cli.finish_commands:finish",
     "gateway": "pdctl.cli.ops_commands:gateway",
     "lock": "pdctl.cli.lock_commands:lock",
     "history": "pdctl.cli.lock_commands:history",

@@ -374,7 +374,7 @@ def restart(
             )
             ids = [p.id for p in chosen]
             with locked(f"pdctl restart --both {' '.join(ids)}", ids) as got:
-                reports = restart_pairs(ops, chosen, got.lost, budget)
+                reports = restart_pairs(ops, chosen, got.lost, budget, got.phases)
                 got.record(outcome(reports))
     _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)

@@ -53,6 +53,7 @@ def to_json(s: Status) -> dict[str, Any]:
                 "drained": p.drained,
                 "restart_pending": p.pending,
                 "recovery": p.recovery,
+                "abandoned": p.abandoned,
                 # Groups only, so a pair's entry stays what scripts read before groups.
                 **({"members": {"prefill": p.prefills, "decode": p.decodes}} if p.is_group else {}),
             }
@@ -175,6 +176,7 @@ PAIR_FIELDS: list[tuple[int, Callable[[PairStatus], str]]] = [
     (0, lambda p: f"[dim]{p.target}[/]"),
     (0, lambda p: f"[yellow]{escape(p.pending)}[/]" if p.pending else ""),
     (0, lambda p: f"[red]{escape(p.recovery)}[/]" if p.recovery else ""),
+    (0, lambda p: f"[red]{escape(p.abandoned)}[/]: pdctl finish" if p.abandoned else ""),
 ]
 
 GATEWAY_FIELDS: list[tuple[int, Callable[[GatewayStatus], str]]] = [

@@ -85,8 +85,9 @@ class KV(Protocol):
         in one transaction."""
         ...
 
-    def delete_if_lease(self, key: str, lease: int) -> bool:
-        """Delete `key` only if it is (still) held under `lease`, in one transaction."""
+    def delete_if(self, key: str, guard: Guard) -> bool:
+        """Delete `key` only while `guard` holds (`guard.key` may be `key` itself: delete it
+        only if it is still under that lease), in one transaction."""
         ...
 
     def grant(self, ttl_s: float) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import AliasChoices, BaseModel, Field, ValidationError
 
-from pdctl.coord.kv import KV, Entry, StoreUnavailable
+from pdctl.coord.kv import KV, Entry, Guard, StoreUnavailable
 
 KEY = "lock/restart"
 WHAT_MAX = 2000  # characters of the holder's command line kept in the key
@@ -139,7 +139,7 @@ class RestartLock:
         return f"its lease expired and {self._holder(entry).describe()} holds the lock now"
 
     def release(self, grant: Grant) -> None:
-        self.store.delete_if_lease(KEY, grant.lease)
+        self.store.delete_if(KEY, Guard(KEY, grant.lease))
         self._revoke(grant.lease)
 
     def force_break(self) -> Holder | None:

@@ -239,10 +239,13 @@ class Store:
         res = self._call("write", lambda c: c.post(c.get_url("/kv/txn"), json=txn))
         return bool(res.get("succeeded"))
 
-    def delete_if_lease(self, key: str, lease: int) -> bool:
-        k = _b64(self._key(key))
-        held = {"key": k, "result": "EQUAL", "target": "LEASE", "lease": lease}
-        return self._txn(held, {"request_delete_range": {"key": k}})
+    def _held(self, guard: Guard) -> dict[str, Any]:
+        g = _b64(self._key(guard.key))
+        return {"key": g, "result": "EQUAL", "target": "LEASE", "lease": guard.lease}
+
+    def delete_if(self, key: str, guard: Guard) -> bool:
+        delete = {"request_delete_range": {"key": _b64(self._key(key))}}
+        return self._txn(self._held(guard), delete)
 
     def delete_if_revision(self, key: str, mod_revision: int) -> bool:
         k = _b64(self._key(key))
@@ -250,10 +253,8 @@ class Store:
         return self._txn(same, {"request_delete_range": {"key": k}})
 
     def put_if(self, key: str, value: bytes, guard: Guard) -> bool:
-        g = _b64(self._key(guard.key))
-        held = {"key": g, "result": "EQUAL", "target": "LEASE", "lease": guard.lease}
         put = {"request_put": {"key": _b64(self._key(key)), "value": _b64(value)}}
-        return self._txn(held, put)
+        return self._txn(self._held(guard), put)
 
     def grant(self, ttl_s: float) -> int:
         ttl = max(1, round(ttl_s))

@@ -28,6 +28,7 @@ from pathlib import Path
 from pdctl import names
 from pdctl.coord.history import History, Outcome, Record
 from pdctl.coord.lock import Grant, Holder, RestartLock
+from pdctl.coord.restarts import Phases
 from pdctl.coord.store import StoreUnavailable
 from pdctl.errors import PdctlError
 
@@ -64,6 +65,8 @@ class Acquired:
     lost: Callable[[], str | None] = _never_lost
     # What the restart did, for the fleet's restart history (written when the lock is freed).
     record: Callable[[Outcome], None] = _ignore
+    # Each target's phase, in etcd under the fleet lock's lease (None: no fleet lock).
+    phases: Phases | None = None
 
 
 def _open(path: Path) -> int:
@@ -309,7 +312,12 @@ def fleet_held(
         with _Heartbeat(fleet, got, say) as beat:
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
             yield Acquired(
-                waited_s, behind.describe() if behind else None, took_over, beat.why_lost, record
+                waited_s,
+                behind.describe() if behind else None,
+                took_over,
+                beat.why_lost,
+                record,
+                Phases(fleet.store, got.lease, what),
             )
     finally:
         try:
@@ -349,4 +357,4 @@ def held(
         with fleet_held(fleet, what, wait, say, poll, t0, store_wait, on_wait, targets) as got:
             behind = got.behind or host.behind
             waited_s = round(time.monotonic() - t0, 1) if behind else 0.0
-            yield Acquired(waited_s, behind, got.took_over, got.lost, got.record)
+            yield Acquired(waited_s, behind, got.took_over, got.lost, got.record, got.phases)

@@ -269,7 +269,7 @@ def recover(
         log.admit(pair.id, limit)
         # The pair is already broken: a gateway we cannot reach must not block recovery, and
         # no request it holds can finish.
-        rep = restart_pair(ops, pair, planned=False, lock_lost=got.lost)
+        rep = restart_pair(ops, pair, planned=False, lock_lost=got.lost, phases=got.phases)
         got.record(outcome([rep]))
     after = f" after waiting {got.waited_s:.0f}s for {got.behind}" if got.behind else ""
     verdict = "recovered" if rep.ok else "recovery FAILED"

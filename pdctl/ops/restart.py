@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
 from pdctl.coord import gateways as liveness
 from pdctl.coord.history import Outcome
+from pdctl.coord.kv import StoreUnavailable
+from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
 from pdctl.ops import gateway, pending, roll
 from pdctl.ops.context import Ops
@@ -447,10 +449,16 @@ def restart_pair(
     planned: bool = True,
     lock_lost: Callable[[], str | None] = _no_reason,
     on_phase: Callable[[str], None] = _any_phase,
+    phases: Phases | None = None,
+    only: Collection[str] = PHASES,
 ) -> Report:
-    """The pair's steps in order; before each one `lock_lost` (the fencing check of the fleet
+    """The pair's steps in order (those in `only`: an undone restart's canary, verify and
+    register); before each one `lock_lost` (the fencing check of the fleet
     restart lock) must give no reason, or the restart stops there and says why. `on_phase`
-    hears each step's name as it begins (a roll names them on Ctrl-C).
+    hears each step's name as it begins (a roll names them on Ctrl-C); `phases` records it in
+    etcd, conditional on the lock (a failed write stops the restart as a lost lock does), and
+    drops the record once the restart has ended and said how. A restart that dies leaves its
+    record: pdctl.ops.finish finishes or undoes it.
 
     Planned (an operator's restart or roll): every gateway that is not gone must answer the
     drain and the register, and the drain waits for requests in flight. Not planned (a
@@ -468,12 +476,15 @@ def restart_pair(
         ("verify", lambda: _verify(ops, pair)),
         ("register", lambda: register_pair(ops, pair, planned, reach)),
     ]
+    steps = [s for s in steps if s[0] in only]
     ops.say(f"{pair.id}: restarting {' + '.join(units)}")
     phase = steps[0][0]
     try:
         for phase, step in steps:
             on_phase(phase)
             lost = lock_lost()
+            if lost is None and phases is not None and not phases.enter(pair.id, phase):
+                lost = "etcd refused to record its phase: the lock is under another lease"
             if lost is not None:
                 raise LockLost(
                     phase,
@@ -489,6 +500,8 @@ def restart_pair(
             rep.error += " (the pair stays out of the gateway)"
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
+    if phases is not None:
+        _ended(ops, phases, pair)
     if rep.ok:
         _clear_pending(ops, pair)
     rep.lines = [
@@ -498,17 +511,27 @@ def restart_pair(
     return rep
 
 
+def _ended(ops: Ops, phases: Phases, pair: Pair) -> None:
+    """Its restart said how it ended: its phase record goes (a lost lock keeps it for the
+    holder now, and etcd that cannot serve leaves it for pdctl finish)."""
+    try:
+        phases.done(pair.id)
+    except StoreUnavailable as e:
+        ops.say(f"  {pair.id}: its restart record stays in etcd ({e}); pdctl finish clears it")
+
+
 def restart_pairs(
     ops: Ops,
     pairs: list[Pair],
     lock_lost: Callable[[], str | None] = _no_reason,
     budget: roll.Budget = roll.ONE,
+    phases: Phases | None = None,
 ) -> list[Report]:
     """Roll `pairs` through restart_pair: one at a time by default, at most `budget.max_out`
     at once above a capacity floor with a bounded budget (pdctl.ops.roll). After a failure
     the pairs not started are left alone, and so they are once `lock_lost` gives a reason
     (the fleet restart lock is another's now)."""
-    return roll.run(ops, pairs, restart_pair, budget, lock_lost)
+    return roll.run(ops, pairs, restart_pair, budget, lock_lost, phases)
 
 
 def outcome(reports: list[Report]) -> Outcome:

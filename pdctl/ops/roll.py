@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
+from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
 from pdctl.ops import gateway
 from pdctl.ops.context import Ops
@@ -219,6 +220,7 @@ class Step(Protocol):
         *,
         lock_lost: Callable[[], str | None],
         on_phase: Callable[[str], None],
+        phases: Phases | None,
     ) -> Report: ...
 
 
@@ -241,9 +243,10 @@ class _Roll:
         step: Step,
         b: Budget,
         lock_lost: Callable[[], str | None],
+        phases: Phases | None,
     ) -> None:
         self.say_lock, self.fence_lock = threading.Lock(), threading.Lock()
-        self.raw_say, self.lock_lost = ops.say, lock_lost
+        self.raw_say, self.lock_lost, self.phases = ops.say, lock_lost, phases
         self.ops = replace(ops, say=self.say)
         self.step, self.budget = step, b
         self.everything = ops.source.pairs()
@@ -333,7 +336,7 @@ class _Roll:
 
         try:
             got: Report | BaseException = self.step(
-                self.ops, out.pair, lock_lost=self.fence, on_phase=on_phase
+                self.ops, out.pair, lock_lost=self.fence, on_phase=on_phase, phases=self.phases
             )
         except BaseException as e:  # Interrupted, or a bug: the scheduler raises it
             got = e
@@ -384,7 +387,12 @@ class _Roll:
 
 
 def run(
-    ops: Ops, pairs: list[Pair], step: Step, b: Budget, lock_lost: Callable[[], str | None]
+    ops: Ops,
+    pairs: list[Pair],
+    step: Step,
+    b: Budget,
+    lock_lost: Callable[[], str | None],
+    phases: Phases | None = None,
 ) -> list[Report]:
     """Roll `pairs` (in this order) through `step`; the reports in the order groups ended."""
-    return _Roll(ops, pairs, step, b, lock_lost).run()
+    return _Roll(ops, pairs, step, b, lock_lost, phases).run()

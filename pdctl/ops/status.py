@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pdctl import names
+from pdctl.coord import restarts
 from pdctl.errors import PdctlError
 from pdctl.ops import lock, pending
 from pdctl.ops.context import Ops
@@ -51,6 +52,8 @@ class PairStatus:
     gateway: str | None = None
     pending: str | None = None  # "restart pending: <reason> (since ...)", see ops/pending.py
     recovery: str | None = None  # "recovery waiting: <why>" while its recovery waits
+    # "abandoned restart of X at phase P by H PID N (since T)": its restarter died half-way
+    abandoned: str | None = None
     # Member instance ids per role; a pair (1P1D) has one of each.
     prefills: tuple[str, ...] = ()
     decodes: tuple[str, ...] = ()
@@ -100,7 +103,7 @@ class Status:
     @property
     def healthy(self) -> bool:
         gateway_ok = all(g.ok for g in self.gateways)
-        pairs_ok = all(p.canary.ok and not p.drained for p in self.pairs)
+        pairs_ok = all(p.canary.ok and not p.drained and not p.abandoned for p in self.pairs)
         engines_ok = all(
             i.probe.healthy and i.unit is not None and i.unit.active == "active"
             for i in self.instances
@@ -129,6 +132,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         recoveries = {p.id: pool.submit(_recovery, ops, p) for p in pairs}
         answers = [pool.submit(_gateway, gw, pairs) for gw in ops.gateways]
         held = pool.submit(_lock, ops)
+        left = pool.submit(_abandoned, ops)
     engines = {k: f.result() for k, f in probes.items()}
     gateways = [f.result() for f in answers]
     # Each answering gateway's workers by URL: a pair is routed when every one routes it, and
@@ -145,6 +149,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
         for i in topo.instances
     ]
     holder, lock_error = held.result()
+    abandoned = left.result()
     return Status(
         instances=instances,
         pairs=[
@@ -155,6 +160,7 @@ def collect(ops: Ops, canary_count: int = CANARIES_STATUS) -> Status:
                 _routing(p, [v for _, v in views], engines) if views else None,
                 pending.describe(*markers[p.id].result()),
                 recoveries[p.id].result(),
+                abandoned.get(p.id),
                 tuple(i.id for i in p.prefills),
                 tuple(i.id for i in p.decodes),
             )
@@ -189,6 +195,17 @@ def _recovery(ops: Ops, pair: Pair) -> str | None:
         if u.active in ("activating", "active") and u.status_text:
             return u.status_text
     return None
+
+
+def _abandoned(ops: Ops) -> dict[str, str]:
+    """Restarts whose restarter died half-way, by target (none without etcd, or when it
+    cannot answer: the lock's line says why)."""
+    if ops.fleet_lock is None:
+        return {}
+    try:
+        return {a.record.target: a.describe() for a in restarts.abandoned(ops.fleet_lock.store)}
+    except PdctlError:
+        return {}
 
 
 def _lock(ops: Ops) -> tuple[lock.Holder | None, str | None]:

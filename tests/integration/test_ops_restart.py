@@ -23,7 +23,9 @@ import requests
 
 from pdctl import topology
 from pdctl.coord.history import History
-from pdctl.ops import lock, restart, roll
+from pdctl.coord.lock import Grant
+from pdctl.coord.restarts import Phases
+from pdctl.ops import finish, lock, restart, roll
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.doctor import doctor
 from pdctl.ops.recover import RateLimit, RecoveryLog, recover
@@ -34,7 +36,9 @@ from pdctl.ops.restart import (
     restart_instance,
     restart_pair,
     restart_pairs,
+    stop_pair,
 )
+from pdctl.ops.source import Pair
 from pdctl.ops.status import collect
 from pdctl.pdclient import pair_canary
 from pdctl.testing.etcd import LocalEtcd, local_etcd
@@ -564,3 +568,48 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
         return
     assert rep.ok, (rep.error, rep.journal)
     assert units.show(prefill.unit).active == "active"
+
+
+def _die_after(ops: Ops, pair: Pair, phase: str) -> None:
+    """A restarter that took the fleet lock, worked on `pair` up to `phase` and died: its
+    lease ends (as after its ttl) and its phase record stays."""
+    assert ops.fleet_lock is not None
+    store = ops.fleet_lock.store
+    grant = ops.fleet_lock.acquire(f"pdctl restart --both {pair.id}", [pair.id])
+    assert isinstance(grant, Grant)
+    phases = Phases(store, grant.lease, f"pdctl restart --both {pair.id}")
+    assert phases.enter(pair.id, "drain")
+    ops.gateways[0].remove([i.url for i in pair.instances])
+    if phase == "stop":
+        assert phases.enter(pair.id, "stop")
+        stop_pair(ops, pair)
+    store.revoke(grant.lease)
+    assert not phases.enter(pair.id, "start")  # fenced: the lock is not its own any more
+
+
+@pytest.mark.parametrize("phase", ["drain", "stop"])
+def test_an_abandoned_restart_is_shown_then_finished_or_undone(
+    two_pairs: tuple[Ops, LocalUnits], phase: str
+) -> None:
+    """Died draining: undone (its engines never stopped, so the same processes are registered
+    again). Died after the stop: finished (started, checked, registered)."""
+    ops, units = two_pairs
+    pd0 = ops.source.pairs()[0]
+    before = {i.unit: units.show(i.unit).main_pid for i in pd0.instances}
+    _die_after(ops, pd0, phase)
+    s = collect(ops, 1)
+    (left,) = [p for p in s.pairs if p.abandoned]
+    assert left.id == pd0.id and not s.healthy
+    assert f"abandoned restart of {pd0.id} at phase {phase} by {socket.gethostname()}" in (
+        left.abandoned or ""
+    )
+    assert finish.found(ops, host="elsewhere") == []  # another host's timer leaves it
+    (rep,) = finish.finish(ops, None, lock_wait=10)
+    assert rep.ok, (rep.error, rep.journal)
+    after = {i.unit: units.show(i.unit).main_pid for i in pd0.instances}
+    assert (after == before) is (phase == "drain")
+    s = collect(ops, 1)
+    assert s.healthy and {p.gateway for p in s.pairs} == {"routed"}
+    assert finish.found(ops, None) == [] and finish.finish(ops, None, lock_wait=10) == []
+    assert ops.fleet_lock is not None
+    assert History(ops.fleet_lock.store).records(1)[0].targets == [pd0.id]

@@ -1,0 +1,71 @@
+"""`pdctl finish`: restarts whose restarter died, finished or undone (pdctl.ops.finish)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from pdctl.cli.ops_commands import _ops, _print_reports, source_options
+from pdctl.cli.options import format_option
+from pdctl.ops import finish as ops_finish
+
+LOCK_WAIT_S = 60.0
+
+
+@click.command()
+@source_options
+@format_option
+@click.option(
+    "--host",
+    default=None,
+    metavar="HOST",
+    help="Only pairs and groups with a member on HOST (the timer passes its own).",
+)
+@click.option(
+    "--lock-wait",
+    type=click.FloatRange(min=0),
+    default=LOCK_WAIT_S,
+    show_default=True,
+    metavar="SECS",
+    help="Wait up to SECS for a restart that holds the fleet lock, then exit 3.",
+)
+def finish(
+    topology_path: Path,
+    inventory: Path,
+    profile: Path | None,
+    fmt: str,
+    host: str | None,
+    lock_wait: float,
+) -> None:
+    """Finish or undo the restarts whose restarter died half-way.
+
+    Every restart records in etcd the step each of its pairs is in, conditional on holding
+    the fleet restart lock. A record whose restarter no longer holds the lock (killed, its
+    host lost or cut off, its lock broken) is abandoned; `pdctl status` shows it. This takes
+    the lock and, for each one, undoes it when it died draining (the pair's canaries, then
+    it is registered again: its engines never stopped) or finishes it otherwise (the
+    coordinated restart, as a recovery: nothing waits for requests). pdstack-finish.timer
+    runs it on every engine host (`--host` its own); an operator may run it at any time.
+
+    \b
+    Exit codes: 0 nothing abandoned, or all finished; 1 a pair failed (it stays out of the
+    gateways; journal lines follow); 2 bad input (no etcd in the topology); 3 a restart
+    held the lock past --lock-wait; 5 etcd cannot serve.
+    \b
+    Examples:
+      pdctl finish
+      pdctl finish --host gpu-07 --format json
+    """
+    ops = _ops(topology_path, inventory, profile)
+    reports = ops_finish.finish(ops, host, lock_wait)
+    if fmt == "json":
+        click.echo(json.dumps({"finished": [asdict(r) for r in reports]}, indent=2))
+    elif not reports:
+        click.echo("no abandoned restart")
+    else:
+        _print_reports(reports, fmt)
+    sys.exit(0 if all(r.ok for r in reports) else 1)
