@@ -150,7 +150,8 @@ def _compare(dep: Deployment, table: tuple[Shared, ...]) -> Iterator[Problem]:
                 )
                 yield Problem(
                     where=group.id,
-                    message=f"{s.label} is {va} on {a} but {vb} on {b}: {effect}",
+                    message=f"{s.label} is {va} on {a} {'but' if va != vb else 'and'} {vb} on {b}: "
+                    f"{effect}",
                     fix=s.fix,
                 )
 
