@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # Importing a rule module registers its rules; the order here is the report order.
-from pdctl.lint import layout, pairing, cuda_graphs, memory, network, flags, family, store  # noqa: F401  # isort: skip
+from pdctl.lint import layout, pairing, parallel, crossrole, cuda_graphs  # noqa: F401  # isort: skip
+from pdctl.lint import memory, network, flags, family, store  # noqa: F401  # isort: skip
 from pdctl.lint.finding import RULES, Finding, Rule, Severity
 from pdctl.spec import Deployment
 

@@ -13,14 +13,14 @@ from pdctl.spec.profile import LONG_CONTEXT_ENV
 OVERLAP_ENV = "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"
 
 
-def _is_deepseek_v4(dep: Deployment) -> bool:
+def is_deepseek_v4(dep: Deployment) -> bool:
     m = dep.profile.model
     return any("deepseek-v4" in (s or "").lower() for s in (m.family, m.path, m.served_name))
 
 
 @rule("dsv4-multi-stream-overlap", Severity.WARNING, "DeepSeek-V4 with multi-stream overlap on")
 def dsv4_multi_stream_overlap(dep: Deployment) -> Iterator[Problem]:
-    if not _is_deepseek_v4(dep):
+    if not is_deepseek_v4(dep):
         return
     for inst in dep.instances:
         value = environment(inst, dep).get(OVERLAP_ENV)
@@ -35,7 +35,7 @@ def dsv4_multi_stream_overlap(dep: Deployment) -> Iterator[Problem]:
 
 @rule("dsv4-context-uncapped", Severity.WARNING, "DeepSeek-V4 without a context_length cap")
 def dsv4_context_uncapped(dep: Deployment) -> Iterator[Problem]:
-    if not _is_deepseek_v4(dep):
+    if not is_deepseek_v4(dep):
         return
     native = dep.profile.model.native_context_length
     for inst in dep.instances:

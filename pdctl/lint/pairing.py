@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.lint.keys import instance_key
 from pdctl.lint.launch_line import flag_values
+from pdctl.lint.settings import parallel
 from pdctl.render import environment, launch_args, router_args
 from pdctl.spec import Deployment, Instance
 from pdctl.spec.deployment import Group
@@ -25,7 +26,7 @@ SHARED_FLAGS = {
 TIMEOUT_ENV_PREFIX = "SGLANG_DISAGGREGATION_"
 
 
-def _handovers(
+def handovers(
     dep: Deployment,
 ) -> Iterator[tuple[Group, tuple[str, Instance], tuple[str, Instance]]]:
     """Per pair or group, every other member against its first prefill, each with the label a
@@ -47,7 +48,7 @@ def _label(group: Group, inst: Instance) -> str:
     "prefill and decode differ in model, page size, kv dtype, context or backend",
 )
 def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
-    for group, (a, first), (b, other) in _handovers(dep):
+    for group, (a, first), (b, other) in handovers(dep):
         p, d = flag_values(launch_args(first, dep)), flag_values(launch_args(other, dep))
         for flag, key in SHARED_FLAGS.items():
             if p.get(flag) != d.get(flag):
@@ -67,7 +68,7 @@ def pair_mismatch(dep: Deployment) -> Iterator[Problem]:
     "prefill and decode differ in SGLANG_DISAGGREGATION_* env",
 )
 def pair_timeout_mismatch(dep: Deployment) -> Iterator[Problem]:
-    for group, (a, first), (b, other) in _handovers(dep):
+    for group, (a, first), (b, other) in handovers(dep):
         p, d = environment(first, dep), environment(other, dep)
         names = sorted(k for k in p.keys() | d.keys() if k.startswith(TIMEOUT_ENV_PREFIX))
         for name in names:
@@ -133,12 +134,13 @@ def group_tp_ratio(dep: Deployment) -> Iterator[Problem]:
     for group in dep.groups():
         for p in group.prefills:
             for d in group.decodes:
-                big, small = max(p.tp, d.tp), min(p.tp, d.tp)
-                if big % small:
+                # Attention TP: TP over attention DP and CP (settings.Parallel.attn_tp).
+                pt, dt = parallel(p, dep).attn_tp, parallel(d, dep).attn_tp
+                if max(pt, dt) % min(pt, dt):
                     yield Problem(
                         where=group.id,
-                        message=f"{p.name} runs tp {p.tp} and {d.name} tp {d.tp}: SGLang maps "
-                        "a decode's TP ranks onto a prefill's by dividing one size by the "
+                        message=f"{p.name} runs attention tp {pt} and {d.name} {dt}: SGLang "
+                        "maps a decode's TP ranks onto a prefill's by dividing one size by the "
                         "other, so KV from one cannot land on the other",
                         fix=f"{instance_key(dep, d, 'gpus')} or {instance_key(dep, p, 'gpus')}"
                         ": make one tp a multiple of the other (equal is simplest)",

@@ -17,6 +17,7 @@ Load = Callable[..., Deployment]
 Shipped = Callable[[str], dict[str, Any]]
 DELETE = object()
 DECODE = "layout.pairs.0.decode"
+POLICY = "--disaggregation-decode-allocation-policy"
 
 
 def edit(profile: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +138,26 @@ CASES = [
          "layout.groups[0].decode[0].port", base="sim", extra=ACROSS, hosts=TWO_HOSTS),
     Case("group-tcp-kv", {}, {f"{G0}.decode.0.host": "gpu-node-1", f"{G0}.decode.0.gpus": [3]},
          "layout.groups[0]: give its hosts RDMA", base="sim", extra=ACROSS, hosts=TWO_HOSTS),
+    Case("pair-setting-mismatch", {"engine.decode.extra_args": [POLICY, "prefill_complete"]},
+         {"engine.decode.extra_args": [POLICY, "early"]}, "engine.common.extra_args"),
+    Case("pair-setting-differs",
+         {"engine.prefill.extra_args": ["--disaggregation-enable-kv-checksum"]},
+         {"engine.common.extra_args": ["--disaggregation-enable-kv-checksum"]},
+         "engine.common.extra_args"),
+    Case("pair-parallel-layout", {"engine.decode.extra_args": ["--pp-size", "2"]},
+         {"engine.common.extra_args": ["--pp-size", "2"]}, "engine.decode.extra_args"),
+    Case("prefill-complete-layout", {"engine.common.extra_args": [POLICY, "prefill_complete"]},
+         {"engine.common.extra_args": [POLICY, "prefill_complete"],
+          "engine.transfer_backend": "mooncake"}, "engine.common.extra_args", base="sim"),
+    Case("pair-layout-model-dependent", {"engine.decode.extra_args": ["--dcp-size", "2"]},
+         {"engine.prefill.extra_args": ["--dcp-size", "2"]}, "layout"),
+    Case("role-flag-refused",
+         {"engine.prefill.extra_args": ["--disaggregation-decode-enable-offload-kvcache"]},
+         {"engine.decode.extra_args": ["--disaggregation-decode-enable-offload-kvcache"]},
+         "engine.prefill.extra_args"),
+    Case("role-flag-ignored", {"engine.prefill.extra_args": ["--cuda-graph-max-bs-decode", "96"]},
+         {"engine.decode.extra_args": ["--cuda-graph-max-bs-decode", "96"]},
+         "engine.prefill.extra_args"),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": 128},
          {"engine.decode.max_running_requests": 96}, "engine.decode.max_running_requests"),
     Case("decode-eager-fallback", {"engine.decode.max_running_requests": DELETE},
@@ -246,7 +267,8 @@ def test_two_hosts_merge_repeated_findings(load: Load, shipped: Shipped) -> None
     hosts = ["gpu-node-1", "gpu-node-2"]
     assert lint(load(shipped("reference"), hosts=hosts)) == []
     dep = load(edit(shipped("reference"), {f"{DECODE}.tp": 2}), hosts=hosts)
-    (finding,) = lint(dep)
+    # tp 2 also differs from the prefill's 4: pair-layout-model-dependent warns per pair.
+    (finding,) = _findings(dep, "tp-mismatch")
     assert finding.where == "gpu-node-1/pd0-decode, gpu-node-2/pd0-decode"
 
 
