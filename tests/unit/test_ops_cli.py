@@ -292,11 +292,13 @@ def test_status_json(
         "gen_throughput", "metrics_error", "url", "gateways",
     ]  # fmt: skip
     # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
-    # recovery: null unless its recovery waits)
+    # recovery: null unless its recovery waits; abandoned: null unless a restart of it died)
     assert list(out["pairs"][0]) == [
-        "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery"
+        "id", "target", "canary", "gateway", "drained", "restart_pending", "recovery",
+        "abandoned",
     ]  # fmt: skip
     assert out["pairs"][0]["restart_pending"] is None and out["pairs"][0]["recovery"] is None
+    assert out["pairs"][0]["abandoned"] is None
     assert list(gateway) == ["url", "ready", "detail", "canary", "view"]
     assert out["restart_lock"]["held"] is False
 
@@ -771,7 +773,9 @@ def test_a_roll_budget_reaches_the_roll_with_its_plan(
 ) -> None:
     got: list[Any] = []
 
-    def pairs(_ops: Ops, chosen: list[Pair], _lost: Any, budget: Any) -> list[Report]:
+    def pairs(
+        _ops: Ops, chosen: list[Pair], _lost: Any, budget: Any, _phases: Any = None
+    ) -> list[Report]:
         got.append(budget)
         return [Report(p.id) for p in chosen]
 

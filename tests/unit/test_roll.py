@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
 from pdctl.ops import roll
 from pdctl.ops.context import Ops, Timeouts
@@ -203,6 +204,7 @@ class Steps:
         *,
         lock_lost: Callable[[], str | None],
         on_phase: Callable[[str], None],
+        phases: Phases | None = None,
     ) -> Report:
         with self.lock:
             self.started.append(pair.id)
@@ -314,6 +316,7 @@ def test_ctrl_c_names_every_group_out_and_the_others_stop_before_their_next_step
         *,
         lock_lost: Callable[[], str | None],
         on_phase: Callable[[str], None],
+        phases: Phases | None = None,
     ) -> Report:
         if pair.id == "a/pd1":
             on_phase("health")
@@ -359,6 +362,7 @@ def test_a_ctrl_c_while_the_roll_waits_names_every_group_out() -> None:
         *,
         lock_lost: Callable[[], str | None],
         on_phase: Callable[[str], None],
+        phases: Phases | None = None,
     ) -> Report:
         for phase in PHASES:
             on_phase(phase)
