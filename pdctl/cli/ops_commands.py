@@ -406,7 +406,8 @@ def doctor(
     `pdctl validate` (with -i/-p) plus live checks: degraded pairs (canary fails while both
     sides answer /health), members the gateway holds under another pair's or group's pairing
     protocol or none, eager decode batches, KV held while idle, flags of the running
-    processes differing from the rendered ones (drift), failed or restarting units.
+    processes differing from the rendered ones (drift), failed or restarting units, restarts
+    abandoned half-way (pdctl finish).
     Exit 0 clean, 1 warnings only, 2 errors.
     """
     ops = _ops(topology_path, inventory, profile)

@@ -78,6 +78,11 @@ def _client(endpoint: str, coord: TopologyCoord, timeout: Any) -> Etcd3Client:
 
 def _reason(e: Etcd3Exception) -> str:
     text = (e.detail_text or str(e) or type(e).__name__).strip()
+    if "database space exceeded" in text:  # etcd's NOSPACE alarm: it takes no write at all
+        return (
+            "etcd is out of space (NOSPACE alarm: its quota is reached); compact, defragment "
+            "and disarm it (docs/runbook.md#etcd-out-of-space)"
+        )
     if "SSL" in text or "CERTIFICATE" in text.upper():
         return "TLS refused (a wrong CA or client certificate?)"
     if isinstance(e, ConnectionTimeoutError):

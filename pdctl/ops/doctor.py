@@ -281,8 +281,13 @@ def lock_findings(ops: Ops, s: Status) -> list[Finding]:
                 "bring the etcd members back (pdctl doctor's live-etcd findings name them)",
             )
         ]
-    if s.lock is not None:
-        return []
+    abandoned = [
+        _error("live-abandoned-restart", p.id, p.abandoned, "pdctl finish")
+        for p in s.pairs
+        if p.abandoned
+    ]
+    if s.lock is not None or abandoned:
+        return abandoned
     try:
         last = History(ops.fleet_lock.store).records(limit=1)
     except StoreUnavailable:

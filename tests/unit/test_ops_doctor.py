@@ -154,3 +154,13 @@ def test_doctor_says_etcd_cannot_serve_the_lock_or_its_last_holder_lost_it(
     (lost,) = doctor.lock_findings(ops, s)
     assert (lost.id, lost.severity) == ("live-fleet-lock-lost", "warning")
     assert "pdctl restart --all lost the fleet restart lock before it finished" in lost.message
+    # ... and it left a pair half-restarted: that, and the command that finishes it
+    why = "abandoned restart of node-a/pd0 at phase stop by ctl PID 7 (since 12:00:00)"
+    left = replace(s, pairs=[replace(s.pairs[0], abandoned=why)])
+    (abandoned,) = doctor.lock_findings(ops, left)
+    assert (abandoned.id, abandoned.severity, abandoned.where) == (
+        "live-abandoned-restart",
+        "error",
+        s.pairs[0].id,
+    )
+    assert (abandoned.message, abandoned.fix) == (why, "pdctl finish")

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from etcd3gw.exceptions import Etcd3Exception
 
 from pdctl.coord.lock import RestartLock
-from pdctl.coord.store import Entry, Store
+from pdctl.coord.store import Entry, Store, _reason
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.topology import TopologyCoord
@@ -106,3 +107,10 @@ def test_a_lock_taken_whose_answer_was_lost_is_ours_not_another_holders(
         assert held is not None and held.pid == os.getpid()
         assert held.what == "pdctl restart --both --pair a/pd0"
     assert fleet.holder() is None
+
+
+def test_etcd_out_of_space_is_named_with_its_fix() -> None:
+    """etcd's NOSPACE alarm refuses every write with this text: one line, cause and fix."""
+    said = _reason(Etcd3Exception('{"error":"etcdserver: mvcc: database space exceeded"}'))
+    assert said.startswith("etcd is out of space (NOSPACE alarm")
+    assert "docs/runbook.md#etcd-out-of-space" in said
