@@ -245,6 +245,8 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
             "user": names.SERVICE_USER,
             "topology_file": names.TOPOLOGY_FILE,
             "recover_unit": names.RECOVER_UNIT,
+            "finish_service": names.FINISH_SERVICE,
+            "finish_timer": names.FINISH_TIMER,
             "ops_env_file": names.OPS_ENV_FILE,
             "restart_pending_dir": names.RESTART_PENDING_DIR,
             "pair_unit_globs": list(names.PAIR_UNIT_GLOBS),

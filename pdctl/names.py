@@ -28,6 +28,9 @@ GATEWAY_KEY_VAR = "PDSTACK_GATEWAY_API_KEY"  # its name in GATEWAY_ENV_FILE
 # Installed under INSTALL_DIR for the units' Documentation= (paths as in the checkout).
 DOCS = ("README.md", "docs/runbook.md")
 RECOVER_UNIT = f"{PREFIX}-recover@.service"
+# Finishes restarts a dead restarter left half-way (pdctl finish), started by its timer.
+FINISH_SERVICE = f"{PREFIX}-finish.service"
+FINISH_TIMER = f"{PREFIX}-finish.timer"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
 RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this host

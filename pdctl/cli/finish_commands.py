@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from pdctl.cli.ops_commands import _ops, _print_reports, source_options
-from pdctl.cli.options import format_option
-from pdctl.ops import finish as ops_finish
+from pdctl.cli.options import format_option, load_source, source_options
+from pdctl.coord import restarts
+from pdctl.ops.context import store_of
 
 LOCK_WAIT_S = 60.0
 
@@ -53,19 +53,31 @@ def finish(
 
     \b
     Exit codes: 0 nothing abandoned, or all finished; 1 a pair failed (it stays out of the
-    gateways; journal lines follow); 2 bad input (no etcd in the topology); 3 a restart
-    held the lock past --lock-wait; 5 etcd cannot serve.
+    gateways; journal lines follow); 2 bad input; 3 a restart
+    held the lock past --lock-wait; 5 etcd cannot serve (or the topology names none).
     \b
     Examples:
       pdctl finish
       pdctl finish --host gpu-07 --format json
     """
-    ops = _ops(topology_path, inventory, profile)
-    reports = ops_finish.finish(ops, host, lock_wait)
+    src = load_source(topology_path, inventory, profile)
+    # The timer's every run: one etcd read, before the restart stack is imported.
+    if not restarts.abandoned(store_of(src)[0]):
+        _say_nothing(fmt)
+        return
+    from pdctl.cli.ops_commands import _print_reports
+    from pdctl.ops import finish as ops_finish
+    from pdctl.ops.context import real_ops
+
+    reports = ops_finish.finish(real_ops(src), host, lock_wait)
     if fmt == "json":
         click.echo(json.dumps({"finished": [asdict(r) for r in reports]}, indent=2))
     elif not reports:
-        click.echo("no abandoned restart")
+        _say_nothing(fmt)
     else:
         _print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
+
+
+def _say_nothing(fmt: str) -> None:
+    click.echo(json.dumps({"finished": []}) if fmt == "json" else "no abandoned restart")

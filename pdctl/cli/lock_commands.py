@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from pdctl.cli.ops_commands import _source, source_options
-from pdctl.cli.options import format_option
+from pdctl.cli.options import format_option, load_source, source_options
 from pdctl.coord.history import History, Record
 from pdctl.coord.lock import Holder, RestartLock, holder_json
 from pdctl.errors import PdctlError
@@ -18,7 +17,7 @@ from pdctl.ops.context import store_of
 
 
 def _fleet_lock(topology_path: Path, inventory: Path, profile: Path | None) -> RestartLock:
-    store, c = store_of(_source(topology_path, inventory, profile))
+    store, c = store_of(load_source(topology_path, inventory, profile))
     return RestartLock(store, c.lock_ttl_s)
 
 

@@ -4,7 +4,6 @@ operate the running deployment."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -15,15 +14,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from click.core import ParameterSource
 from rich.console import Console
 from rich.live import Live
 
-from pdctl.cli.options import deployment_options, deprecated, format_option, former_name
+from pdctl.cli.options import (
+    deprecated,
+    format_option,
+    former_name,
+    load_source,
+    source_options,
+)
 from pdctl.cli.status_view import to_json, view
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
-from pdctl.ops import lock, roll, source
+from pdctl.ops import lock, roll
 from pdctl.ops.context import Ops, Timeouts, real_ops, restart_lock
 from pdctl.ops.doctor import doctor as run_doctor
 from pdctl.ops.recover import (
@@ -47,7 +51,6 @@ from pdctl.ops.restart import (
 from pdctl.ops.status import collect
 from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
 from pdctl.spec import Role
-from pdctl.topology import PATH as TOPOLOGY_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,32 +74,10 @@ def _warn(line: str) -> None:
     click.secho(line, fg="yellow", err=True)
 
 
-def source_options(f: F) -> F:
-    f = deployment_options(f)
-    return click.option(
-        "--topology",
-        "topology_path",
-        type=click.Path(path_type=Path, dir_okay=False),
-        default=lambda: os.environ.get("PDSTACK_TOPOLOGY", str(TOPOLOGY_PATH)),
-        show_default=str(TOPOLOGY_PATH),
-        help="Topology file site.yml wrote on this host; used unless -i/-p are given.",
-    )(f)
-
-
-def _source(topology_path: Path, inventory: Path, profile: Path | None) -> source.Source:
-    ctx = click.get_current_context()
-    explicit = (
-        ctx.get_parameter_source("inventory") is not ParameterSource.DEFAULT
-        or "PDSTACK_INVENTORY" in os.environ
-        or profile is not None
-    )
-    return source.load(Path(topology_path), inventory if explicit else None, profile)
-
-
 def _ops(
     topology_path: Path, inventory: Path, profile: Path | None, timeouts: Timeouts | None = None
 ) -> Ops:
-    return real_ops(_source(topology_path, inventory, profile), timeouts)
+    return real_ops(load_source(topology_path, inventory, profile), timeouts)
 
 
 @click.command()
@@ -594,7 +575,7 @@ def heartbeat(topology_path: Path, inventory: Path, profile: Path | None, host: 
     from pdctl.coord.gateways import heartbeat as keep_alive
     from pdctl.ops.context import store_of
 
-    src = _source(topology_path, inventory, profile)
+    src = load_source(topology_path, inventory, profile)
     store, coord = store_of(src)
     url = src.topology.gateway(host).url
     stop = threading.Event()

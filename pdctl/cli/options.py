@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
+
+from pdctl.names import TOPOLOGY_FILE
+
+if TYPE_CHECKING:
+    from pdctl.ops.source import Source
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +35,32 @@ def deployment_options(f: F) -> F:
         show_default="$PDSTACK_INVENTORY or inventory.ini",
         help="Ansible inventory naming the hosts ([pd_hosts], [router], [monitoring]).",
     )(f)
+
+
+def source_options(f: F) -> F:
+    """-i/-p, and --topology: where an ops command learns the deployment (`load_source`)."""
+    f = deployment_options(f)
+    return click.option(
+        "--topology",
+        "topology_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=lambda: os.environ.get("PDSTACK_TOPOLOGY", TOPOLOGY_FILE),
+        show_default=TOPOLOGY_FILE,
+        help="Topology file site.yml wrote on this host; used unless -i/-p are given.",
+    )(f)
+
+
+def load_source(topology_path: Path, inventory: Path, profile: Path | None) -> Source:
+    """The deployment from -i/-p when either is given, else the topology file."""
+    from pdctl.ops import source  # not at import: `pdctl validate` never loads the ops stack
+
+    ctx = click.get_current_context()
+    explicit = (
+        ctx.get_parameter_source("inventory") is not ParameterSource.DEFAULT
+        or "PDSTACK_INVENTORY" in os.environ
+        or profile is not None
+    )
+    return source.load(Path(topology_path), inventory if explicit else None, profile)
 
 
 format_option = click.option(

@@ -148,6 +148,45 @@ def test_kill_9_of_the_decode_recovers_the_whole_pair(ops_site: Site) -> None:
     assert status(host)["healthy"]
 
 
+def test_a_restart_killed_half_way_is_finished_by_the_timer(ops_site: Site) -> None:
+    """SIGKILL of `pdctl restart` while it waits for the new engines' health: its phase record
+    outlives it, and pdstack-finish.timer brings the pair back without an operator."""
+    host = ops_site.host
+    units = ["pdstack-pd0-prefill.service", "pdstack-pd0-decode.service"]
+    assert host.ssh("systemctl is-active pdstack-finish.timer").stdout.strip() == "active"
+    (_, decode) = main_pids(host, units)
+    since = host.ssh("date '+%Y-%m-%d %H:%M:%S'", check=True).stdout.strip()
+    # On the host itself, so the kill lands inside the health wait (the sim starts in ~2 s):
+    # once the decode runs under a new PID, the restart has stopped and started the pair.
+    new_pid = f"systemctl show -p MainPID --value {units[1]}"
+    host.ssh(
+        f"{PDCTL} restart --both --pair pd0 --yes >/tmp/killed-restart.log 2>&1 & pdctl=$!; "
+        f'until p=$({new_pid}); [ "$p" != 0 ] && [ "$p" != {decode} ]; do sleep 0.05; done; '
+        "kill -9 $pdctl",
+        check=True,
+        timeout=120,
+    )
+    killed = time.monotonic()
+
+    def finished() -> bool:
+        s = status(host)
+        return s["healthy"] and s["pairs"][0]["abandoned"] is None
+
+    wait_for(finished, 180, "pdstack-finish.timer to finish the abandoned restart")
+    took = time.monotonic() - killed
+    print(f"restart SIGKILLed in its health wait to the pair serving again: {took:.0f}s")
+    journal = host.ssh(
+        f"journalctl -u pdstack-finish.service --since '{since}' -o cat", check=True
+    ).stdout
+    assert f"{host.name}/pd0: abandoned restart of {host.name}/pd0 at phase health" in journal
+    assert f"OK: {host.name}/pd0-prefill" in journal and f"OK: {host.name}/pd0-decode" in journal
+    code, out, _ = pdctl(host, "history --format json --limit 2")
+    assert code == 0
+    finish, lost = json.loads(out)["restarts"]
+    assert (finish["command"], finish["result"]) == (f"pdctl finish {host.name}/pd0", "ok")
+    assert lost["result"] == "lost"
+
+
 def test_restart_all_of_two_pairs_under_load_fails_no_request(
     ops_site: Site, tmp_path: Path
 ) -> None:

@@ -19,6 +19,7 @@ from pdctl.spec import load_deployment
 from tests.conftest import ROOT, require_tool
 
 ROLES = ROOT / "roles"
+DEP_HOST = load_deployment(ROOT / "inventory.ini").hosts[0].name
 # Highest exposure allowed per unit (systemd-analyze's 0-10 scale; 7.8 was the old default).
 LIMITS = {
     "engine": 4.0,
@@ -26,6 +27,7 @@ LIMITS = {
     "pdstack-gateway-lease.service": 5.0,  # root (the etcd client key), no capabilities
     "pd-exporter.service": 3.0,
     "pdstack-recover@.service": 5.0,
+    names.FINISH_SERVICE: 5.0,  # the same sandbox as recover
     "pdstack-firewall.service": 5.0,
     names.ETCD_UNIT: 3.0,
     names.ETCD_SNAPSHOT_UNIT: 4.0,  # root: it reads the host's client key
@@ -61,8 +63,13 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         documentation=names.documentation(),
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
+    ops_unit = {"venv": names.VENV, "host": dep.hosts[0].name}
+    ops_unit["pending_dir"] = names.RESTART_PENDING_DIR
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
-        **common, venv=names.VENV, host=dep.hosts[0].name, pending_dir=names.RESTART_PENDING_DIR
+        **common, **ops_unit
+    )
+    files[names.FINISH_SERVICE] = engine.get_template("finish.service.j2").render(
+        **common, **ops_unit
     )
     files["pdstack-firewall.service"] = engine.get_template("pdstack-firewall.service.j2").render(
         **common, rules_file=f"{names.CONFIG_DIR}/firewall.nft"
@@ -169,6 +176,31 @@ def test_recovery_writes_only_its_own_state_folder(units: dict[str, Path]) -> No
     assert writable == [f"ReadWritePaths=-{names.RESTART_PENDING_DIR}"]
 
 
+def test_the_finisher_runs_for_its_host_as_its_timer_says(units: dict[str, Path]) -> None:
+    """pdctl finish for this host's pairs, every interval after its last run ended, with the
+    recovery's sandbox (it runs the same coordinated restart)."""
+    service = units[names.FINISH_SERVICE].read_text().splitlines()
+    recover = units[names.RECOVER_UNIT].read_text().splitlines()
+    assert f"ExecStart={names.VENV}/bin/pdctl finish --host {DEP_HOST}" in service
+    sandbox = [line for line in recover if "=" in line and not line.startswith("#")]
+    own = (
+        "Description=",
+        "ExecStart=",
+        "SyslogIdentifier=",
+        "Restart",
+        "State",
+        "StartLimit",
+        "Not",
+    )
+    shared = [line for line in sandbox if not line.startswith(own)]
+    assert shared and set(shared) <= set(service)
+    engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
+    timer = engine.get_template("finish.timer.j2").render(ansible_managed="m", interval_s=30)
+    assert {"OnActiveSec=30s", "OnUnitInactiveSec=30s", "WantedBy=timers.target"} <= set(
+        timer.splitlines()
+    )
+
+
 def test_the_gateway_lease_lives_and_ends_with_its_gateway(units: dict[str, Path]) -> None:
     """Root without capabilities (it reads the host's etcd client key); stopped with the
     gateway (its key revoked), started with it."""
@@ -201,9 +233,9 @@ def _unit_tasks() -> list[tuple[Path, dict[str, Any]]]:
 def test_every_unit_file_a_role_writes_is_validated() -> None:
     tasks = _unit_tasks()
     names = {t["name"] for _, t in tasks}
-    # Engines, pair targets, recovery, firewall, gateway, fleet restart lock, pd-exporter, the
-    # store's member and its snapshot service and timer.
-    assert len(tasks) == 9, names
+    # Engines, pair targets, recovery, the finish service and timer, firewall, gateway, fleet
+    # restart lock, pd-exporter, the store's member and its snapshot service and timer.
+    assert len(tasks) == 10, names
     for path, task in tasks:
         args = task.get("ansible.builtin.template") or task.get("ansible.builtin.copy")
         assert "pdstack_unit_verify" in str(args.get("validate", "")), f"{path}: {task['name']}"
