@@ -46,10 +46,11 @@ def finish(
     Every restart records in etcd the step each of its pairs is in, conditional on holding
     the fleet restart lock. A record whose restarter no longer holds the lock (killed, its
     host lost or cut off, its lock broken) is abandoned; `pdctl status` shows it. This takes
-    the lock and, for each one, undoes it when it died draining (the pair's canaries, then
-    it is registered again: its engines never stopped) or finishes it otherwise (the
-    coordinated restart, as a recovery: nothing waits for requests). pdstack-finish.timer
-    runs it on every engine host (`--host` its own); an operator may run it at any time.
+    the lock and takes each one up where it stopped: died draining, it is undone (the pair's
+    canaries, then it is registered again: its engines never stopped); at the health wait or
+    later, resumed from the health wait; stopping or starting, the whole coordinated restart
+    runs, as a recovery (nothing waits for requests). pdstack-finish.timer runs it on every
+    engine host (`--host` its own); an operator may run it at any time.
 
     \b
     Exit codes: 0 nothing abandoned, or all finished; 1 a pair failed (it stays out of the

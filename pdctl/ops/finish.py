@@ -1,13 +1,17 @@
-"""`pdctl finish`: what a restarter that died left half-done, finished or undone.
+"""`pdctl finish`: what a restarter that died left half-done, taken up where it stopped.
 
-A restart that died (killed, its host lost, its lock broken) leaves a phase record per pair
-or group (pdctl.coord.restarts). pdstack-finish.timer runs this on every engine host, for
-the pairs with a member there; under the fleet restart lock each abandoned record is:
-- undone when its restart died draining: its engines never stopped, so once the pair's
-  canaries pass it is registered again (a restart that was pending stays pending);
-- finished otherwise: the coordinated restart as a recovery (nothing waits for requests:
-  the pair is out of the gateways already), which brings it back from whatever step died.
-A record of a pair the topology no longer has is cleared, with a line.
+A restart that died (killed, its host lost, its lock lost) leaves a phase record per pair or
+group (pdctl.coord.restarts). pdstack-finish.timer runs this on every engine host, for the
+pairs with a member there; under the fleet restart lock each abandoned record is taken up
+where its phase says the engines are:
+- died draining: undone. Its engines never stopped, so once the pair's canaries pass it is
+  registered again (a restart that was pending stays pending);
+- died at the health wait or later: resumed. The new engines were started: their health,
+  canaries, register;
+- died stopping or starting: finished with the whole coordinated restart, as a recovery
+  (nothing waits for requests: the pair is out of the gateways already).
+A resume whose step fails falls back to the whole restart. A record of a pair the topology
+no longer has is cleared, with a line.
 """
 
 from __future__ import annotations
@@ -17,11 +21,18 @@ from pdctl.coord.kv import KV
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops
-from pdctl.ops.report import Report
+from pdctl.ops.report import PHASES, Report
 from pdctl.ops.restart import outcome, restart_pair
 from pdctl.ops.source import Pair
 
-UNDO = ("canary", "verify", "register")
+
+def resume_steps(phase: str) -> tuple[str, ...]:
+    """The steps that bring back a pair whose restart died in `phase` (module docstring)."""
+    if phase == "drain":
+        return PHASES[PHASES.index("canary") :]
+    if phase in PHASES[PHASES.index("health") :]:
+        return PHASES[PHASES.index("health") :]
+    return PHASES
 
 
 def _store(ops: Ops) -> KV:
@@ -45,15 +56,12 @@ def found(ops: Ops, host: str | None) -> list[restarts.Abandoned]:
 
 
 def _one(ops: Ops, pair: Pair, a: restarts.Abandoned, got: lock.Acquired) -> Report:
-    undo = a.record.phase == "drain"
-    ops.say(f"{pair.id}: {a.describe()}: {'undoing' if undo else 'finishing'} it")
-    if undo:
-        rep = restart_pair(
-            ops, pair, planned=False, lock_lost=got.lost, phases=got.phases, only=UNDO
-        )
-        if rep.ok:
-            return rep
-        ops.say(f"{pair.id}: its engines fail their canary ({rep.error}); restarting it")
+    steps = resume_steps(a.record.phase)
+    ops.say(f"{pair.id}: {a.describe()}: taking it up at {steps[0]}")
+    rep = restart_pair(ops, pair, planned=False, lock_lost=got.lost, phases=got.phases, only=steps)
+    if rep.ok or steps == PHASES:
+        return rep
+    ops.say(f"{pair.id}: {rep.error}; restarting it whole")
     return restart_pair(ops, pair, planned=False, lock_lost=got.lost, phases=got.phases)
 
 

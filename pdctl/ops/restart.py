@@ -457,8 +457,9 @@ def restart_pair(
     restart lock) must give no reason, or the restart stops there and says why. `on_phase`
     hears each step's name as it begins (a roll names them on Ctrl-C); `phases` records it in
     etcd, conditional on the lock (a failed write stops the restart as a lost lock does), and
-    drops the record once the restart has ended and said how. A restart that dies leaves its
-    record: pdctl.ops.finish finishes or undoes it.
+    drops the record once the restart has ended and said how (done, or a step failed: the
+    pair stays out for the operator, as its report says). A restart that dies, is
+    interrupted or loses the lock leaves its record: pdctl.ops.finish finishes or undoes it.
 
     Planned (an operator's restart or roll): every gateway that is not gone must answer the
     drain and the register, and the drain waits for requests in flight. Not planned (a
@@ -498,9 +499,12 @@ def restart_pair(
         rep.journal = _pair_journal(ops, pair)
         if not isinstance(e, StepFailed) or e.phase != "drain":
             rep.error += " (the pair stays out of the gateway)"
+        unfinished = isinstance(e, LockLost)
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
-    if phases is not None:
+    else:
+        unfinished = False
+    if phases is not None and not unfinished:
         _ended(ops, phases, pair)
     if rep.ok:
         _clear_pending(ops, pair)

@@ -19,7 +19,7 @@ from typing import cast
 import pytest
 
 from pdctl import topology
-from pdctl.coord import gateways
+from pdctl.coord import gateways, restarts
 from pdctl.coord.history import History, Outcome
 from pdctl.coord.kv import KV, Entry
 from pdctl.coord.lock import KEY, Grant, Holder, RestartLock
@@ -293,3 +293,30 @@ def test_a_restart_refuses_at_once_without_quorum_and_a_recovery_waits_for_it(
         pass
     t.join(10)
     assert waits[0].startswith("etcd cannot serve: cannot grant a lease: etcd has no quorum")
+
+
+def test_a_restart_goes_on_through_the_store_leaders_death(three: LocalEtcd) -> None:
+    """SIGKILL of etcd's leader between two steps: the fencing read and the next phase write
+    reach the new leader (within the election), and the lock stays the restart's."""
+    store = Store(three.coord)
+    fleet = RestartLock(store, three.coord.lock_ttl_s)
+    with lock.fleet_held(fleet, "pdctl restart --both a/pd0", targets=["a/pd0"]) as got:
+        assert got.phases is not None and got.phases.enter("a/pd0", "drain")
+        (leader,) = [i for i, m in enumerate(store.members()) if m.is_leader]
+        proc = three.members[leader].proc
+        assert proc is not None
+        proc.kill()  # by PID
+        proc.wait(10)
+        three.members[leader].proc = None
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if got.lost() is None and got.phases.enter("a/pd0", "stop"):
+                    break
+            except StoreUnavailable:
+                pass  # no leader yet: a restart stops here and says so; this test waits
+            assert time.monotonic() < deadline, "no new leader within 20 s"
+            time.sleep(0.2)
+        assert restarts.abandoned(store) == []  # its record is under the live lease
+        assert got.phases.done("a/pd0")
+    assert fleet.holder() is None and store.list(restarts.PREFIX) == []

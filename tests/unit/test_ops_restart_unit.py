@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import cast
 
 import pytest
 
+from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
-from pdctl.ops import restart
+from pdctl.ops import finish, restart
 from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.health import EngineProbe
 from pdctl.pdclient import CanaryResult
@@ -330,3 +332,53 @@ def test_ctrl_c_during_a_restart_names_the_pair_and_the_phase() -> None:
     assert msg.endswith("Put it back with: pdctl restart --both --pair node-a/pd0")
     assert e.value.exit_code == 130
     assert gw.calls == ["remove http://10.0.0.1:30000", "remove http://10.0.0.1:30001"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "first"),
+    [
+        ("drain", "canary"),  # its engines never stopped: check them, register them again
+        ("stop", "drain"),  # down or half down: the whole restart
+        ("start", "drain"),
+        ("health", "health"),  # new engines were started: wait for them
+        ("verify", "health"),
+        ("register", "health"),
+    ],
+)
+def test_an_abandoned_restart_is_taken_up_where_its_engines_are(phase: str, first: str) -> None:
+    steps = finish.resume_steps(phase)
+    assert steps[0] == first and steps[-1] == "register"
+    assert list(steps) == list(restart.PHASES[restart.PHASES.index(first) :])
+
+
+class _Records:
+    """The phase records a restart writes (pdctl.coord.restarts.Phases' calls)."""
+
+    def __init__(self) -> None:
+        self.entered: list[tuple[str, str]] = []
+        self.ended: list[str] = []
+
+    def enter(self, target: str, phase: str) -> bool:
+        self.entered.append((target, phase))
+        return True
+
+    def done(self, target: str) -> bool:
+        self.ended.append(target)
+        return True
+
+
+@pytest.mark.parametrize("how", ["ok", "canary fails", "lock lost"])
+def test_the_phase_record_goes_once_the_restart_said_how_it_ended(how: str) -> None:
+    """Done, or a step failed (the pair stays out for the operator, as its report says): the
+    record goes. The lock lost: it stays, for whoever holds the lock now (pdctl finish)."""
+    answer = CanaryResult(how != "canary fails", 1, int(how == "canary fails"), None, "HTTP 500")
+    ops = fake_ops(FakeSystemd(), FakeGateway(), canaries=FakeCanaries(lambda _n: answer))
+    ops.timeouts = replace(ops.timeouts, canary=0.1, poll=0.01)
+    reasons = iter([None, None, LOST if how == "lock lost" else None] + [None] * 4)
+    records, pair = _Records(), ops.source.pairs()[0]
+    rep = restart.restart_pair(
+        ops, pair, lock_lost=lambda: next(reasons), phases=cast(Phases, records)
+    )
+    assert rep.ok is (how == "ok")
+    assert records.entered[:2] == [(pair.id, "drain"), (pair.id, "stop")]
+    assert records.ended == ([] if how == "lock lost" else [pair.id])
