@@ -458,6 +458,18 @@ def build_rules(cfg: Config = DEFAULT) -> dict[str, Any]:
             " elections and lease renewals slow down with it.",
         ),
         alert(
+            "PDEtcdDatabaseQuotaLowSpace",
+            f"last_over_time({series('etcd_mvcc_db_total_size_in_bytes', s.etcd)}[{w}])"
+            f" / last_over_time({series('etcd_server_quota_backend_bytes', s.etcd)}[{w}])"
+            f" > {t['etcd_quota_used_ratio']}",
+            t["etcd_quota_for"],
+            "critical",
+            "An etcd member's database is nearly at its quota.",
+            f"{member} uses {value('humanizePercentage')} of its database quota: at the quota"
+            " etcd raises its NOSPACE alarm and refuses every write, and no restart or crash"
+            " recovery can take the lock.",
+        ),
+        alert(
             "PDEtcdHighCommitDurations",
             quantile(0.99, "etcd_disk_backend_commit_duration_seconds", s.etcd, "instance, host", w)
             + f" > {t['etcd_commit_p99_seconds']}",

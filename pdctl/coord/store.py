@@ -81,7 +81,7 @@ def _reason(e: Etcd3Exception) -> str:
     if "database space exceeded" in text:  # etcd's NOSPACE alarm: it takes no write at all
         return (
             "etcd is out of space (NOSPACE alarm: its quota is reached); compact, defragment "
-            "and disarm it (docs/runbook.md#etcd-out-of-space)"
+            "and disarm it (docs/runbook.md#pdetcddatabasequotalowspace)"
         )
     if "SSL" in text or "CERTIFICATE" in text.upper():
         return "TLS refused (a wrong CA or client certificate?)"

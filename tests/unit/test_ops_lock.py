@@ -113,4 +113,4 @@ def test_etcd_out_of_space_is_named_with_its_fix() -> None:
     """etcd's NOSPACE alarm refuses every write with this text: one line, cause and fix."""
     said = _reason(Etcd3Exception('{"error":"etcdserver: mvcc: database space exceeded"}'))
     assert said.startswith("etcd is out of space (NOSPACE alarm")
-    assert "docs/runbook.md#etcd-out-of-space" in said
+    assert "docs/runbook.md#pdetcddatabasequotalowspace" in said
