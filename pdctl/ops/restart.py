@@ -457,9 +457,10 @@ def restart_pair(
     restart lock) must give no reason, or the restart stops there and says why. `on_phase`
     hears each step's name as it begins (a roll names them on Ctrl-C); `phases` records it in
     etcd, conditional on the lock (a failed write stops the restart as a lost lock does), and
-    drops the record once the restart has ended and said how (done, or a step failed: the
-    pair stays out for the operator, as its report says). A restart that dies, is
-    interrupted or loses the lock leaves its record: pdctl.ops.finish finishes or undoes it.
+    drops the record once the restart has ended and said how (done, or a step after the
+    drain failed: the pair stays out for the operator, as its report says). A restart that
+    dies, is interrupted, loses the lock or fails its drain leaves its record:
+    pdctl.ops.finish takes it up.
 
     Planned (an operator's restart or roll): every gateway that is not gone must answer the
     drain and the register, and the drain waits for requests in flight. Not planned (a
@@ -499,7 +500,10 @@ def restart_pair(
         rep.journal = _pair_journal(ops, pair)
         if not isinstance(e, StepFailed) or e.phase != "drain":
             rep.error += " (the pair stays out of the gateway)"
-        unfinished = isinstance(e, LockLost)
+        # Left for pdctl finish: a drain that failed left the pair out of the gateways that
+        # answered, its engines untouched (it registers them again); a lost lock, for the
+        # restarter that holds it now.
+        unfinished = isinstance(e, LockLost) or getattr(e, "phase", None) == "drain"
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
     else:

@@ -12,7 +12,7 @@ import pytest
 
 from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
-from pdctl.ops import finish, restart
+from pdctl.ops import finish, gateway, restart
 from pdctl.ops.gateway import GatewayWorker
 from pdctl.ops.health import EngineProbe
 from pdctl.pdclient import CanaryResult
@@ -367,10 +367,31 @@ class _Records:
         return True
 
 
+class _DiesDraining(FakeGateway):
+    """Takes the DELETEs, then is killed before it says the workers are drained."""
+
+    def wait(self, pred: object, timeout: float, step: float = 0.25) -> bool:
+        raise gateway.GatewayUnreachable(f"gateway {self.url}: ConnectionError: refused")
+
+
+def test_a_gateway_killed_during_the_drain_leaves_the_pair_for_pdctl_finish() -> None:
+    """The drain fails, nothing is stopped, and the pair is out of the gateways that took its
+    removal: its record stays, so pdctl finish registers its untouched engines again."""
+    sd, records = FakeSystemd(), _Records()
+    ops = fake_ops(sd, _DiesDraining("http://gw1:8000"))
+    pair = ops.source.pairs()[0]
+    rep = restart.restart_pair(ops, pair, phases=cast(Phases, records))
+    assert not rep.ok and (rep.error or "").startswith("drain: gateway http://gw1:8000")
+    assert (rep.error or "").endswith("nothing was stopped") and sd.jobs == []
+    assert records.entered == [(pair.id, "drain")] and records.ended == []
+    assert finish.resume_steps("drain")[0] == "canary"  # undone: canary, then registered
+
+
 @pytest.mark.parametrize("how", ["ok", "canary fails", "lock lost"])
 def test_the_phase_record_goes_once_the_restart_said_how_it_ended(how: str) -> None:
-    """Done, or a step failed (the pair stays out for the operator, as its report says): the
-    record goes. The lock lost: it stays, for whoever holds the lock now (pdctl finish)."""
+    """Done, or a step after the drain failed (the pair stays out for the operator, as its
+    report says): the record goes. The lock lost: it stays, for whoever holds the lock now
+    (pdctl finish)."""
     answer = CanaryResult(how != "canary fails", 1, int(how == "canary fails"), None, "HTTP 500")
     ops = fake_ops(FakeSystemd(), FakeGateway(), canaries=FakeCanaries(lambda _n: answer))
     ops.timeouts = replace(ops.timeouts, canary=0.1, poll=0.01)
