@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pdctl import exits
+
 
 class PdctlError(Exception):
     """A problem the user can act on; the message says what and where."""
 
-    exit_code = 2
+    exit_code = exits.BAD_INPUT
 
 
 class SpecError(PdctlError):

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from pdctl import exits
 from pdctl.cli.options import (
     deprecated,
     format_option,
@@ -33,7 +34,6 @@ from pdctl.ops.doctor import doctor as run_doctor
 from pdctl.ops.recover import (
     DEFAULT_STATE,
     LOCK_WAIT_S,
-    RESTART_FAILED,
     RateLimit,
     RecoveryLog,
     default_state,
@@ -485,7 +485,7 @@ def recover(
         lock_wait=lock_wait,
     )
     _print_reports([rep], "table")
-    sys.exit(0 if rep.ok else RESTART_FAILED)
+    sys.exit(exits.OK if rep.ok else exits.RESTART_FAILED)
 
 
 @click.group()

@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pdctl import exits
 from pdctl.errors import PdctlError
 
 
 class StoreUnavailable(PdctlError):
     """The store cannot serve the call (no member answers, no quorum, TLS refused)."""
 
-    exit_code = 5
+    exit_code = exits.STORE_UNAVAILABLE
 
 
 @dataclass(frozen=True)

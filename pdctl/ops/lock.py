@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import names
+from pdctl import exits, names
 from pdctl.coord.history import History, Outcome, Record
 from pdctl.coord.lock import Grant, Holder, RestartLock
 from pdctl.coord.restarts import Phases
@@ -44,7 +44,7 @@ def default_path() -> Path:
 
 
 class LockHeld(PdctlError):
-    exit_code = 3
+    exit_code = exits.LOCK_HELD
 
 
 def _never_lost() -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import FiniteFloat, TypeAdapter, ValidationError
 
-from pdctl import names
+from pdctl import exits, names
 from pdctl.coord.lock import Holder
 from pdctl.errors import PdctlError
 from pdctl.ops import lock
@@ -42,13 +42,6 @@ MAX_STATE_BYTES = 1 << 20  # a few timestamps per pair; anything larger is not o
 LOCK_WAIT_S = 600.0
 
 _STATE = TypeAdapter(dict[str, list[FiniteFloat]])
-# The pair's restart after the crash failed (it stays out of the gateway): systemd starts the
-# recovery again (the unit's Restart=on-failure does not exclude it), as often as the rate
-# limit allows, then exit 4 leaves the unit failed for the alert. A failure right after a
-# crash is often transient (a peer still shutting down, a slow first KV path); retrying costs
-# clients nothing, since the pair is out of every gateway until it passes its canaries.
-# Exit 1 stays for what pdctl did not expect (a traceback): that is not retried.
-RESTART_FAILED = 6
 
 
 def default_state() -> Path:
@@ -56,7 +49,7 @@ def default_state() -> Path:
 
 
 class RateLimited(PdctlError):
-    exit_code = 4
+    exit_code = exits.RATE_LIMITED
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdctl import exits
 from pdctl.errors import PdctlError
 
 PHASES = ("drain", "stop", "start", "health", "canary", "verify", "register")
@@ -28,7 +29,7 @@ class Interrupted(PdctlError):
     """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back.
     A roll of several groups at once names each one it leaves out (`more`: (group, phase))."""
 
-    exit_code = 130  # 128 + SIGINT, what a shell reports for ^C
+    exit_code = exits.INTERRUPTED
 
     def __init__(self, pair: str, phase: str, *more: tuple[str, str]) -> None:
         self.out = [(pair, phase), *more]

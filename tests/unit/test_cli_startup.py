@@ -3,6 +3,7 @@ all (speed itself is measured by benchmarks/cli_startup.py, not asserted here)."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import click
 import pytest
 
+from pdctl import exits
 from pdctl.cli import COMMANDS, cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,3 +55,21 @@ def test_validate_imports_only_what_it_needs() -> None:
     )
     assert "OK: no findings" in out.stdout, out.stderr
     assert out.stderr.strip().endswith("HEAVY="), out.stderr
+
+
+def test_help_lists_commands_in_the_registrys_order_with_the_exit_codes(
+    pdctl: Callable[..., Any],
+) -> None:
+    """pip's registry: deliberate order, one-line summaries; then the one exit-code list,
+    which docs/operations.md's table repeats."""
+    out = pdctl("--help").stdout
+    listed = [line.split()[0] for line in out.split("Commands:", 1)[1].split("Exit codes:")[0]
+              .strip().splitlines()]  # fmt: skip
+    assert listed == list(COMMANDS)
+    assert out.index("pdctl status") < out.index("pdctl restart") < out.index("pdctl validate")
+    codes = [int(line.split()[0]) for line in out.split("Exit codes:", 1)[1].strip().splitlines()]
+    assert codes == list(exits.MEANINGS)
+    docs = (ROOT / "docs" / "operations.md").read_text().split("### Exit codes", 1)[1]
+    docs = docs.split("\n#", 1)[0]
+    table = [int(c) for c in re.findall(r"^\| (\d+) \| ", docs, re.M)]
+    assert table == list(exits.MEANINGS)
