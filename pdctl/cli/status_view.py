@@ -35,6 +35,7 @@ def to_json(s: Status) -> dict[str, Any]:
                 "restarts": i.unit.restarts if i.unit else None,
                 "unit_error": i.unit_error,
                 **{k: v for k, v in asdict(i.probe).items() if k != "url"},
+                "state": i.state,  # ready, paused, draining, not ready
                 "url": i.instance.url,
                 # Per gateway that listed its workers; null: not registered there.
                 "gateways": {
@@ -117,6 +118,14 @@ def _unit_state(i: InstanceStatus) -> str:
     return u.sub if u.active == "active" else f"[red]{u.active}/{u.sub}[/]"
 
 
+def _readiness(i: InstanceStatus) -> str:
+    """Its /ready (or /health) answer; paused and draining in yellow: states an operator put
+    it in, not failures."""
+    if i.state in ("paused", "draining"):
+        return f"[yellow]{i.state}[/]"
+    return _red_unless(i.probe.healthy, i.probe.health)
+
+
 def _in_gateways(workers: tuple[GatewayWorker | None, ...]) -> str:
     """How the gateways that listed their workers hold this one: its status (each distinct
     one), unhealthy at any, its load at all of them, and where it is missing."""
@@ -143,7 +152,7 @@ ENGINE_FIELDS: list[tuple[int, Callable[[InstanceStatus], str]]] = [
     (8, _unit_state),
     (11, lambda i: f"PID {i.unit.main_pid or '-'}" if i.unit else "PID -"),
     (9, lambda i: f"up {_uptime(i.unit)}"),
-    (10, lambda i: "/health " + _red_unless(i.probe.healthy, i.probe.health)),
+    (10, lambda i: f"{i.probe.ready_path} {_readiness(i)}"),
     # metrics, left out when the engine gave none (down, or /metrics unreadable)
     (6, lambda i: _metric("run {:.0f}", i.probe.running)),
     (8, lambda i: _metric("queue {:.0f}", i.probe.queued)),

@@ -51,7 +51,7 @@ class Ops:
     # take only this host's lock, and every gateway must answer.
     store: GatewayKeys | None = None
     fleet_lock: RestartLock | None = None
-    engines: Engines = field(default_factory=HttpEngines)  # /health, /metrics, in flight
+    engines: Engines = field(default_factory=HttpEngines)  # /ready, /metrics, in flight
     canaries: Canaries = field(default_factory=HttpCanaries)
 
     def systemd(self, host: str) -> Systemd:

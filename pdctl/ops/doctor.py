@@ -1,10 +1,11 @@
 """`pdctl validate` plus what only the running deployment shows.
 
-Live checks: a pair whose canary fails while both sides answer /health (the degraded pair of
-the seed's incident), members the gateway holds under another group's pairing protocol or
-none, decode batches running eager, KV usage that stays up while idle, running flags that
-differ from the rendered ones (drift), units failed or restarting, the fleet restart lock
-unreachable or held by a dead holder, coordination store members down.
+Live checks: a pair whose canary fails while both sides answer /ready (the degraded pair
+of the seed's incident), an engine left paused by /pause_generation, members the gateway
+holds under another group's pairing protocol or none, decode batches running eager, KV
+usage that stays up while idle, running flags that differ from the rendered ones (drift),
+units failed or restarting, the fleet restart lock unreachable or held by a dead holder,
+coordination store members down.
 """
 
 from __future__ import annotations
@@ -70,15 +71,33 @@ def unit_findings(s: Status) -> list[Finding]:
     return out
 
 
+def paused_findings(s: Status) -> list[Finding]:
+    """Engines whose generation is paused (/pause_generation, for a weight update or by
+    hand): SGLang holds every new request until /continue_generation, so the pair's canary
+    and the gateway's requests to it wait. Nothing ends a pause but that call or a restart."""
+    fix = "curl -X POST {}/continue_generation -H 'Content-Type: application/json' -d '{{}}'"
+    return [
+        _error(
+            "live-paused",
+            i.instance.id,
+            "generation is paused (/ready 503, /ping 200): it holds every new request until "
+            "/continue_generation",
+            fix.format(i.instance.url),
+        )
+        for i in s.instances
+        if i.probe.paused
+    ]
+
+
 def pair_findings(s: Status) -> list[Finding]:
     out: list[Finding] = []
     by_pair: dict[str, list[InstanceStatus]] = {}
     for i in s.instances:
         by_pair.setdefault(i.pair_id, []).append(i)
     for p in s.pairs:
-        if p.canary.ok:
-            continue
         sides = by_pair.get(p.id, [])
+        if p.canary.ok or any(i.probe.paused for i in sides):
+            continue  # a paused side holds the canary: live-paused says so and what ends it
         down = [i.instance.name for i in sides if not i.probe.healthy]
         if down:
             out.append(
@@ -86,7 +105,7 @@ def pair_findings(s: Status) -> list[Finding]:
                     "live-pair-down",
                     p.id,
                     f"pair canary fails and {', '.join(down)} "
-                    f"does not answer /health: {p.canary.error}",
+                    f"does not answer /ready: {p.canary.error}",
                     f"pdctl restart --both --pair {p.id}",
                 )
             )
@@ -96,7 +115,7 @@ def pair_findings(s: Status) -> list[Finding]:
                     "live-degraded-pair",
                     p.id,
                     f"degraded pair: {p.canary.failed}/{p.canary.sent} canary requests failed "
-                    f"while both sides answer /health ({p.canary.error}); typical after one side "
+                    f"while both sides answer /ready ({p.canary.error}); typical after one side "
                     "restarted alone",
                     f"run pdctl restart --both --pair {p.id}",
                 )
@@ -339,7 +358,7 @@ def doctor(ops: Ops, canary_count: int = CANARIES_DOCTOR) -> tuple[list[Finding]
     dep = ops.source.deployment
     findings = lint(dep) if dep else []
     s = collect(ops, canary_count)
-    findings += unit_findings(s) + pair_findings(s) + kv_findings(s)
+    findings += unit_findings(s) + paused_findings(s) + pair_findings(s) + kv_findings(s)
     findings += eager_findings(ops, s) + drift_findings(ops, s) + lock_findings(ops, s)
     findings += store_findings(ops)
     return findings, s

@@ -18,21 +18,31 @@ from pdctl.pdclient import CanaryResult
 T = TypeVar("T")
 K = TypeVar("K")
 
+PAUSED = "paused"  # EngineProbe.health of an engine whose generation is paused
+
 
 @dataclass(frozen=True)
 class EngineProbe:
     url: str
-    health: str  # "ok", an HTTP status, or why it could not be reached
+    # Whether it takes new work: "ok", "paused" (/pause_generation), an HTTP status (starting,
+    # shutting down, a failed health check), or why it could not be reached.
+    health: str
     running: float | None = None
     queued: float | None = None
     token_usage: float | None = None  # KV pool usage 0..1
     cuda_graph: bool | None = None  # last batch ran in a CUDA graph
     gen_throughput: float | None = None
     metrics_error: str | None = None  # /metrics answered but could not be read
+    # What `health` read: /ready, or /health on an SGLang older than 0.5.20 (no /ready).
+    ready_path: str = "/ready"
 
     @property
     def healthy(self) -> bool:
         return self.health == "ok"
+
+    @property
+    def paused(self) -> bool:
+        return self.health == PAUSED
 
 
 def _gauges(text: str) -> dict[str, list[float]]:
@@ -43,19 +53,39 @@ def _gauges(text: str) -> dict[str, list[float]]:
     return out
 
 
+def _answer(status: int) -> str:
+    return "ok" if status == 200 else f"HTTP {status}"
+
+
+def readiness(url: str, timeout: float = 3.0) -> tuple[str, str]:
+    """(answer, the path that gave it). SGLang 0.5.20+'s /ready is 200 only while the engine
+    takes new work: not starting, shutting down, failed its last /health, or paused; all are
+    flag checks (http_server.ready). /ping (is_healthy, the same flags but the pause) tells a
+    paused engine from the others. An older SGLang answers /ready 404: its /health (503 while
+    starting or shutting down, else a 1-token generate) is then all there is, and a pause
+    there shows as a /health that does not answer in time."""
+    r = requests.get(f"{url}/ready", timeout=timeout)
+    if r.status_code == 404:
+        return _answer(requests.get(f"{url}/health", timeout=timeout).status_code), "/health"
+    if r.status_code == 503 and requests.get(f"{url}/ping", timeout=timeout).status_code == 200:
+        return PAUSED, "/ready"
+    return _answer(r.status_code), "/ready"
+
+
 def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
     try:
-        r = requests.get(f"{url}/health", timeout=timeout)
-        health = "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
+        health, path = readiness(url, timeout)
         m = requests.get(f"{url}/metrics", timeout=timeout)
     except requests.RequestException as e:
         return EngineProbe(url, f"unreachable ({type(e).__name__})")
     if m.status_code != 200:
-        return EngineProbe(url, health, metrics_error=f"/metrics answered HTTP {m.status_code}")
+        error = f"/metrics answered HTTP {m.status_code}"
+        return EngineProbe(url, health, metrics_error=error, ready_path=path)
     try:
         g = _gauges(m.text)
     except ValueError as e:  # not the Prometheus text format (a proxy's page, a wrong port)
-        return EngineProbe(url, health, metrics_error=f"/metrics is not Prometheus text: {e}")
+        error = f"/metrics is not Prometheus text: {e}"
+        return EngineProbe(url, health, metrics_error=error, ready_path=path)
 
     def total(name: str) -> float | None:
         v = g.get(f"sglang:{name}")
@@ -71,6 +101,7 @@ def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
         token_usage=max(usage) if usage else None,
         cuda_graph=bool(min(graph)) if graph else None,
         gen_throughput=total("gen_throughput"),
+        ready_path=path,
     )
 
 
@@ -95,7 +126,7 @@ class Engines(Protocol):
 
 
 class HttpEngines:
-    """The engines' own HTTP endpoints (/health, /metrics, /v1/loads)."""
+    """The engines' own HTTP endpoints (/ready, /ping or /health, /metrics, /v1/loads)."""
 
     def probe(self, url: str) -> EngineProbe:
         return probe_engine(url)

@@ -101,13 +101,18 @@ def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str |
         state = f"{st.active}/{st.sub}, PID {st.main_pid or '-'}"
     except PdctlError as e:
         state = f"state unknown ({e})"
-    health = ops.engines.probe(inst.url).health
-    ok = failure is None and health == "ok"
+    probe = ops.engines.probe(inst.url)
+    ok = failure is None and probe.healthy
     why = "" if failure is None else f"; {failure}"
-    return f"{'OK' if ok else 'FAILED'}: {inst.id} ({inst.unit}) {state}, /health {health}{why}"
+    return (
+        f"{'OK' if ok else 'FAILED'}: {inst.id} ({inst.unit}) {state}, "
+        f"{probe.ready_path} {probe.health}{why}"
+    )
 
 
 def _wait_healthy(ops: Ops, pair: Pair) -> None:
+    """Until every member takes work: the probe reads /ready (not starting, not paused), or
+    /health on an SGLang without it (health.readiness)."""
     deadline = time.monotonic() + ops.timeouts.health
     t0 = last = time.monotonic()
     while True:

@@ -40,6 +40,18 @@ class InstanceStatus:
     def pair_id(self) -> str:
         return self.fleet_id or f"{self.instance.host}/{self.instance.pair}"
 
+    @property
+    def state(self) -> str:
+        """What it does with new work: ready; paused (/pause_generation: it holds requests
+        until /continue_generation); draining (SIGTERM'd, its unit deactivating: it refuses
+        new work and finishes what it holds); not ready (starting, failed its last health
+        check, down)."""
+        if self.probe.paused:
+            return "paused"
+        if self.unit is not None and self.unit.active == "deactivating":
+            return "draining"
+        return "ready" if self.probe.healthy else "not ready"
+
 
 @dataclass(frozen=True)
 class PairStatus:

@@ -15,6 +15,7 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .args import GIB
 from .protocol import Parsed, json_response
+from .req import Req
 
 if TYPE_CHECKING:
     from .server import SimServer
@@ -33,7 +34,11 @@ class InfoRoutes:
         self.cfg, self.engine = server.cfg, server.engine
 
     async def health(self, request: web.Request) -> web.Response:
-        if self.server.status != "up":
+        """http_server.health_generate: 503 while starting or shutting down; else a 1-token
+        generate, which waits like any request while generation is paused (so a paused
+        server answers 503 after the timeout). A timeout marks the server unhealthy (/ready
+        and /ping 503) until a check passes again."""
+        if self.server.status in ("starting", "stopping"):
             return web.Response(status=503)
         # A 1-token generate with a fake bootstrap host: the peer is never contacted.
         req = self.server.tm.new_req(
@@ -52,9 +57,10 @@ class InfoRoutes:
             log_metrics=False,
         )
         req.fake_bootstrap = True
-        self.server.tm.dispatch(req, health=True)
         try:
-            await asyncio.wait_for(req.out.get(), self.engine.clock.wall(HEALTH_CHECK_TIMEOUT_S))
+            await asyncio.wait_for(
+                self._generate(req), self.engine.clock.wall(HEALTH_CHECK_TIMEOUT_S)
+            )
         except TimeoutError:
             self.engine.cancel(req)
             self.server.log.error(
@@ -62,9 +68,18 @@ class InfoRoutes:
                 "detokenizer for last %s seconds.",
                 HEALTH_CHECK_TIMEOUT_S,
             )
+            if self.server.status == "up":
+                self.server.status = "unhealthy"
             return web.Response(status=503)
         self.engine.cancel(req)
+        if self.server.status == "unhealthy":
+            self.server.status = "up"
         return web.Response(status=200)
+
+    async def _generate(self, req: Req) -> None:
+        await self.server.tm.wait_unpaused()
+        self.server.tm.dispatch(req, health=True)
+        await req.out.get()
 
     async def server_info(self, _: web.Request) -> web.Response:
         a = vars(self.cfg.args).copy()

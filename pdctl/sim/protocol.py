@@ -55,9 +55,14 @@ def json_decode_error(e: json.JSONDecodeError) -> web.Response:
     return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
 
 
-def validation_error(kind: str, loc: tuple[str, ...], msg: str, value: Any) -> web.Response:
+def validation_error(
+    kind: str, loc: tuple[str, ...], msg: str, value: Any, **ctx: str
+) -> web.Response:
     """A pydantic validation failure as SGLang reshapes FastAPI's RequestValidationError."""
-    errors = [{"type": kind, "loc": loc, "msg": msg, "input": value}]
+    error: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": value}
+    if ctx:
+        error["ctx"] = ctx
+    errors = [error]
     return openai_error(f"{errors}", 400, HTTPStatus.BAD_REQUEST.phrase)
 
 

@@ -20,9 +20,11 @@ class Token:
 
 @dataclass(frozen=True)
 class Finish:
-    reason: str  # "length" | "stop"
+    reason: str  # "length" | "stop" | "abort" (an abort without a status: a normal answer)
     matched: int | str | None = None  # the stop string or token id, as meta_info reports it
     tail: str = ""  # text held back for a stop string that never came
+    # reason "abort": meta_info's finish_reason, as the scheduler or tokenizer manager sets it
+    abort: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,11 @@ class Scheduler:
         # Speculative decoding: request-steps and the tokens they gained since the last line.
         self._spec_rng = random.Random(cfg.knobs.seed)
         self._spec_forward_ct = 0
+        # /pause_generation in_place or retract (scheduler._engine_paused): no batch runs
+        # until /continue_generation sets `_resumed`.
+        self.paused = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
 
     # ----- what a mode's scheduler changes -------------------------------------------
     def disagg_queues(self) -> DisaggQueues:
@@ -156,6 +161,50 @@ class Scheduler:
         if req.log_metrics:
             self.metrics.tok_inc(self.metrics.num_aborted_requests)
 
+    def abort_graceful(self, req: Req) -> None:
+        """abort_request(abort_all=True) as the client sees it: no status, so a normal answer
+        whose finish reason is abort. A request not admitted yet gets _handle_abort_req's
+        "Abort in waiting queue"; an admitted one FINISH_ABORT().to_json() (abort method 3)."""
+        if req.done:
+            return
+        if req.admitted is None:
+            fields: tuple[tuple[str, str | None], ...] = (("message", "Abort in waiting queue"),)
+        else:
+            fields = (("message", "Aborted"), ("status_code", None), ("err_type", None))
+        req.out.put_nowait(Finish("abort", abort=fields))
+        self._finish(req)
+
+    def pause_generation(self, mode: str) -> None:
+        """scheduler.pause_generation (in_place, retract): the event loop stops running
+        batches; retract also puts the running requests back in the waiting queue with
+        their KV freed (they prefill again on resume), and zeroes gen_throughput and
+        publishes the gauges at once (the paused loop never reaches on_idle)."""
+        self.paused = True
+        self._resumed.clear()
+        if mode != "retract":
+            return  # in_place: every queue and gauge stays as it is
+        self._retract_for_pause()
+        self.last_gen_throughput = 0.0
+        self._update_gauges()
+
+    def _retract_for_pause(self) -> None:
+        """retract_all over the running batch, back to the head of the waiting queue (a
+        decode holds them for a rebootstrap from its prefill instead, which the sim does not
+        model: its running requests keep their KV and wait in place)."""
+        live = [r for r in self.running if not r.done]
+        for req in reversed(live):
+            self.running.remove(req)
+            self.pool.release(req.reserved)
+            req.reserved = 0
+            req.admitted = None
+            self.waiting.appendleft(req)
+
+    def continue_generation(self) -> None:
+        """scheduler.continue_generation: the event loop runs batches again."""
+        self.paused = False
+        self._resumed.set()
+        self._wake.set()
+
     def cancel(self, req: Req) -> None:
         """Client went away: drop the request wherever it is."""
         if not req.done:
@@ -204,6 +253,9 @@ class Scheduler:
     # ----- the loop ------------------------------------------------------------------
     async def run(self) -> None:
         while True:
+            if self.paused:
+                await self._paused()
+                continue
             self.running = [r for r in self.running if not r.done]
             batch = self._take_prefill_batch()
             if batch:
@@ -220,6 +272,16 @@ class Scheduler:
                 self.metrics.rank_inc(
                     self.metrics.scheduler_idle_seconds, self.clock.now() - idle_from
                 )
+
+    async def _paused(self) -> None:
+        """_record_scheduler_state_for_paused_engine: a pause holding requests counts as
+        busy, an empty one as idle."""
+        idle = not self.busy
+        since = self.clock.now()
+        self.gpu.idle()
+        await self._resumed.wait()
+        if idle:
+            self.metrics.rank_inc(self.metrics.scheduler_idle_seconds, self.clock.now() - since)
 
     def _take_prefill_batch(self) -> list[Req]:
         batch: list[Req] = []

@@ -54,6 +54,8 @@ class DecodeScheduler(Scheduler):
         self.arrived: list[Req] = []
         # Retracted under KV pressure, KV backed up to host, waiting to resume.
         self.retracted: list[Req] = []
+        # Retracted by /pause_generation retract, KV freed, until /continue_generation.
+        self.held_for_rebootstrap: list[Req] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._prealloc_changed = asyncio.Event()
 
@@ -148,6 +150,8 @@ class DecodeScheduler(Scheduler):
             self.retracted.remove(req)
         if req in self.arrived:
             self.arrived.remove(req)
+        if req in self.held_for_rebootstrap:
+            self.held_for_rebootstrap.remove(req)
         # Space or a running slot may free up once its KV is released; a cancelled waiter
         # must leave too (the waiters run after _finish).
         self._prealloc_changed.set()
@@ -173,6 +177,26 @@ class DecodeScheduler(Scheduler):
         )
 
     # ----- retraction ----------------------------------------------------------------
+    def _retract_for_pause(self) -> None:
+        """scheduler.pause_generation retract on a decode: the running requests free their
+        KV and are held (prealloc_queue.hold_rebootstrap), in no queue a gauge counts.
+        SGLang holds the transferred requests not taken yet too; the sim leaves them in the
+        transfer queue (they hold no running slot and no decode happens while paused)."""
+        held = [r for r in self.running if not r.done]
+        for req in held:
+            self.pool.release(req.reserved)
+            req.reserved = 0
+        self.running = []
+        self.held_for_rebootstrap += held
+
+    def continue_generation(self) -> None:
+        """enqueue_held_rebootstrap: the held requests wait for KV again. SGLang transfers
+        their KV anew from the prefill; the sim resumes them as retracted requests (their
+        output so far kept), when the pool has room."""
+        self.retracted += self.held_for_rebootstrap
+        self.held_for_rebootstrap = []
+        super().continue_generation()
+
     def _before_decode(self) -> None:
         """process_decode_queue: resume retracted requests; while some still wait, leave the
         transferred ones where they are."""

@@ -26,6 +26,7 @@ from aiohttp import web
 from .args import GIB, SimConfig
 from .bootstrap import BootstrapServer
 from .conn import HttpKVReceiver, HttpKVSender, KVReceiver, KVSender
+from .control import ControlRoutes
 from .decode import DecodeLeg
 from .generate import NativeGenerate
 from .info import InfoRoutes
@@ -49,6 +50,9 @@ class SimServer:
         self.log = log
         metrics_class = SimMetrics if cfg.args.enable_metrics else NoMetrics
         self.metrics = metrics_class(cfg.served_model_name, cfg.mode)
+        # tokenizer_manager.server_status and gracefully_exit in one: starting, up,
+        # unhealthy (a /health that timed out; the next one that passes sets it up again),
+        # stopping (SIGTERM).
         self.status = "starting"
         # The nixl backend's agent comes up first: a missing package or a UCX variable the
         # library refuses ends the start-up with one line (SystemExit), never a fallback.
@@ -85,6 +89,11 @@ class SimServer:
         r = self.app.router
         r.add_get("/health", info.health)
         r.add_get("/health_generate", info.health)
+        control = ControlRoutes(self)
+        r.add_get("/ready", control.ready)
+        r.add_get("/ping", control.ping)
+        r.add_post("/pause_generation", control.pause_generation)
+        r.add_post("/continue_generation", control.continue_generation)
         r.add_get("/server_info", info.server_info)
         r.add_get("/get_server_info", info.server_info)
         r.add_get("/model_info", info.model_info)

@@ -62,6 +62,12 @@ class TokenizerManager:
         self.decode_leg: DecodeLeg | None = None
         self.inflight: set[Req] = set()
         self._rids = random.Random(cfg.knobs.seed)
+        # /pause_generation (tokenizer_manager.is_pause, is_pause_cond): new requests wait at
+        # `_unpaused` until /continue_generation; pause and continue take turns on the lock.
+        self.is_pause = False
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._pause_lock = asyncio.Lock()
 
     def new_rid(self) -> str:
         """Request ids from the seed: the same request sequence gives the same texts."""
@@ -137,8 +143,42 @@ class TokenizerManager:
             assert self.decode_leg is not None and p is not None
             self.spawn(self.decode_leg.run(req, p.bootstrap_host or "", p.bootstrap_port or 0))
 
+    async def wait_unpaused(self) -> None:
+        """generate_request waits here, before tokenizing (so before the context checks)."""
+        await self._unpaused.wait()
+
+    async def pause_generation(self, mode: str) -> None:
+        """tokenizer_manager.pause_generation: new requests wait from now on. Mode abort
+        (the default) leaves the scheduler running and aborts every request in flight,
+        again each second while any is left (model_update_lock.is_locked: requests past the
+        gate hold its reader lock), so the call returns once they have ended; each round is
+        one abort_request(abort_all=True), counted once in num_aborted_requests. The other
+        modes pause the scheduler (scheduler.pause_generation)."""
+        async with self._pause_lock:
+            self.is_pause = True
+            self._unpaused.clear()
+            if mode != "abort":
+                self.engine.pause_generation(mode)
+                return
+            while True:
+                for req in list(self.inflight):
+                    self.engine.abort_graceful(req)
+                self.metrics.tok_inc(self.metrics.num_aborted_requests)
+                if not self.inflight:  # the aborted handlers have not answered yet: a round
+                    return
+                await self.engine.clock.sleep(1.0)
+
+    async def continue_generation(self) -> None:
+        """tokenizer_manager.continue_generation: the scheduler resumes (a no-op when it was
+        not paused) and the waiting requests go on."""
+        async with self._pause_lock:
+            self.is_pause = False
+            self.engine.continue_generation()
+            self._unpaused.set()
+
     async def start(self, p: Parsed) -> list[Req]:
         """Validate and dispatch the request's n samples."""
+        await self.wait_unpaused()
         self._validate(p)
         if self.status() == "stopping":
             raise web.HTTPServiceUnavailable()
@@ -249,7 +289,9 @@ class TokenizerManager:
         text) triples (text only with return_text_in_logprobs); the sim models no input
         logprobs."""
         reason: dict[str, Any] | None = None
-        if isinstance(finish, Finish):
+        if isinstance(finish, Finish) and finish.reason == "abort":
+            reason = {"type": "abort", **dict(finish.abort)}
+        elif isinstance(finish, Finish):
             reason = (
                 {"type": "length", "length": req.generated}
                 if finish.reason == "length"

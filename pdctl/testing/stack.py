@@ -204,7 +204,8 @@ class SimProc:
                     f"{self.mode} engine exited (code {self.proc.returncode}): "
                     f"{self.log_text()[-2000:]}"
                 )
-            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
+            # /ready: taking work (a flag check, no generate as /health makes)
+            return requests.get(f"{self.url}/ready", timeout=2).status_code == 200
 
         wait_until(healthy, timeout, f"{self.mode} engine on :{self.port}")
         return self

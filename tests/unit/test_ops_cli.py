@@ -289,7 +289,7 @@ def test_status_json(
     assert list(inst) == [
         "id", "pair", "role", "unit", "active", "sub", "pid", "uptime_s", "restarts",
         "unit_error", "health", "running", "queued", "token_usage", "cuda_graph",
-        "gen_throughput", "metrics_error", "url", "gateways",
+        "gen_throughput", "metrics_error", "ready_path", "state", "url", "gateways",
     ]  # fmt: skip
     # ... and one per pair (restart_pending: null unless site.yml left a restart pending;
     # recovery: null unless its recovery waits; abandoned: null unless a restart of it died)

@@ -72,10 +72,10 @@ def test_workers_not_bound_to_their_pair_are_found_when_pairs_can_mix() -> None:
 def test_degraded_pair_versus_pair_down() -> None:
     (f,) = doctor.pair_findings(_status(False))
     assert f.id == "live-degraded-pair" and f.where == "node-a/pd0"
-    assert "5/8 canary requests failed while both sides answer /health" in f.message
+    assert "5/8 canary requests failed while both sides answer /ready" in f.message
     assert f.fix == "run pdctl restart --both --pair node-a/pd0"
     (f,) = doctor.pair_findings(_status(False, decode_health="HTTP 503"))
-    assert f.id == "live-pair-down" and "pd0-decode does not answer /health" in f.message
+    assert f.id == "live-pair-down" and "pd0-decode does not answer /ready" in f.message
     assert doctor.pair_findings(_status(True)) == []
 
 
@@ -164,3 +164,17 @@ def test_doctor_says_etcd_cannot_serve_the_lock_or_its_last_holder_lost_it(
         s.pairs[0].id,
     )
     assert (abandoned.message, abandoned.fix) == (why, "pdctl finish")
+
+
+def test_a_paused_engine_is_found_with_the_call_that_resumes_it() -> None:
+    s = _status(False, decode_health="paused")
+    (f,) = doctor.paused_findings(s)
+    assert (f.id, f.where) == ("live-paused", "node-a/pd0-decode")
+    assert "generation is paused" in f.message
+    url = s.instances[1].instance.url
+    assert f.fix == (
+        f"curl -X POST {url}/continue_generation -H 'Content-Type: application/json' -d '{{}}'"
+    )
+    # the canary it holds is not reported again as a pair down or degraded
+    assert doctor.pair_findings(s) == []
+    assert doctor.paused_findings(_status(True)) == []

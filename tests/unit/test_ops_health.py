@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from pdctl.ops import restart
-from pdctl.ops.health import HttpEngines, probe_engine
+from pdctl.ops.health import EngineProbe, HttpEngines, probe_engine
+from pdctl.ops.report import StepFailed
 from pdctl.pdclient import pair_canary
 from tests.unit.ops_fakes import (
+    FakeEngines,
     FakeGateway,
     FakeSystemd,
     fake_ops,
@@ -41,3 +43,34 @@ def test_pair_canary_against_answers_that_are_no_generate_object(
     res = pair_canary(engine.url, engine.url, 1, count=2)
     assert not res.ok and res.failed == 2
     assert res.error is not None and res.error.startswith(("decode answered without", "decode:"))
+
+
+def test_the_probe_reads_ready_and_tells_a_paused_engine_by_ping(
+    fake_http: Callable[..., Any],
+) -> None:
+    ready = fake_http({"/ready": (200, b""), "/metrics": (200, b"")})
+    p = probe_engine(ready.url)
+    assert p.healthy and p.ready_path == "/ready" and ("GET", "/health") not in ready.seen
+    paused = probe_engine(fake_http({"/ready": (503, b""), "/ping": (200, b"")}).url)
+    assert paused.paused and not paused.healthy and paused.health == "paused"
+    starting = probe_engine(fake_http({"/ready": (503, b""), "/ping": (503, b"")}).url)
+    assert starting.health == "HTTP 503" and not starting.paused
+
+
+def test_an_sglang_without_ready_is_probed_on_health(fake_http: Callable[..., Any]) -> None:
+    """SGLang before 0.5.20 answers /ready 404: /health is what it has."""
+    old = fake_http({"/health": (200, b""), "/metrics": (200, b"")})
+    p = probe_engine(old.url)
+    assert p.healthy and p.ready_path == "/health"
+    assert old.seen[:2] == [("GET", "/ready"), ("GET", "/health")]
+    down = probe_engine(fake_http({"/health": (503, b"")}).url)
+    assert down.health == "HTTP 503" and down.ready_path == "/health"
+
+
+def test_the_restart_waits_out_a_paused_engine_and_says_so() -> None:
+    def probe(url: str) -> EngineProbe:
+        return EngineProbe(url, "paused" if url.endswith("1") else "ok")
+
+    ops = fake_ops(FakeSystemd(), FakeGateway(), engines=FakeEngines(probe))
+    with pytest.raises(StepFailed, match=r"not healthy after 0s: pd0-decode paused"):
+        restart._wait_healthy(ops, ops.source.pairs()[0])

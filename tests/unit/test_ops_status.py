@@ -108,7 +108,7 @@ def test_status_probes_run_at_once_and_bounded(
 
     monkeypatch.setenv("PDCTL_LOCK", str(tmp_path / "restart.lock"))
     in_flight = InFlight()
-    routes = {"/health": (200, b""), "/metrics": (200, b""), "/generate": (200, b'{"text":"x"}')}
+    routes = {"/ready": (200, b""), "/metrics": (200, b""), "/generate": (200, b'{"text":"x"}')}
     engines = [fake_http(routes, delay=0.2, in_flight=in_flight) for _ in range(8)]
     gw = fake_http(routes, delay=0.2, in_flight=in_flight)
     t = _fleet_topology([e.url for e in engines], gw.url)
@@ -126,4 +126,15 @@ def test_status_probes_run_at_once_and_bounded(
     ops = Ops(Source(t, None), lambda _h: FakeSystemd(), [_ListingGateway(gw.url)])
     status.collect(ops, 1)
     assert 1 < bounded.peak <= 3 * 2
-    assert sum(len(e.seen) for e in engines) == 8 * 2 + 4 * 2  # health+metrics, canary legs
+    assert sum(len(e.seen) for e in engines) == 8 * 2 + 4 * 2  # ready+metrics, canary legs
+
+
+def test_collect_tells_a_paused_engine_from_one_down() -> None:
+    """A paused engine is neither healthy nor a pair drained: status says paused."""
+    t = topo(pairs=("pd0",))
+    paused = "http://10.0.0.1:30001"
+    engines = FakeEngines(lambda url: EngineProbe(url, "paused" if url == paused else "ok"))
+    s = status.collect(fake_ops(FakeSystemd(), Listing(), engines=engines, t=t), 1)
+    assert [i.state for i in s.instances] == ["ready", "paused"]
+    assert not s.healthy and s.pairs[0].gateway == "not routed"
+    assert [i["state"] for i in status_view.to_json(s)["instances"]] == ["ready", "paused"]

@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-from pdctl.ops.health import in_flight
+from pdctl.ops.health import in_flight, probe_engine
+from pdctl.sim.protocol import Parsed
 from pdctl.sim.sampling import EOS_TOKEN_ID, Sampler, SamplingParams
 from pdctl.sim.server import SimServer
 from pdctl.testing.stack import free_port, in_process
@@ -542,3 +544,182 @@ def test_loads_count_the_bootstrap_queue_as_waiting() -> None:
             leg.cancel()
 
     run("prefill", t)
+
+
+async def metric(http: aiohttp.ClientSession, name: str) -> float:
+    """The sum of a family's samples named `name` (sglang:<name>) on /metrics."""
+    async with http.get("/metrics") as r:
+        text = await r.text()
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == f"sglang:{name}"
+    )
+
+
+async def statuses(http: aiohttp.ClientSession, *paths: str) -> list[int]:
+    out = []
+    for path in paths:
+        async with http.get(path) as r:
+            out.append(r.status)
+    return out
+
+
+def test_ready_and_ping_follow_start_pause_health_and_shutdown() -> None:
+    """http_server.ready (is_ready) and sagemaker_health (is_healthy): a paused server is
+    healthy but not ready; a /health that times out while paused leaves it unhealthy
+    until a check passes again."""
+
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        server.status = "starting"
+        assert await statuses(http, "/ready", "/ping", "/health") == [503, 503, 503]
+        server.status = "up"
+        assert await statuses(http, "/ready", "/ping") == [200, 200]
+        assert await post(http, "/pause_generation", {"mode": "in_place"}) == (
+            200,
+            {"message": "Generation paused successfully.", "status": "ok"},
+        )
+        assert await statuses(http, "/ready", "/ping") == [503, 200]
+        assert (await asyncio.to_thread(probe_engine, server.url)).paused  # pdctl's view
+        # the health generate waits at the pause gate until SGLANG_HEALTH_CHECK_TIMEOUT
+        assert await statuses(http, "/health", "/ready", "/ping") == [503, 503, 503]
+        assert await post(http, "/continue_generation", {}) == (
+            200,
+            {"message": "Generation continued successfully.", "status": "ok"},
+        )
+        assert await statuses(http, "/ready", "/health", "/ready", "/ping") == [503, 200, 200, 200]
+        server.status = "stopping"
+        assert await statuses(http, "/ready", "/ping", "/health") == [503, 503, 503]
+
+    run("null", t)
+
+
+def test_pause_abort_ends_requests_in_flight_and_holds_new_ones() -> None:
+    """tokenizer_manager.pause_generation, mode abort (the default): requests in flight end
+    with a status-less abort (a normal answer), new ones wait until continue; each abort
+    round counts once in num_aborted_requests."""
+
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 4000}}
+        running = asyncio.create_task(post(http, "/generate", body))
+        while not server.engine.running:
+            await asyncio.sleep(0.005)
+        assert (await post(http, "/pause_generation", {}))[0] == 200
+        status, out = await running
+        assert status == 200 and 0 < out["meta_info"]["completion_tokens"] < 4000
+        assert out["meta_info"]["finish_reason"] == {
+            "type": "abort",
+            "message": "Aborted",
+            "status_code": None,
+            "err_type": None,
+        }
+        assert await metric(http, "num_aborted_requests_total") == 2  # one round, a second
+        held = asyncio.create_task(post(http, "/v1/completions", {"prompt": "x", "max_tokens": 3}))
+        await asyncio.sleep(0.1)
+        assert not held.done() and not server.tm.inflight
+        assert await metric(http, "num_queue_reqs") == 0  # not in the scheduler yet
+        await post(http, "/continue_generation", {})
+        status, out = await held
+        assert status == 200 and out["usage"]["completion_tokens"] == 3
+
+    run("null", t, "--enable-metrics")
+
+
+def test_pause_in_place_freezes_the_scheduler_and_its_gauges() -> None:
+    """scheduler.pause_generation in_place: no batch runs, queues and gauges stay as they
+    were; continue resumes the same requests with their KV."""
+
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        body = {"prompt": "hi", "max_tokens": 300}
+        req = asyncio.create_task(post(http, "/v1/completions", body))
+        while not server.engine.running or server.engine.forward_ct_decode < 45:
+            await asyncio.sleep(0.005)
+        await post(http, "/pause_generation", {"mode": "in_place"})
+        (paused,) = server.engine.running
+        generated, usage = paused.generated, await metric(http, "num_used_tokens")
+        assert await metric(http, "num_running_reqs") == 1
+        assert await metric(http, "gen_throughput") > 0  # not zeroed: the loop stopped
+        await asyncio.sleep(0.1)
+        assert paused.generated == generated and not req.done()
+        assert await metric(http, "num_used_tokens") == usage
+        await post(http, "/continue_generation", {"torch_empty_cache": "false"})
+        status, out = await req
+        assert status == 200 and out["usage"]["completion_tokens"] == 300
+
+    run("null", t, "--enable-metrics", "--decode-log-interval", "40")
+
+
+def test_pause_retract_requeues_running_requests_and_zeroes_throughput() -> None:
+    """scheduler.pause_generation retract (unified): running requests go back to the waiting
+    queue with their KV freed, gen_throughput reads 0 at once; on continue they are
+    prefilled again and finish whole."""
+
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        body = {"prompt": "hi", "max_tokens": 300}
+        req = asyncio.create_task(post(http, "/v1/completions", body))
+        while not server.engine.running or server.engine.forward_ct_decode < 45:
+            await asyncio.sleep(0.005)
+        await post(http, "/pause_generation", {"mode": "retract"})
+        assert [await metric(http, n) for n in ("num_running_reqs", "num_queue_reqs")] == [0, 1]
+        assert await metric(http, "gen_throughput") == 0
+        assert server.engine.pool.used == 0 and server.engine.busy
+        await post(http, "/continue_generation", {})
+        status, out = await req
+        assert status == 200 and out["usage"]["completion_tokens"] == 300
+        assert server.engine.pool.used == 0
+
+    run("null", t, "--enable-metrics", "--decode-log-interval", "40")
+
+
+def test_pause_retract_on_a_decode_holds_running_requests_out_of_every_queue() -> None:
+    async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
+        engine = server.decode_engine
+        assert engine is not None
+        req = engine_req(server, 50)
+        engine.running.append(req)
+        engine.pool.try_reserve(req.reserved)
+        server.tm.inflight.add(req)
+        await post(http, "/pause_generation", {"mode": "retract"})
+        assert engine.held_for_rebootstrap == [req] and not engine.running
+        assert engine.pool.used == 0 and not engine.disagg_queues()
+        await post(http, "/continue_generation", {})
+        assert not engine.held_for_rebootstrap
+        assert engine.retracted == [req] or req in engine.running or req.done
+
+    run("decode", t)
+
+
+def engine_req(server: SimServer, generated: int) -> Any:
+    """A request the decode runs, `generated` tokens in, holding their KV."""
+    p = Parsed(10, "", 100, False, "r1", None, None, 7, False, "sim")
+    req = server.tm.new_req(p)
+    req.generated, req.reserved, req.admitted = generated, 10 + generated, 0.0
+    return req
+
+
+def test_pause_and_continue_bodies_are_validated_as_fastapi_does() -> None:
+    async def t(_: SimServer, http: aiohttp.ClientSession) -> None:
+        async with http.post("/pause_generation") as r:
+            assert r.status == 400
+            err = await r.json()
+        assert err["type"] == "Bad Request" and err["code"] == 400
+        assert err["message"] == (
+            "[{'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}]"
+        )
+        status, err = await post(http, "/pause_generation", {"mode": "drain"})
+        assert status == 400 and err["message"] == (
+            "[{'type': 'literal_error', 'loc': ('body', 'mode'), 'msg': \"Input should be "
+            "'abort', 'retract' or 'in_place'\", 'input': 'drain', 'ctx': {'expected': "
+            "\"'abort', 'retract' or 'in_place'\"}}]"
+        )
+        status, err = await post(http, "/continue_generation", {"torch_empty_cache": "maybe"})
+        assert status == 400 and "'bool_parsing'" in err["message"]
+        status, err = await post(http, "/pause_generation", [])
+        assert status == 400 and "'dict_type'" in err["message"]
+        async with http.get("/pause_generation") as r:
+            assert r.status == 405
+        # nothing paused on the way
+        assert await statuses(http, "/ready") == [200]
+
+    run("null", t)

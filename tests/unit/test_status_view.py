@@ -99,3 +99,23 @@ def test_status_view_says_an_unreachable_hosts_systemd_error_once() -> None:
     assert "(and 3 more units)" in text
     assert sum("unit ?" in line for line in lines) == 4  # the engines of that host
     assert all(len(line) <= 80 for line in lines)
+
+
+def test_status_view_and_json_show_a_paused_and_a_draining_engine() -> None:
+    from pdctl.cli.status_view import to_json
+
+    s = fleet_status()
+    first, second = s.instances[0], s.instances[1]
+    assert first.unit is not None
+    paused = replace(first, probe=replace(first.probe, health="paused"))
+    draining = replace(
+        second,
+        unit=replace(first.unit, active="deactivating", sub="stop-sigterm"),
+        probe=replace(second.probe, health="HTTP 503"),
+    )
+    s = replace(s, instances=[paused, draining, *s.instances[2:]])
+    text = "\n".join(_render(s, 200))
+    assert "/ready paused" in text and "/ready draining" in text and "/ready ok" in text
+    states = [i["state"] for i in to_json(s)["instances"]]
+    assert states[:4] == ["paused", "draining", "ready", "not ready"]
+    assert to_json(s)["instances"][0]["ready_path"] == "/ready"
