@@ -20,16 +20,24 @@ def _shared_lines() -> set[str]:
     return {line for line in body.splitlines() if re.fullmatch(r"[A-Z]\w+=[\w/]+", line)}
 
 
+# The root units that run pdctl's restarts (recover@, finish) call it through this one.
+OPS_SANDBOX = ROOT / "roles" / "pdstack_engine" / "templates" / "ops_sandbox.j2"
+CALLS = {"hardening": "hardening.j2", "ops_sandbox": "ops_sandbox.j2"}
+
+
 def test_every_unit_template_calls_the_shared_hardening() -> None:
-    assert len(UNIT_TEMPLATES) == 8  # with the store's member and snapshot units
+    assert len(UNIT_TEMPLATES) == 9  # with the store's member and snapshot units
     shared = _shared_lines()
     assert {"NoNewPrivileges=yes", "ProtectSystem=strict", "RestrictRealtime=yes"} <= shared
-    for path in UNIT_TEMPLATES:
+    for path in [*UNIT_TEMPLATES, OPS_SANDBOX]:
         text = path.read_text()
-        assert text.startswith('{% from "hardening.j2" import hardening %}\n'), path
-        assert text.count("{% call hardening(") == 1, path
+        # its first line (ops_sandbox.j2's comment shows how it is called)
+        first = text.split("-#}\n", 1)[-1].splitlines()[0]
+        (macro,) = [m for m, f in CALLS.items() if first == f'{{% from "{f}" import {m} %}}']
+        assert text.count(f"{{% call {macro}(") == 1, path
         again = shared & set(text.splitlines())
         assert not again, f"{path.name} repeats {sorted(again)}"
+    assert OPS_SANDBOX.read_text().count("{% call hardening(") == 1
 
 
 def test_each_role_with_units_links_to_the_one_file() -> None:
