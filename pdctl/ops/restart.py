@@ -343,8 +343,8 @@ def register_gateways(
 def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
     """Take the pair out of every gateway. A planned restart waits (bounded) for the requests
     in flight; a recovery does not: one side is dead, and what the live side holds depends
-    on it (a NIXL prefill never times out a room its dead decode held, and no queue metric
-    or /v1/loads shows it: docs/reliability.md)."""
+    on it (a room its dead decode never claimed waits on a 0.5.23 prefill until the
+    bootstrap timeout, 300 s, and on 0.5.17 for ever: docs/sim.md)."""
     urls = [i.url for i in pair.instances]
     deadline = time.monotonic() + ops.timeouts.drain
     try:
@@ -490,8 +490,8 @@ def restart_pair(
         for phase, step in steps:
             on_phase(phase)
             lost = lock_lost()
-            if lost is None and phases is not None and not phases.enter(pair.id, phase):
-                lost = "etcd refused to record its phase: the lock is under another lease"
+            if lost is None and phases is not None:
+                lost = _recorded(phases, pair, phase)
             if lost is not None:
                 raise LockLost(
                     phase,
@@ -508,7 +508,7 @@ def restart_pair(
         # Left for pdctl finish: a drain that failed left the pair out of the gateways that
         # answered, its engines untouched (it registers them again); a lost lock, for the
         # restarter that holds it now.
-        unfinished = isinstance(e, LockLost) or getattr(e, "phase", None) == "drain"
+        unfinished = isinstance(e, StepFailed) and (isinstance(e, LockLost) or e.phase == "drain")
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
     else:
@@ -522,6 +522,17 @@ def restart_pair(
         for i in pair.instances
     ]
     return rep
+
+
+def _recorded(phases: Phases, pair: Pair, phase: str) -> str | None:
+    """Why the pair's phase could not be recorded under the fleet lock (the restart stops
+    before the step, as when the lock is lost), or None."""
+    try:
+        if phases.enter(pair.id, phase):
+            return None
+    except StoreUnavailable as e:
+        return f"etcd cannot record its phase: {e}"
+    return "etcd refused to record its phase: the lock is under another lease"
 
 
 def _ended(ops: Ops, phases: Phases, pair: Pair) -> None:

@@ -10,6 +10,7 @@ from typing import cast
 
 import pytest
 
+from pdctl.coord.kv import StoreUnavailable
 from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
 from pdctl.ops import finish, gateway, restart
@@ -403,3 +404,21 @@ def test_the_phase_record_goes_once_the_restart_said_how_it_ended(how: str) -> N
     assert rep.ok is (how == "ok")
     assert records.entered[:2] == [(pair.id, "drain"), (pair.id, "stop")]
     assert records.ended == ([] if how == "lock lost" else [pair.id])
+
+
+class _StoreGoesAway(_Records):
+    def enter(self, target: str, phase: str) -> bool:
+        if phase == "start":
+            raise StoreUnavailable("cannot write: etcd has no quorum")
+        return super().enter(target, phase)
+
+
+def test_a_phase_etcd_cannot_record_stops_the_restart_and_keeps_its_record() -> None:
+    """Stopped, then etcd cannot take the next phase: the restart stops as if the lock were
+    lost (it cannot prove it holds it), and leaves its record for pdctl finish."""
+    sd, records = FakeSystemd(), _StoreGoesAway()
+    ops = fake_ops(sd, FakeGateway())
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], phases=cast(Phases, records))
+    assert not rep.ok and (rep.error or "").startswith("start: stopped before it:")
+    assert "etcd cannot record its phase: cannot write: etcd has no quorum" in (rep.error or "")
+    assert [v for v, _ in sd.jobs] == ["stop"] and records.ended == []
