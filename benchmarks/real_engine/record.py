@@ -39,6 +39,10 @@ ENDPOINTS = (
     "/v1/loads?include=all",
 )
 MAX_KINDS = 120  # per process: a log with free text in its lines stays bounded
+# Batch lines are kept as lines, not kinds (the replay parses their numbers, and a /health
+# batch differs from a request's only in them): the first of each distinct body, this many.
+MAX_BATCH_LINES = 40
+BATCH = ("Prefill batch", "Decode batch")
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = re.compile(r"0x[0-9a-f]+|[0-9a-f]{8}-[0-9a-f-]{27}|[0-9a-f]{32}|\d+(?:\.\d+)?(?:e-?\d+)?")
@@ -106,15 +110,21 @@ def families(text: str) -> dict[str, tuple[str, list[str]]]:
 
 def log_kinds(text: str) -> dict[str, str]:
     """kind -> the first line of that kind: the line without its time prefix, numbers and
-    ids masked."""
+    ids masked (batch lines: the body itself, up to MAX_BATCH_LINES)."""
     kinds: dict[str, str] = {}
+    batches = 0
     for raw in text.splitlines():
         line = _ANSI.sub("", raw).rstrip()
         if not line.strip():
             continue
         body = _PREFIX.sub("", line)
+        if body.startswith(BATCH):
+            if body not in kinds and batches < MAX_BATCH_LINES:
+                kinds[body[:300]] = line[:600]
+                batches += 1
+            continue
         kind = _NUM.sub("#", body)[:160]
-        if kind not in kinds and len(kinds) < MAX_KINDS:
+        if kind not in kinds and len(kinds) - batches < MAX_KINDS:
             kinds[kind] = line[:600]
     return kinds
 
