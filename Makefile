@@ -1,5 +1,5 @@
 # Entry points. Each target runs scripts/setup.sh first: it is idempotent and cached.
-.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint lint-tools unit
+.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint lint-tools unit gpu-bundle
 
 PY := .venv/bin/python
 # Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
@@ -24,7 +24,14 @@ demo-fleet-down:
 
 # Every shell script (tests/unit/test_lint_coverage.py keeps this list whole); -x follows the
 # files they source.
-SHELL_SCRIPTS := scripts/*.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost deploy/testhost/lib/*.sh roles/pdstack_etcd/files/pdstack-etcd-snapshot
+SHELL_SCRIPTS := scripts/*.sh benchmarks/real_engine/run.sh .ci/run deploy/wheelhouse.sh deploy/testhost/testhost deploy/testhost/lib/*.sh roles/pdstack_etcd/files/pdstack-etcd-snapshot
+
+# The GPU lane's bundle (docs/real-engine.md): SGLang 0.5.17, NIXL and smg from PyPI at the pins
+# of benchmarks/real_engine/bundle.lock, trimmed into build/gpu-bundle/site.tar.xz (one call's
+# carry to the lent GPU machine). Any Python 3 with pip; the GPU machine runs
+# benchmarks/real_engine/run.sh.
+gpu-bundle:
+	python3 benchmarks/real_engine/bundle.py --out build/gpu-bundle
 
 lint: setup
 	@$(MAKE) --no-print-directory lint-tools

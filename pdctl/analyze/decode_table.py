@@ -95,6 +95,13 @@ class BatchSizeRow:
             self.graph_step_ms_sum += step_ms_sum
 
 
+def is_health_check(batch: PrefillBatch) -> bool:
+    """SGLang's /health (and smg's health checks through it) runs a one-token generation that
+    logs `Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0` (observed on 0.5.17,
+    tests/fixtures/real/): one line per check, which is no traffic's."""
+    return batch.new_seq == 1 and batch.new_token == 1 and batch.cached_token == 0
+
+
 @dataclass
 class PrefillSummary:
     lines: int = 0
@@ -106,6 +113,7 @@ class PrefillSummary:
     # new-token count -> [busy pairs, sum of batch ms]
     busy: dict[int, list[float]] = field(default_factory=dict)
     last: PrefillBatch | None = None
+    health_checks: int = 0  # batches of SGLang's /health generation, not counted as traffic
 
     @property
     def mean_input_tps(self) -> float | None:
@@ -116,6 +124,9 @@ class PrefillSummary:
         return sum(int(c[0]) for c in self.busy.values())
 
     def add(self, batch: PrefillBatch) -> None:
+        if is_health_check(batch):
+            self.health_checks += 1
+            return
         self.lines += 1
         self.new_tokens += batch.new_token
         self.cached_tokens += batch.cached_token

@@ -47,6 +47,8 @@ class JournalReport:
                 "bytes": self.counts.bytes,
                 "decode_lines": t.decode_lines,
                 "prefill_lines": t.prefill.lines,
+                # `/health` generations (decode_table.is_health_check), left out of the rest
+                "health_check_lines": t.prefill.health_checks,
                 "idle_decode_lines": t.idle_lines,
                 "unparseable": self.counts.unparseable,
                 "out_of_range": self.counts.out_of_range,
@@ -190,6 +192,8 @@ def render(report: JournalReport, console: Console) -> None:
             f"Prefill: {p.new_tokens:,} new tokens, {p.cached_tokens:,} cached ({hit} hit), "
             f"mean input {fmt_num(p.mean_input_tps)} tok/s, longest queue {p.max_queue}"
         )
+    if p.health_checks:
+        console.print(f"Left out: {p.health_checks:,} health-check batches (one-token /health)")
     if (pf := report.prefill_law) is not None:
         console.print(
             f"Prefill batch time: [bold]{pf.a:.2f} ms + {pf.b:.4f} ms x new tokens[/bold] "
