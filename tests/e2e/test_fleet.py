@@ -651,8 +651,11 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
     fleet_site: Site, fleet: TestFleet
 ) -> None:
     """SIGSTOP past the ttl: the controller's restart takes the lock; the paused restart,
-    resumed while the controller holds it, stops before its next step and says why."""
+    resumed while the controller holds it, stops before its next step and says why. Host 1's
+    pdstack-finish.timer is off meanwhile: it would take up the paused restart's pair once the
+    lease ends, racing the controller for the lock (test_ops_recovery.py shows the timer)."""
     first, second, _ = fleet.hosts
+    first.ssh("systemctl stop pdstack-finish.timer", check=True)
     paused = _background(first, f"{PDCTL} restart --both --pair {first.name}/pd1 --yes")
     try:
         held = wait_for(
@@ -681,6 +684,7 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
         first.ssh(f"kill -CONT {held['pid']}")
         if paused.poll() is None:
             paused.kill()
+        first.ssh("systemctl start pdstack-finish.timer")
     assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
     assert (
         f"the last holder of the fleet restart lock, {first.name} PID {held['pid']}" in took.stderr
