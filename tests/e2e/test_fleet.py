@@ -647,6 +647,16 @@ def test_without_quorum_restarts_refuse_and_a_crashed_pair_waits_contained(
     print(f"quorum back to {crashed} serving: {time.monotonic() - back:.0f}s")
 
 
+@contextlib.contextmanager
+def _finisher_off(host: TestHost) -> Iterator[None]:
+    """`host`'s pdstack-finish.timer stopped for the block, started again after it."""
+    host.ssh("systemctl stop pdstack-finish.timer", check=True)
+    try:
+        yield
+    finally:
+        host.ssh("systemctl start pdstack-finish.timer")
+
+
 def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
     fleet_site: Site, fleet: TestFleet
 ) -> None:
@@ -655,50 +665,54 @@ def test_a_paused_holder_loses_the_lock_and_stops_before_its_next_step(
     pdstack-finish.timer is off meanwhile: it would take up the paused restart's pair once the
     lease ends, racing the controller for the lock (test_ops_recovery.py shows the timer)."""
     first, second, _ = fleet.hosts
-    first.ssh("systemctl stop pdstack-finish.timer", check=True)
-    paused = _background(first, f"{PDCTL} restart --both --pair {first.name}/pd1 --yes")
-    try:
-        held = wait_for(
-            lambda: (h := lease(second)) and h["host"] == first.name and h,
-            60,
-            "host 1's restart to take the lock",
-        )
-        first.ssh(f"kill -STOP {held['pid']}", check=True)
-        wait_for(lambda: lease(second) is None, LOCK_TTL_S + 30, "the paused holder's lease to end")
-        with ThreadPoolExecutor(1) as pool:
-            other = pool.submit(
-                controller_pdctl, fleet, fleet_site.profile,
-                "restart", "--both", "--pair", f"{second.name}/pd1", "--yes", timeout=600,
-            )  # fmt: skip
-            wait_for(
-                lambda: other.done() or ((h := lease(second)) and h["pid"] != held["pid"]),
+    with _finisher_off(first):
+        paused = _background(first, f"{PDCTL} restart --both --pair {first.name}/pd1 --yes")
+        try:
+            held = wait_for(
+                lambda: (h := lease(second)) and h["host"] == first.name and h,
                 60,
-                "the controller's lock",
+                "host 1's restart to take the lock",
             )
-            # A controller restart that ended before anyone saw it hold the lock failed early.
-            assert not other.done(), other.result().stdout[-3000:] + other.result().stderr[-3000:]
-            first.ssh(f"kill -CONT {held['pid']}", check=True)
-            out, err = paused.communicate(timeout=300)
-            took = other.result()
-    finally:
-        first.ssh(f"kill -CONT {held['pid']}")
-        if paused.poll() is None:
-            paused.kill()
-        first.ssh("systemctl start pdstack-finish.timer")
-    assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
-    assert (
-        f"the last holder of the fleet restart lock, {first.name} PID {held['pid']}" in took.stderr
-    )
-    assert paused.returncode == 1, out[-3000:] + err[-3000:]
-    assert "stopped before it: this restart no longer holds the fleet restart lock" in out + err
-    restored = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd1 --yes", timeout=600)
-    assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
-    history = json.loads(
-        controller_pdctl(
-            fleet, fleet_site.profile, "history", "--format", "json", "--limit", "5"
-        ).stdout
-    )
-    assert [r["result"] for r in history["restarts"][:3]] == ["ok", "ok", "failed"], history
+            first.ssh(f"kill -STOP {held['pid']}", check=True)
+            wait_for(
+                lambda: lease(second) is None, LOCK_TTL_S + 30, "the paused holder's lease to end"
+            )
+            with ThreadPoolExecutor(1) as pool:
+                other = pool.submit(
+                    controller_pdctl, fleet, fleet_site.profile,
+                    "restart", "--both", "--pair", f"{second.name}/pd1", "--yes", timeout=600,
+                )  # fmt: skip
+                wait_for(
+                    lambda: other.done() or ((h := lease(second)) and h["pid"] != held["pid"]),
+                    60,
+                    "the controller's lock",
+                )
+                # A controller restart that ended before anyone saw it hold the lock failed early.
+                assert not other.done(), (
+                    other.result().stdout[-3000:] + other.result().stderr[-3000:]
+                )
+                first.ssh(f"kill -CONT {held['pid']}", check=True)
+                out, err = paused.communicate(timeout=300)
+                took = other.result()
+        finally:
+            first.ssh(f"kill -CONT {held['pid']}")
+            if paused.poll() is None:
+                paused.kill()
+        assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
+        assert (
+            f"the last holder of the fleet restart lock, {first.name} PID {held['pid']}"
+            in took.stderr
+        )
+        assert paused.returncode == 1, out[-3000:] + err[-3000:]
+        assert "stopped before it: this restart no longer holds the fleet restart lock" in out + err
+        restored = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd1 --yes", timeout=600)
+        assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
+        history = json.loads(
+            controller_pdctl(
+                fleet, fleet_site.profile, "history", "--format", "json", "--limit", "5"
+            ).stdout
+        )
+        assert [r["result"] for r in history["restarts"][:3]] == ["ok", "ok", "failed"], history
 
 
 # Last of all: host 1 is powered off for good.
