@@ -139,6 +139,7 @@ def router_args(dep: Deployment) -> list[str]:
         "--prometheus-host", r.host,
         "--prometheus-port", str(r.metrics_port),
         "--health-check-interval-secs", str(r.health_check_interval_secs),
+        "--request-timeout-secs", str(r.request_timeout_secs),
     ]  # fmt: skip
     return args + list(r.extra_args)
 

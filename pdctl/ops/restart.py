@@ -286,23 +286,37 @@ def _reachable(reach: Reach, phase: str, required: bool) -> list[gateway.Gateway
 def register_pair(ops: Ops, pair: Pair, required: bool = True, reach: Reach | None = None) -> None:
     """Add both engines to every gateway (but those `reach` found gone), bound to each
     other, and wait until each routes to them."""
-    urls = [i.url for i in pair.instances]
     t = ops.timeouts.register
 
     def register(gw: gateway.Gateway) -> None:
-        # smg answers 409 while the drained entries are still being removed.
-        if not gw.wait(gateway.settled(urls, pair.id), t):
-            raise StepFailed(
-                "register", f"gateway {gw.url} still lists the drained workers after {t:.0f}s"
-            )
-        gw.register(registrations([pair]))
-        if not gw.wait(gateway.ready(urls), t):
-            raise StepFailed(
-                "register", f"gateway {gw.url} did not mark both ready within {t:.0f}s"
-            )
+        try:
+            _register_at(gw, pair, t)
+        except gateway.GatewayUnreachable as e:
+            raise WentAway(
+                "register",
+                f"{e}: it went away during the register; the pair is left for pdctl finish "
+                "(it registers the pair at every gateway that answers; a gateway that starts "
+                "registers every pair itself)",
+            ) from None
 
     gws = _reachable(reach or Reach(ops, pair), "register", required)
     concurrently({gw.url: partial(register, gw) for gw in gws})
+
+
+def _register_at(gw: gateway.Gateway, pair: Pair, t: float) -> None:
+    urls = [i.url for i in pair.instances]
+    # smg answers 409 while the drained entries are still being removed.
+    if not gw.wait(gateway.settled(urls, pair.id), t):
+        raise StepFailed(
+            "register", f"gateway {gw.url} still lists the drained workers after {t:.0f}s"
+        )
+    gw.register(registrations([pair]))
+    if not gw.wait(gateway.ready(urls), t):
+        raise StepFailed("register", f"gateway {gw.url} did not mark both ready within {t:.0f}s")
+
+
+class WentAway(StepFailed):
+    """A gateway stopped taking connections in the middle of the step."""
 
 
 @dataclass
@@ -464,8 +478,8 @@ def restart_pair(
     etcd, conditional on the lock (a failed write stops the restart as a lost lock does), and
     drops the record once the restart has ended and said how (done, or a step after the
     drain failed: the pair stays out for the operator, as its report says). A restart that
-    dies, is interrupted, loses the lock or fails its drain leaves its record:
-    pdctl.ops.finish takes it up.
+    dies, is interrupted, loses the lock, fails its drain or meets a gateway that went away
+    mid-register leaves its record: pdctl.ops.finish takes it up.
 
     Planned (an operator's restart or roll): every gateway that is not gone must answer the
     drain and the register, and the drain waits for requests in flight. Not planned (a
@@ -503,12 +517,14 @@ def restart_pair(
     except PdctlError as e:
         rep.ok, rep.error = False, str(e)
         rep.journal = _pair_journal(ops, pair)
-        if not isinstance(e, StepFailed) or e.phase != "drain":
-            rep.error += " (the pair stays out of the gateway)"
         # Left for pdctl finish: a drain that failed left the pair out of the gateways that
-        # answered, its engines untouched (it registers them again); a lost lock, for the
+        # answered, its engines untouched (it registers them again); a gateway that went away
+        # mid-register, the pair ready but not at every gateway; a lost lock, for the
         # restarter that holds it now.
-        unfinished = isinstance(e, StepFailed) and (isinstance(e, LockLost) or e.phase == "drain")
+        drained = isinstance(e, StepFailed) and e.phase == "drain"
+        if not (drained or isinstance(e, WentAway)):
+            rep.error += " (the pair stays out of the gateway)"
+        unfinished = drained or isinstance(e, (LockLost, WentAway))
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase) from None
     else:

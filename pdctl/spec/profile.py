@@ -326,6 +326,14 @@ class Router(Strict):
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"
     health_check_interval_secs: int = Field(default=10, ge=1)
+    # smg's own default is 1800 s. The timeout bounds the whole request, a stream included:
+    # a client of a hung engine waits this long at most, and a longer generation is cut
+    # (docs/operations.md, "The gateway's request timeout").
+    request_timeout_secs: int = Field(
+        default=600,
+        ge=1,
+        description="How long the gateway lets one request run (smg --request-timeout-secs).",
+    )
     extra_args: Args = Field(default_factory=list)
 
     @model_validator(mode="before")

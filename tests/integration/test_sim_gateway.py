@@ -141,6 +141,41 @@ def test_killing_the_decode_fails_inflight_streams(pd_stack: PDStack) -> None:
     assert (check.failure() or "").startswith("error in the stream: "), (check, rest[-3:])
 
 
+HUNG_TIMEOUT_S = 4
+
+
+def test_the_request_timeout_bounds_a_client_of_a_hung_decode(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
+) -> None:
+    """A decode that hangs mid-stream (SIGSTOP: it holds the connection and never answers)
+    holds its client no longer than the gateway's request timeout (router.request_timeout_secs,
+    rendered as smg's --request-timeout-secs): the stream ends with smg's error, which the load
+    clients' rule counts failed."""
+    prefill, decode = sim_factory("prefill"), sim_factory("decode")
+    prefill.wait_healthy()
+    decode.wait_healthy()
+    gw = gateway_factory(
+        [prefill], [decode], "--disable-retries", "--request-timeout-secs", str(HUNG_TIMEOUT_S)
+    ).wait_ready()
+    start = time.monotonic()
+    resp = chat(gw.url, max_tokens=4000, stream=True)
+    check = StreamCheck(4000)
+    try:
+        for line in resp.iter_lines(decode_unicode=True):
+            if not line.startswith("data: "):
+                continue
+            check.feed(line[len("data: ") :])
+            if check.content_chunks == 5 and decode.proc.poll() is None:
+                decode.proc.send_signal(signal.SIGSTOP)
+        took = time.monotonic() - start
+    finally:
+        decode.proc.send_signal(signal.SIGCONT)
+    assert resp.status_code == 200
+    assert (check.failure() or "").startswith("error in the stream: Stream error:"), check
+    assert "operation timed out" in (check.error or ""), check
+    assert HUNG_TIMEOUT_S <= took < HUNG_TIMEOUT_S + 3, took
+
+
 def test_lost_prefill_fails_requests_waiting_for_kv(
     sim_factory: Callable[..., SimProc],
 ) -> None:

@@ -5,6 +5,7 @@ Ctrl-C. tests/integration/test_ops_restart.py runs it against real engines and s
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import cast
 
@@ -386,6 +387,32 @@ def test_a_gateway_killed_during_the_drain_leaves_the_pair_for_pdctl_finish() ->
     assert (rep.error or "").endswith("nothing was stopped") and sd.jobs == []
     assert records.entered == [(pair.id, "drain")] and records.ended == []
     assert finish.resume_steps("drain")[0] == "canary"  # undone: canary, then registered
+
+
+class _DiesRegistering(FakeGateway):
+    """Takes the pair's registration, then is killed before it marks the workers ready."""
+
+    def register(self, regs: Iterable[gateway.Registration], prune: bool = False) -> dict[str, str]:
+        super().register(regs, prune)
+        raise gateway.GatewayUnreachable(f"gateway {self.url}: ConnectionError: reset")
+
+
+def test_a_gateway_killed_during_the_register_leaves_the_pair_for_pdctl_finish() -> None:
+    """The new engines serve; one gateway dies while taking them: the restart stops there,
+    says so in one line, and keeps its record, so pdctl finish (a recovery: it skips a
+    gateway that does not answer) takes it up from the health wait."""
+    sd, records = FakeSystemd(), _Records()
+    ops = fake_ops(sd, _DiesRegistering("http://gw1:8000"))
+    pair = ops.source.pairs()[0]
+    rep = restart.restart_pair(ops, pair, phases=cast(Phases, records))
+    assert not rep.ok and (rep.error or "").startswith(
+        "register: gateway http://gw1:8000: ConnectionError: reset: it went away during the "
+        "register; the pair is left for pdctl finish"
+    )
+    assert "stays out of the gateway" not in (rep.error or "")
+    assert [v for v, _ in sd.jobs if v != "reset-failed"] == ["stop", "start"]
+    assert records.entered[-1] == (pair.id, "register") and records.ended == []
+    assert finish.resume_steps("register")[0] == "health"
 
 
 @pytest.mark.parametrize("how", ["ok", "canary fails", "lock lost"])
