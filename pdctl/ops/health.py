@@ -120,9 +120,26 @@ def in_flight(url: str, timeout: float = 3.0) -> int | None:
         return None
 
 
+# SGLang's /pause_generation in mode abort returns once every request it held has ended; a
+# prefill's wait on a dead decode ends at the abort.
+ABORT_TIMEOUT_S = 5.0
+
+
+def abort_all(url: str, timeout: float = ABORT_TIMEOUT_S) -> bool:
+    """End every request the engine holds (`POST /pause_generation`, mode abort: SGLang's
+    http_server.pause_generation, tokenizer_manager.pause_generation), so that its stop waits
+    for none; the engine takes no new work until it stops. False: it did not answer."""
+    try:
+        r = requests.post(f"{url}/pause_generation", json={"mode": "abort"}, timeout=timeout)
+    except requests.RequestException:
+        return False
+    return r.status_code == 200
+
+
 class Engines(Protocol):
     def probe(self, url: str) -> EngineProbe: ...
     def in_flight(self, url: str) -> int | None: ...
+    def abort_all(self, url: str) -> bool: ...
 
 
 class HttpEngines:
@@ -133,6 +150,9 @@ class HttpEngines:
 
     def in_flight(self, url: str) -> int | None:
         return in_flight(url)
+
+    def abort_all(self, url: str) -> bool:
+        return abort_all(url)
 
 
 # A canary leg: (prefill URL, decode URL, the prefill's bootstrap port).

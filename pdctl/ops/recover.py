@@ -32,7 +32,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
 from pdctl.ops.report import Report
-from pdctl.ops.restart import Reach, outcome, restart_pair, stop_pair
+from pdctl.ops.restart import Reach, abort_held, outcome, restart_pair, stop_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)
@@ -218,6 +218,7 @@ class Containment:
                 gw.remove(urls)
             except PdctlError as e:
                 ops.say(f"{pair.id}: cannot take it out of gateway {gw.url} ({e})")
+        abort_held(ops, pair, urls)
         try:
             stop_pair(ops, pair)
         except PdctlError as e:

@@ -367,6 +367,7 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
         gws = _reachable(reach, "drain", planned)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
         if not planned:
+            abort_held(ops, pair, urls)
             return
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
@@ -386,6 +387,14 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
             f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s{held}; "
             "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
         )
+
+
+def abort_held(ops: Ops, pair: Pair, urls: list[str]) -> None:
+    """A recovery ends what the live side holds (it depends on the dead side) before the
+    stop: an engine's graceful stop would wait for it, up to its TimeoutStopSec."""
+    answered = concurrently({u: partial(ops.engines.abort_all, u) for u in urls})
+    if aborted := [u for u, ok in answered.items() if ok]:
+        ops.say(f"  {pair.id}: ended the requests held by {', '.join(aborted)}")
 
 
 def _wait_idle(ops: Ops, urls: list[str], timeout: float) -> dict[str, int]:

@@ -46,6 +46,7 @@ from fixtures_site import (
     CONVERGE_TIMEOUT,
     PDCTL,
     ROOT,
+    Run,
     Site,
     build_wheelhouse,
     host_status,
@@ -488,23 +489,82 @@ def gateway_urls(gateway: str) -> set[str]:
     return {w.url for w in workers if w.status != "draining"}
 
 
-# It cuts the second host off the bridge, then puts it back.
-def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_visible(
+def _inside(host: TestHost, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` on `host` through its namespaces (nsenter into its PID 1), not its network:
+    it reaches a host cut off the bridge. A clean environment, as a login's."""
+    argv = ["nsenter", "-t", str(host.leader_pid), "-a", "--", "env", "-i"]
+    argv += ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "sh", "-c", command]
+    return subprocess.run(argv, text=True, capture_output=True, timeout=300)
+
+
+@contextlib.contextmanager
+def _always_in_flight(prefill: str, decode: str, bootstrap_port: int) -> Iterator[None]:
+    """Long requests sent straight to a pair (both legs, as the gateway sends them), two
+    overlapping streams of them, until the block ends: the pair always holds one in flight,
+    so a planned drain of it waits its whole timeout (60 s) and has stopped nothing while
+    the block runs."""
+    done = threading.Event()
+
+    def one(room: int) -> None:
+        body = {
+            "text": "hold the drain",
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True},
+            "bootstrap_host": prefill.split("//")[1].split(":")[0],
+            "bootstrap_port": bootstrap_port,
+            "bootstrap_room": room,
+        }
+        with ThreadPoolExecutor(2) as legs:
+            for url in (prefill, decode):
+                legs.submit(requests.post, f"{url}/generate", json=body, timeout=(5, 300))
+
+    def loop(first_room: int) -> None:
+        room = first_room
+        while not done.is_set():
+            with contextlib.suppress(requests.RequestException):
+                one(room)
+            room += 2
+
+    threads = [threading.Thread(target=loop, args=(r,), daemon=True) for r in (1000, 1001)]
+    threads[0].start()
+    time.sleep(10)  # half a request (1,500 tokens at about 19 ms)
+    threads[1].start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+# It cuts the second host off the bridge (its link down, the host running), then puts it back.
+def test_a_host_cut_off_mid_roll_and_mid_recovery_converges_once_back(
     fleet_site: Site, fleet: TestFleet, tmp_path: Path
 ) -> None:
-    first, second = fleet.hosts[:2]
+    """Host 2 cut off while its roll drains a pair that holds a request: site.yml fails
+    naming it; its lease, the lock, ends with its renewals on the majority side (hosts 1 and 3
+    keep the store's quorum), so a restart on host 1 goes on without gateway 2, naming it,
+    with no failed request through gateway 1, which routes around host 2. On host 2, the
+    minority member refuses writes: a restart there refuses in one line, the cut-off roll
+    never stops its drained pair (fencing), and a decode killed there is contained (its prefill
+    stopped) while its recovery waits. The link back, with no operator step: the drained pair
+    is registered again with its engines untouched (pdstack-finish.timer) and the crashed one
+    is recovered."""
+    first, second, _ = fleet.hosts
     dep = fleet_site.deployment()
     gateway = dep["gateway"]["url"]
-    urls = {
-        i["inst"]["id"]: i["inst"]["url"] for h in dep["hosts"].values() for i in h["instances"]
-    }
-    lost = f"{second.name}/pd0"  # host 2's first pair in the roll
-    lost_urls = {urls[f"{lost}-{r}"] for r in names.ROLES}
+    insts = {i["inst"]["id"]: i["inst"] for h in dep["hosts"].values() for i in h["instances"]}
+    lost, crashed = f"{second.name}/pd0", f"{second.name}/pd1"
+    lost_urls = {insts[f"{lost}-{r}"]["url"] for r in names.ROLES}
+    pd0_units = _units(["pd0"])
+    pd0_pids = [_main_pid(second, u) for u in pd0_units]
     start = time.monotonic()
     # The roll is limited to host 2, so its first pair is the one cut off: rolling hosts 1 and
     # 3 as well (before the cut and after it) tested nothing more and took 3-4 minutes.
     changed = _profile(tmp_path / "changed.yml", 2048)
-    with ThreadPoolExecutor(1) as pool:
+    holding = _always_in_flight(
+        insts[f"{lost}-prefill"]["url"],
+        insts[f"{lost}-decode"]["url"],
+        insts[f"{lost}-prefill"]["bootstrap_port"],
+    )
+    with holding, ThreadPoolExecutor(1) as pool:
         roll = pool.submit(fleet_site.run, "--limit", second.name, profile=changed)
         wait_for(
             lambda: roll.done() or not (lost_urls & gateway_urls(gateway)),
@@ -513,36 +573,69 @@ def test_a_host_lost_mid_roll_frees_its_lock_and_its_gateway_and_its_pair_stays_
         )
         assert not roll.done(), roll.result().output[-4000:]
         held = lease(first)
-        assert held and held["host"] == second.name and lost in held["command"], held
+        assert held and held["host"] == second.name and lost in held["targets"], held
         _cut(second, up=False)
         try:
-            run = roll.result(timeout=CONVERGE_TIMEOUT + 60)
-            print(f"roll with host 2 cut off: {run.seconds:.0f}s")
-            assert run.result.returncode != 0, run.output[-4000:]
-            assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
-            # Hosts 1 and 3 keep the store's quorum; host 2's renewals stop, so its lease (the
-            # lock) ends within the ttl, and so does its gateway's liveness key.
-            wait_for(lambda: lease(first) is None, LOCK_TTL_S + 30, "host 2's lease to end")
-            # The next restart goes on without host 2's gateway (no key: gone), naming it.
-            took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
-            assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
-            gone = f"gateway {dep['gateway']['urls'][second.name]} is gone"
-            assert gone in took.stderr, took.stderr[-3000:]
-            assert lease(first) is None, "the restart left the lock held"
-            status = host_status(first)
-            pairs = {p["id"]: p["gateway"] for p in status["pairs"]}
-            assert all(pairs[f"{first.name}/{p}"] == "routed" for p in PAIRS), pairs
-            # host 2's pair out of the gateway is shown, not hidden.
-            assert pairs[lost] == "not routed", pairs
-            lost_side = [i for i in status["instances"] if i["id"].startswith(f"{second.name}/")]
-            assert len(lost_side) == 2 * PAIRS_PER_HOST, status["instances"]
-            assert all(i["health"] != "ok" for i in lost_side), lost_side
+            _while_cut_off(fleet, fleet_site, roll.result(timeout=CONVERGE_TIMEOUT + 60))
         finally:
             _cut(second, up=True)
-    print(f"host lost mid-roll: {time.monotonic() - start:.0f}s")
-    back = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
-    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
-    wait_for(lambda: serving(fleet, lost), 120, f"{lost} serving again")
+    print(f"host 2 cut off mid-roll: {time.monotonic() - start:.0f}s")
+    back = time.monotonic()
+    wait_for(lambda: serving(fleet, lost, crashed), 300, f"{lost} and {crashed} serving again")
+    print(f"link back to both pairs serving: {time.monotonic() - back:.0f}s")
+    # The cut-off roll stopped before it stopped anything: the same engines serve.
+    assert [_main_pid(second, u) for u in pd0_units] == pd0_pids
+    # The roll's change never reached host 2's engines: applied as a second run would.
+    again = second.ssh(f"{PDCTL} restart --both --pair {lost} --yes --lock-wait 300", timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+
+
+def _while_cut_off(fleet: TestFleet, site: Site, run: Run) -> None:
+    """What test_a_host_cut_off_mid_roll_and_mid_recovery_converges_once_back shows while
+    host 2 is off the bridge."""
+    first, second, _ = fleet.hosts
+    dep = site.deployment()
+    gateway1, gateway2 = dep["gateway"]["url"], dep["gateway"]["urls"][second.name]
+    host2_urls = {i["inst"]["url"] for i in dep["hosts"][second.name]["instances"]}
+    assert run.result.returncode != 0, run.output[-4000:]
+    assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
+    # The minority member refuses writes: a restart there takes no lease.
+    refused = _inside(second, f"{PDCTL} restart --both --pair {second.name}/pd1 --yes")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
+    assert refused.returncode == 5 and len(errors) == 1, refused.stdout + refused.stderr
+    assert "etcd has no quorum" in errors[0], errors
+    # A crash there: contained while its recovery waits for the store.
+    decode, prefill = (names.engine_unit("pd1", r) for r in ("decode", "prefill"))
+    pid = _inside(second, f"systemctl show -p MainPID --value {decode}").stdout.strip()
+    assert _inside(second, f"kill -9 {pid}").returncode == 0  # by PID
+    wait_for(
+        lambda: _inside(second, f"systemctl is-active {prefill}").stdout.strip() == "inactive",
+        90,
+        f"{second.name}/pd1's prefill stopped (contained)",
+    )
+    # The majority side: host 2's lease ends with its renewals; gateway 1 routes around it.
+    wait_for(lambda: lease(first) is None, LOCK_TTL_S + 30, "host 2's lease to end")
+    wait_for(
+        lambda: (
+            not any(
+                w.healthy for w in GatewayAdmin(gateway1, API_KEY).workers() if w.url in host2_urls
+            )
+        ),
+        60,
+        "gateway 1 to mark host 2's engines unhealthy",
+    )
+    with site_load(gateway1) as outcomes:
+        flowed(outcomes)
+        took = first.ssh(f"{PDCTL} restart --both --pair {first.name}/pd0 --yes", timeout=600)
+        flowed(outcomes)
+    assert took.returncode == 0, took.stdout[-3000:] + took.stderr[-3000:]
+    assert f"gateway {gateway2} is gone" in took.stderr, took.stderr[-3000:]
+    failed = [o.failure for o in outcomes if not o.ok]
+    print(f"host 2 cut off: {len(outcomes)} requests through gateway 1, {len(failed)} failed")
+    assert not failed, failed[:10]
+    status = {p["id"]: p["gateway"] for p in host_status(first)["pairs"]}
+    assert status[f"{first.name}/pd0"] == "routed", status
+    assert status[f"{second.name}/pd0"] == "not routed", status  # shown, not hidden
 
 
 # ----- the store's faults (issue 19): quorum lost, a paused holder ----------------------

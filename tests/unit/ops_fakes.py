@@ -226,6 +226,7 @@ class FakeEngines:
     probe_of: Callable[[str], EngineProbe] = _ok
     held: Callable[[str], int | None] = _idle
     probed: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
 
     def probe(self, url: str) -> EngineProbe:
         self.probed.append(url)
@@ -233,6 +234,10 @@ class FakeEngines:
 
     def in_flight(self, url: str) -> int | None:
         return self.held(url)
+
+    def abort_all(self, url: str) -> bool:
+        self.aborted.append(url)
+        return True
 
 
 def _passes(count: int) -> CanaryResult:

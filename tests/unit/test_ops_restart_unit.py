@@ -195,6 +195,30 @@ def test_a_recovery_takes_the_pair_out_and_stops_without_waiting_for_requests() 
     assert not [line for line in said if "still in flight" in line]
 
 
+class _StopAfterAbort(FakeSystemd):
+    def __init__(self, engines: FakeEngines) -> None:
+        super().__init__()
+        self.engines, self.aborted_before_stop = engines, list[str]()
+
+    def stop(self, *units: str) -> None:
+        self.aborted_before_stop = list(self.engines.aborted)
+        super().stop(*units)
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_recovery_ends_what_the_live_side_holds_before_its_stop(planned: bool) -> None:
+    """Its graceful stop would wait for requests that depend on the dead side: a recovery
+    ends them first (SGLang's /pause_generation, mode abort); a planned restart never does."""
+    engines = FakeEngines()
+    sd = _StopAfterAbort(engines)
+    ops = fake_ops(sd, FakeGateway(), engines=engines)
+    pair = ops.source.pairs()[0]
+    rep = restart.restart_pair(ops, pair, planned)
+    assert rep.ok, rep.error
+    urls = sorted(i.url for i in pair.instances)
+    assert sorted(sd.aborted_before_stop) == ([] if planned else urls)
+
+
 def test_an_unreachable_gateway_during_drain_stops_nothing() -> None:
     sd, up, down = FakeSystemd(), FakeGateway("http://gw1:8000"), Unreachable("http://gw2:8000")
     ops = fake_ops(sd, up, down)
