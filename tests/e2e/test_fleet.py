@@ -13,7 +13,9 @@ restarts, naming the holder, a pair whose prefill and decode are on different ho
 through NIXL between them), and last the second host cut off the bridge
 in the middle of a roll (site.yml fails naming it; its lease ends with its renewals, and its
 gateway's liveness key with them, so a restart on host 1 goes on without that gateway, naming
-it; host 2's drained pair stays visible), then put back. Then the store's faults: hosts 1 and
+it, with no failed request through gateway 1; host 2's drained pair stays visible; on host 2
+the minority member refuses a restart and a crashed pair is contained), then put back: both
+of host 2's pairs serve again with no operator step. Then the store's faults: hosts 1 and
 3 cut off (no quorum: a restart refuses in one line, a decode killed on host 2 has its pair
 taken out of gateway 2 and its prefill stopped while the recovery waits, then recovered once
 quorum is back), a restart paused with SIGSTOP past the ttl (the controller's restart
@@ -592,27 +594,13 @@ def test_a_host_cut_off_mid_roll_and_mid_recovery_converges_once_back(
 
 def _while_cut_off(fleet: TestFleet, site: Site, run: Run) -> None:
     """What test_a_host_cut_off_mid_roll_and_mid_recovery_converges_once_back shows while
-    host 2 is off the bridge."""
+    host 2 is off the bridge: first the majority side, then host 2's."""
     first, second, _ = fleet.hosts
     dep = site.deployment()
     gateway1, gateway2 = dep["gateway"]["url"], dep["gateway"]["urls"][second.name]
     host2_urls = {i["inst"]["url"] for i in dep["hosts"][second.name]["instances"]}
     assert run.result.returncode != 0, run.output[-4000:]
     assert re.search(rf"\[{second.name}\]: UNREACHABLE", run.output), run.output[-4000:]
-    # The minority member refuses writes: a restart there takes no lease.
-    refused = _inside(second, f"{PDCTL} restart --both --pair {second.name}/pd1 --yes")
-    errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
-    assert refused.returncode == 5 and len(errors) == 1, refused.stdout + refused.stderr
-    assert "etcd has no quorum" in errors[0], errors
-    # A crash there: contained while its recovery waits for the store.
-    decode, prefill = (names.engine_unit("pd1", r) for r in ("decode", "prefill"))
-    pid = _inside(second, f"systemctl show -p MainPID --value {decode}").stdout.strip()
-    assert _inside(second, f"kill -9 {pid}").returncode == 0  # by PID
-    wait_for(
-        lambda: _inside(second, f"systemctl is-active {prefill}").stdout.strip() == "inactive",
-        90,
-        f"{second.name}/pd1's prefill stopped (contained)",
-    )
     # The majority side: host 2's lease ends with its renewals; gateway 1 routes around it.
     wait_for(lambda: lease(first) is None, LOCK_TTL_S + 30, "host 2's lease to end")
     wait_for(
@@ -636,6 +624,26 @@ def _while_cut_off(fleet: TestFleet, site: Site, run: Run) -> None:
     status = {p["id"]: p["gateway"] for p in host_status(first)["pairs"]}
     assert status[f"{first.name}/pd0"] == "routed", status
     assert status[f"{second.name}/pd0"] == "not routed", status  # shown, not hidden
+    # Host 2: the cut-off roll ends after its drain (it holds the host's own restart lock
+    # until then), at its fencing check; then the minority member refuses a restart's lease.
+    wait_for(
+        lambda: _inside(second, f"flock -n {names.RESTART_LOCK} true").returncode == 0,
+        120,
+        "the cut-off roll's pdctl to end on host 2",
+    )
+    refused = _inside(second, f"{PDCTL} restart --both --pair {second.name}/pd1 --yes")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
+    assert refused.returncode == 5 and len(errors) == 1, refused.stdout + refused.stderr
+    assert "etcd has no quorum" in errors[0], errors
+    # A crash there: contained while its recovery waits for the store.
+    decode, prefill = (names.engine_unit("pd1", r) for r in ("decode", "prefill"))
+    pid = _inside(second, f"systemctl show -p MainPID --value {decode}").stdout.strip()
+    assert _inside(second, f"kill -9 {pid}").returncode == 0  # by PID
+    wait_for(
+        lambda: _inside(second, f"systemctl is-active {prefill}").stdout.strip() == "inactive",
+        90,
+        f"{second.name}/pd1's prefill stopped (contained)",
+    )
 
 
 # ----- the store's faults (issue 19): quorum lost, a paused holder ----------------------
