@@ -3,9 +3,9 @@
 
 Learn the prefill from bootstrap_host/port (GET /route, 15 tries 1 s apart, as decode.py's
 _ensure_prefill_info) and hold its published layout against this decode's (handshake.py: a
-mismatch try_ensure_parallel_info raises kills the decode, one CommonKVReceiver.init records
-fails each request's handshake), register this process's session (the receiver's: on nixl its agent
-name and KV args) once per prefill, as SGLang caches it per bootstrap address until the
+mismatch try_ensure_parallel_info raises kills the decode; one CommonKVReceiver.init records
+fails each request's handshake), register this process's session (the receiver's: on nixl
+its agent name and KV args) once per prefill, as SGLang caches it per bootstrap address until the
 heartbeat drops that prefill, preallocate KV, bootstrap the room, then long-poll the prefill
 for the room's state (bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT; on nixl the room is
 admitted once its NIXL notification arrived) and decode. Each known prefill is heartbeaten on
