@@ -35,6 +35,7 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimProc
 
     started = {
         "prefill": sim("prefill"),
+        "matching": sim("decode"),
         "policy": sim("decode", POLICY, "prefill_complete"),
         "page_size": sim("decode", "--page-size", "16"),
     }
@@ -57,6 +58,13 @@ def bootstrap_failed(decode: SimProc) -> float:
         for sample in family.samples
         if sample.name == "sglang:num_bootstrap_failed_reqs_total"
     )
+
+
+def test_a_matching_decode_passes_through_the_same_prefill(sims: dict[str, SimProc]) -> None:
+    prefill, decode = sims["prefill"], sims["matching"]
+    result = pair_canary(prefill.url, decode.url, prefill.bootstrap_port, count=2, timeout=5)
+    assert (result.ok, result.failed, result.error) == (True, 0, None)
+    assert bootstrap_failed(decode) == 0
 
 
 def test_allocation_policy_mismatch_fails_every_request_naming_it(
