@@ -14,7 +14,7 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -39,6 +39,30 @@ def _has_text(body: object) -> bool:
     return isinstance(body, dict) and "text" in body
 
 
+def _error_text(response: requests.Response) -> str:
+    """The reason in an engine's error body: SGLang's OpenAI-style `{"message": ...}` or
+    `{"error": {"message": ...}}` (http_server.py), else the body's start."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message)[:600]
+
+
+def _leg_failure(role: str, leg: Future[requests.Response]) -> str | None:
+    try:
+        response = leg.result()
+        if response.status_code != 200:
+            return f"{role} answered HTTP {response.status_code}: {_error_text(response)}"
+        if role == "decode" and not _has_text(response.json()):
+            return "decode answered without generated text"
+    except (requests.RequestException, ValueError) as e:
+        return f"{role}: {type(e).__name__}: {e}"
+    return None
+
+
 def _pair_request(
     prefill_url: str,
     decode_url: str,
@@ -46,7 +70,9 @@ def _pair_request(
     timeout: float,
     session: requests.Session,
 ) -> str | None:
-    """One one-token request through the pair; the first failure, or None."""
+    """One one-token request through the pair; the first failure, or None. The decode's
+    failure comes first: SGLang reports a failed handshake or transfer there, and the
+    prefill's leg then only waits out its bootstrap timeout."""
     body = {
         "text": "ping",
         "sampling_params": {"max_new_tokens": 1, "temperature": 0},
@@ -54,22 +80,13 @@ def _pair_request(
         "bootstrap_port": bootstrap_port,
         "bootstrap_room": random.getrandbits(63),
     }
-    error: str | None = None
     with ThreadPoolExecutor(max_workers=2) as pool:
         legs = {
             role: pool.submit(session.post, f"{url}/generate", json=body, timeout=timeout)
-            for role, url in (("prefill", prefill_url), ("decode", decode_url))
+            for role, url in (("decode", decode_url), ("prefill", prefill_url))
         }
-        for role, leg in legs.items():
-            try:
-                response = leg.result()
-                if response.status_code != 200:
-                    error = error or f"{role} answered HTTP {response.status_code}"
-                elif role == "decode" and not _has_text(response.json()):
-                    error = error or "decode answered without generated text"
-            except (requests.RequestException, ValueError) as e:
-                error = error or f"{role}: {type(e).__name__}: {e}"
-    return error
+        failures = [f for role, leg in legs.items() if (f := _leg_failure(role, leg))]
+    return failures[0] if failures else None
 
 
 # Requests per pair canary, by purpose (docs/operations.md, "The pair canary"): a degraded pair

@@ -61,7 +61,8 @@ KV_LAYOUT = Shared(
         f"{env.get('SGLANG_DSV4_KV_LAYOUT', 'v4')}"
     ),
     "for DeepSeek-V4 the two publish different kv_layouts and the decode raises 'KV layout "
-    "mismatch' at its first request (common/conn.py CommonKVManager.try_ensure_parallel_info)",
+    "mismatch' at its first request and dies "
+    "(common/conn.py CommonKVManager.try_ensure_parallel_info)",
     f"{COMMON_ARGS} and engine.common.env.SGLANG_DSV4_KV_LAYOUT: set both once for both roles",
 )
 MISMATCH_ERRORS = (

@@ -11,7 +11,11 @@ from pdctl.lint.settings import ALLOCATION, Parallel, parallel
 from pdctl.spec import Deployment, Instance, Role
 from pdctl.spec.deployment import Group
 
-FIRST_CONTACT = "the decode raises when it first reads the prefill's layout, at its first request"
+# The exception leaves the decode's scheduler loop, so the whole server exits
+# (managers/scheduler.py run_scheduler_process).
+FIRST_CONTACT = (
+    "the decode raises when it first reads the prefill's layout, at its first request, and dies"
+)
 
 
 def _members(dep: Deployment) -> Iterator[tuple[Group, Instance, Parallel, Instance, Parallel]]:

@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["early", "prefill_complete"],
         default="early",
     )
+    # Read for the role they belong to only (_role_flags); the sim keeps no host KV pool.
+    p.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true")
+    p.add_argument(
+        "--disaggregation-decode-retraction-backup",
+        choices=["cpu_tensor", "host_pool", "none"],
+        default=None,
+    )
+    p.add_argument("--enable-kv-cache-sharding", action="store_true")
     # Prefill passes allowed before the bootstrap completes; the sim prefills after it, so
     # this only decides whether a forced retry yields or falls back (scheduler_prefill.py).
     p.add_argument("--optimistic-prefill-attempts", type=int, default=0)
@@ -354,6 +362,7 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     draft_tokens, accept_len = _speculative(args, knobs)
     warnings: list[str] = []
     mode = DisaggregationMode(args.disaggregation_mode)
+    _role_flags(args, mode)
     attempts = _optimistic_prefill_attempts(args, mode, warnings)
     return SimConfig(
         args=args,
@@ -372,6 +381,33 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         optimistic_prefill_attempts=attempts,
         warnings=warnings,
     )
+
+
+def _role_flags(args: argparse.Namespace, mode: DisaggregationMode) -> None:
+    """The start-up refusals of one role's flags on another: arg_groups/kv_cache_hook.py
+    handle_cache_compatibility and kv_shard_hook.py (their messages, ValueError)."""
+    refused = [
+        (
+            args.disaggregation_decode_retraction_backup == "host_pool"
+            and mode is not DisaggregationMode.DECODE,
+            "--disaggregation-decode-retraction-backup=host_pool is only supported on a PD "
+            "decode server.",
+        ),
+        (
+            args.disaggregation_decode_enable_offload_kvcache
+            and mode is not DisaggregationMode.DECODE,
+            "The argument disaggregation-decode-enable-offload-kvcache is only supported for "
+            "decode side.",
+        ),
+        (
+            args.enable_kv_cache_sharding and mode is not DisaggregationMode.PREFILL,
+            "--enable-kv-cache-sharding is only supported on PD prefill workers: a rank's pool "
+            "holds only its stripe of every cached page, which is incompatible with local decode.",
+        ),
+    ]
+    for bad, message in refused:
+        if bad:
+            raise SystemExit(f"ValueError: {message}")
 
 
 def _optimistic_prefill_attempts(

@@ -29,6 +29,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -39,6 +40,26 @@ from .nixl_conn import NixlKV, PeerInfo
 ROOM_SWEEP_AT = 1024
 # Fetched results kept for a poll that comes again, oldest forgotten first.
 CONCLUDED_KEPT = 1024
+
+
+def server_info(data: dict[str, Any]) -> dict[str, object]:
+    """The PrefillServerInfo a decode reads (`GET /route` with every rank -1) from what the
+    prefill's rank registered: CommonKVBootstrapServer's `PUT /route` and its answer; the
+    decode checks it (handshake.py). kv_layout only where there is one."""
+    return {
+        "attn_tp_size": data["attn_tp_size"],
+        "attn_cp_size": data["attn_cp_size"],
+        "dp_size": data["attn_dp_size"],
+        "pp_size": data["pp_size"],
+        "page_size": int(data["page_size"]),
+        "kv_cache_dtype": data["kv_cache_dtype"],
+        "follow_bootstrap_room": True,
+        "enable_dsa_cache_layer_split": bool(data.get("enable_dsa_cache_layer_split")),
+        "enable_kv_cache_sharding": bool(data.get("enable_kv_cache_sharding")),
+        "prefill_http_port": data.get("prefill_http_port"),
+        "decode_allocation_policy": data.get("decode_allocation_policy", "early"),
+        **({"kv_layout": data["kv_layout"]} if data.get("kv_layout") else {}),
+    }
 
 
 @dataclass(eq=False)
@@ -143,19 +164,7 @@ class BootstrapServer:
         if request.method == "PUT":
             data = await request.json()
             self.rank = {"rank_ip": data["rank_ip"], "rank_port": int(data["rank_port"])}
-            self.info = {
-                "attn_tp_size": data["attn_tp_size"],
-                "attn_cp_size": data["attn_cp_size"],
-                "dp_size": data["attn_dp_size"],
-                "pp_size": data["pp_size"],
-                "page_size": int(data["page_size"]),
-                "kv_cache_dtype": data["kv_cache_dtype"],
-                "follow_bootstrap_room": True,
-                "enable_dsa_cache_layer_split": False,
-                "enable_kv_cache_sharding": False,
-                "prefill_http_port": data.get("prefill_http_port"),
-                "decode_allocation_policy": "early",
-            }
+            self.info = server_info(data)
             return web.Response(text="OK", status=200)
         if request.method != "GET":
             return web.Response(

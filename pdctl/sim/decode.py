@@ -2,8 +2,10 @@
 `disaggregation/decode.py`).
 
 Learn the prefill from bootstrap_host/port (GET /route, 15 tries 1 s apart, as decode.py's
-_ensure_prefill_info), register this process's session (the receiver's: on nixl its agent
-name and KV args) once per prefill, as SGLang caches it per bootstrap address until the
+_ensure_prefill_info) and hold its published layout against this decode's (handshake.py: a
+mismatch try_ensure_parallel_info raises kills the decode; one CommonKVReceiver.init records
+fails each request's handshake), register this process's session (the receiver's: on nixl
+its agent name and KV args) once per prefill, as SGLang caches it per bootstrap address until the
 heartbeat drops that prefill, preallocate KV, bootstrap the room, then long-poll the prefill
 for the room's state (bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT; on nixl the room is
 admitted once its NIXL notification arrived) and decode. Each known prefill is heartbeaten on
@@ -24,14 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 
 from .args import SimConfig
 from .conn import KVPoll, KVReceiver
+from .handshake import receiver_init_failure, scheduler_crash, tp_differs_warning
 from .metrics import SimMetrics
 from .pd_failures import degraded_draw, fail_transfer
 from .req import Req
@@ -53,6 +56,7 @@ class Peer:
     addr: str
     start_id: str
     degraded: bool
+    info: Mapping[str, object]  # its published layout (PrefillServerInfo)
     rooms: set[int] = field(default_factory=set)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -67,9 +71,12 @@ class DecodeLeg:
         http: aiohttp.ClientSession,
         spawn: Callable[[Awaitable[Any]], object],
         receiver: KVReceiver,
+        crash: Callable[[str], NoReturn],
     ) -> None:
         self.cfg, self.engine, self.metrics, self.log, self.http = cfg, engine, metrics, log, http
         self.spawn = spawn  # background tasks the server cancels on shutdown
+        self.crash = crash  # the scheduler's exception: ends the process (SimServer.crash)
+        self.warned_tp = False  # _resolve_rank_mapping's warning_once
         self.receiver = receiver
         self.session_id = receiver.session_id
         self.decode_addr = f"{cfg.args.host}:{cfg.args.port}"
@@ -127,19 +134,7 @@ class DecodeLeg:
             info = await self._fetch_route(addr)
             if info is None:
                 raise PeerUnavailable("Aborted by AbortReq.")
-            a = self.cfg.args
-            if info.get("page_size") != self.cfg.page_size:
-                raise PeerUnavailable(
-                    f"Page size mismatch: prefill server has page_size={info.get('page_size')}, "
-                    f"but decode server has page_size={self.cfg.page_size}. "
-                    "Both servers must use the same --page-size value."
-                )
-            if info.get("kv_cache_dtype") != a.kv_cache_dtype:
-                raise PeerUnavailable(
-                    f"KV cache dtype mismatch: prefill server has kv_cache_dtype="
-                    f"{info.get('kv_cache_dtype')}, but decode server has kv_cache_dtype="
-                    f"{a.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype value."
-                )
+            self._check_layout(info)
             try:
                 async with self.http.put(
                     f"http://{addr}/pdsim/register",
@@ -149,10 +144,28 @@ class DecodeLeg:
                     start_id = str((await resp.json())["start_id"])
             except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as e:
                 raise PeerUnavailable("Aborted by AbortReq.") from e
-            peer = Peer(addr, start_id, degraded=self._stale(addr, start_id))
+            peer = Peer(addr, start_id, degraded=self._stale(addr, start_id), info=info)
             self.spawn(self._heartbeat(peer))
             self.peers[addr] = peer
             return peer
+
+    def _check_layout(self, info: Mapping[str, object]) -> None:
+        """try_ensure_parallel_info on a prefill's first fetched layout: what it raises ends
+        the decode; its warning is logged once."""
+        error = scheduler_crash(info, self.cfg)
+        if error is not None:
+            self.crash(error)
+        warning = tp_differs_warning(info, self.cfg)
+        if warning is not None and not self.warned_tp:
+            self.warned_tp = True
+            self.log.warning(warning)
+
+    def _init_receiver(self, peer: Peer) -> None:
+        """CommonKVReceiver.init: a request to a prefill whose published layout this decode
+        refuses fails its handshake; raises PeerUnavailable."""
+        reason = receiver_init_failure(peer.info, self.cfg)
+        if reason is not None:
+            raise PeerUnavailable(reason)
 
     def _registration(self) -> dict[str, object]:
         return {
@@ -207,6 +220,7 @@ class DecodeLeg:
             m.sched_inc(m.cross_group_transfers)
         try:
             peer = await self._ensure_peer(addr)
+            self._init_receiver(peer)
         except PeerUnavailable as e:
             m.rank_inc(m.num_bootstrap_failed_reqs)
             self._abort(req, "handshake", str(e))

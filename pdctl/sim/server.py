@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -29,6 +30,7 @@ from .conn import HttpKVReceiver, HttpKVSender, KVReceiver, KVSender
 from .control import ControlRoutes
 from .decode import DecodeLeg
 from .generate import NativeGenerate
+from .handshake import registration
 from .info import InfoRoutes
 from .metrics import NoMetrics, SimMetrics
 from .mode import DisaggregationMode
@@ -145,6 +147,7 @@ class SimServer:
                 self.http,
                 self.spawn,
                 self._kv_receiver(),
+                self.crash,
             )
         await self._load_and_capture()
         self.spawn(self.engine.run())
@@ -201,27 +204,33 @@ class SimServer:
 
     async def _register_prefill_rank(self) -> None:
         a = self.cfg.args
-        payload = {
-            "attn_tp_size": a.tp_size,
-            "attn_tp_rank": 0,
-            "attn_cp_size": 1,
-            "attn_cp_rank": 0,
-            "attn_dp_size": a.dp_size,
-            "attn_dp_rank": 0,
-            "pp_size": a.pp_size,
-            "pp_rank": 0,
-            "system_dp_size": 1,
-            "system_dp_rank": 0,
-            "rank_ip": a.host,
-            "rank_port": a.disaggregation_bootstrap_port,
-            "page_size": self.cfg.page_size,
-            "kv_cache_dtype": a.kv_cache_dtype,
-            "prefill_http_port": a.port,
-        }
+        payload = registration(self.cfg)
         assert self.http is not None
         url = f"http://{a.host}:{a.disaggregation_bootstrap_port}/route"
         async with self.http.put(url, json=payload) as resp:
             resp.raise_for_status()
+
+    def crash(self, error: str) -> NoReturn:
+        """An exception out of the scheduler's event loop (`error`: its type and message):
+        run_scheduler_process logs it and sends SIGQUIT to the HTTP server, whose handler
+        (tokenizer_manager.py running_phase_sigquit_handler) kills the process tree, itself
+        last with SIGKILL (utils/common.py kill_process_tree). In-flight requests get no
+        answer; systemd sees status=9/KILL."""
+        pid = os.getpid()
+        self.log.error(
+            "Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "sglang/srt/disaggregation/common/conn.py", in try_ensure_parallel_info\n%s',
+            error,
+        )
+        self.log.error(
+            "SIGQUIT received. signum=%d, frame=None. It usually means one child failed.",
+            signal.SIGQUIT,
+        )
+        self.log.info("kill_process_tree called: parent_pid=%d, include_parent=True, pid=%d",
+                      pid, pid)  # fmt: skip
+        logging.shutdown()
+        os.kill(pid, signal.SIGKILL)
+        os._exit(0)  # kill_process_tree's sys.exit(0), never reached
 
     async def shutdown(self) -> None:
         """SIGTERM: refuse new work (health 503), let in-flight requests finish, abort the rest."""

@@ -45,6 +45,27 @@ def test_pair_canary_against_answers_that_are_no_generate_object(
     assert res.error is not None and res.error.startswith(("decode answered without", "decode:"))
 
 
+@pytest.mark.parametrize(("body", "reason"), [
+    (b'{"object": "error", "message": "Decode handshake failed", "code": 500}',
+     "Decode handshake failed"),  # SGLang's OpenAI-style abort body
+    (b'{"error": {"message": "bad sampling"}}', "bad sampling"),  # _create_error_response
+    (b'{"error": "invalid type"}', "invalid type"),
+    (b"<html>upstream down</html>", "<html>upstream down</html>"),
+])  # fmt: skip
+def test_pair_canary_names_the_engines_reason(
+    fake_http: Callable[..., Any], body: bytes, reason: str
+) -> None:
+    failing, serving = (
+        fake_http({"/generate": (500, body)}),
+        fake_http({"/generate": (200, b'{"text": "x"}')}),
+    )
+    # The decode's failure is named even where the prefill's leg failed too.
+    for prefill in (serving, failing):
+        res = pair_canary(prefill.url, failing.url, 1)
+        assert res.error == f"decode answered HTTP 500: {reason}"
+    assert pair_canary(failing.url, serving.url, 1).error == f"prefill answered HTTP 500: {reason}"
+
+
 def test_the_probe_reads_ready_and_tells_a_paused_engine_by_ping(
     fake_http: Callable[..., Any],
 ) -> None:
