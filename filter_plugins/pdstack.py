@@ -238,6 +238,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "layout": {
             "install_dir": names.INSTALL_DIR,
             "venv": names.VENV,
+            "pdctl_link": names.PDCTL_LINK,
             "config_dir": names.CONFIG_DIR,
             "state_dir": names.STATE_DIR,
             "unit_dir": names.UNIT_DIR,

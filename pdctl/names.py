@@ -19,6 +19,8 @@ CONFIG_DIR = f"/etc/{PREFIX}"
 STATE_DIR = f"/var/lib/{PREFIX}"
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_USER = PREFIX
+# pdctl by name on every host the roles install it on: a link to the venv's, on the default PATH.
+PDCTL_LINK = "/usr/local/bin/pdctl"
 
 TOPOLOGY_FILE = f"{CONFIG_DIR}/topology.yaml"
 GATEWAY_UNIT = f"{PREFIX}-gateway.service"
