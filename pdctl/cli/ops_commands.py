@@ -23,6 +23,7 @@ from pdctl.cli.options import (
     format_option,
     former_name,
     load_source,
+    lock_wait_option,
     source_options,
 )
 from pdctl.cli.status_view import to_json, view
@@ -184,14 +185,7 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
 @click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
 @click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECS",
-    help="Wait up to SECS for a restart holding the lock (progress every 10 s), then exit 3.",
-)
+@lock_wait_option(0.0)
 @click.option(
     "--max-unavailable",
     metavar="K|P%",
@@ -430,15 +424,7 @@ def doctor(
     show_default=f"$PDCTL_RECOVER_STATE or {DEFAULT_STATE}",
     help="Rate-limit state; its folder must be writable by this user only (created 0700).",
 )
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=LOCK_WAIT_S,
-    show_default=True,
-    metavar="SECS",
-    help="Wait up to SECS for a restart holding the lock, or for etcd to serve again, then "
-    "exit 3 (held) or 5 (etcd); systemd starts the recovery again.",
-)
+@lock_wait_option(LOCK_WAIT_S, store=True)
 @former_name("--lock-timeout", "--lock-wait", type=click.FloatRange(min=0))
 @fleet_lock_option
 def recover(
