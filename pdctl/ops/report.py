@@ -38,7 +38,7 @@ class Interrupted(PdctlError):
     def __init__(self, pair: str, phase: str, *more: tuple[str, str], recorded: bool = False):
         self.out = [(pair, phase), *more]
         if not more:
-            finisher = _FINISHER.format(what="its restart") if recorded else ""
+            finisher = _FINISHER.format(what="its restart", it="it") if recorded else ""
             super().__init__(
                 f"interrupted during {phase} of pair {pair}: it {_state(phase)}; pdctl status "
                 f"shows it.{finisher} Put it back with: pdctl restart --both --pair {pair}"
@@ -46,14 +46,14 @@ class Interrupted(PdctlError):
             return
         each = "; ".join(f"{p} during {ph}: it {_state(ph)}" for p, ph in self.out)
         back = " ".join(f"--pair {p}" for p, _ in self.out)
-        finisher = _FINISHER.format(what="the restarts in flight") if recorded else ""
+        finisher = _FINISHER.format(what="the restarts in flight", it="they") if recorded else ""
         super().__init__(
             f"interrupted with {len(self.out)} groups out: {each}. pdctl status shows them."
             f"{finisher} Put them back with: pdctl restart --both {back}"
         )
 
 
-_FINISHER = " pdstack-finish.timer takes up {what} where it stopped (pdctl finish: at once)."
+_FINISHER = " pdstack-finish.timer takes up {what} where {it} stopped (pdctl finish: at once)."
 
 
 @dataclass
