@@ -7,8 +7,9 @@ with --fleet a fleet of --size hosts (sim-fleet profile, as `make demo-fleet`), 
 wall time and `changed=` count, the median no-op run and the ratio no-op / first (goal: at most
 0.35), and, from callback_plugins/pdstack_timing.py, the time per role and per module (action),
 the remote round trips per host (module executions, commands sent, file transfers), the parses
-of the deployment (filter_plugins/pdstack.py) and the slowest tasks, for the first run and the
-median no-op run.
+of the deployment (every `load_deployment`: the filter plugin's deployment fact, and the
+preflight's validate; benchmarks/parse_count.py) and the slowest tasks, for the first run and
+the median no-op run.
 The hosts are taken down at the end unless --keep; --inventory measures an already converged
 deployment (no first run, no ratio).
 
@@ -39,6 +40,7 @@ TESTHOST = ROOT / "deploy" / "testhost" / "testhost"
 STATE = Path(os.environ.get("PDSTACK_TESTHOST_STATE", ROOT / "deploy" / "testhost" / "state"))
 # The ansible-playbook next to this Python (the project venv's).
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+PARSE_COUNT = ROOT / "benchmarks" / "parse_count.py"  # runs it, counting the deployment's parses
 TIMEOUT_S = 1800
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)", re.MULTILINE)
 KINDS = ("modules", "commands", "transfers")
@@ -50,7 +52,7 @@ class Run:
     cpu: float  # user + system seconds of ansible-playbook and its workers (the controller's)
     changed: int
     timing: dict[str, Any]
-    parses: list[str]  # one pid per parse of the deployment
+    parses: list[str]  # one pid per parse of the deployment (benchmarks/parse_count.py)
 
     def summary(self) -> str:
         return f"{self.wall:7.1f} s  controller cpu {self.cpu:6.1f} s  changed={self.changed}"
@@ -75,9 +77,9 @@ def site(inventory: Path, extra: list[str], scratch: Path, n: int) -> Run:
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_CALLBACKS_ENABLED="pdstack_timing",
         PDSTACK_TIMING_FILE=str(timing),
-        PDSTACK_PARSE_LOG=str(parses),
     )
-    cmd = [str(PLAYBOOK), "site.yml", "-i", str(inventory), "-e", "pdstack_grafana_install=false"]
+    cmd = [sys.executable, str(PARSE_COUNT), str(parses), str(PLAYBOOK), "site.yml"]
+    cmd += ["-i", str(inventory), "-e", "pdstack_grafana_install=false"]
     start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     run = subprocess.run(
         [*cmd, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S

@@ -13,7 +13,7 @@ parses the deployment: once per host and run (roles/pdstack/tasks/deployment.yml
 from __future__ import annotations
 
 import functools
-import os
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -177,7 +177,6 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
     from pdctl.errors import PdctlError
     from pdctl.spec import load_deployment
 
-    _count_parse()
     try:
         dep = load_deployment(Path(inventory_file), Path(profile))
     except PdctlError as e:
@@ -216,11 +215,6 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
                     g.name: systemd_command(render.lease_command(g.name)) for g in dep.gateways
                 },
             },
-            # The home-made lock server etcd replaced: removed where it still runs.
-            "former_lock": {
-                "unit": names.FORMER_LOCK_UNIT,
-                "state_dir": names.FORMER_LOCK_STATE_DIR,
-            },
         },
         "etcd": _etcd(dep),
         # pdctl's host-to-host ssh: only when groups span hosts (docs/security.md).
@@ -238,6 +232,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "layout": {
             "install_dir": names.INSTALL_DIR,
             "venv": names.VENV,
+            "pdctl_link": names.PDCTL_LINK,
             "config_dir": names.CONFIG_DIR,
             "state_dir": names.STATE_DIR,
             "unit_dir": names.UNIT_DIR,
@@ -258,14 +253,6 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
     }
 
 
-def _count_parse() -> None:
-    """One line per parse of the deployment in PDSTACK_PARSE_LOG, when set (benchmarks)."""
-    log = os.environ.get("PDSTACK_PARSE_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()}\n")
-
-
 def _mtime(path: str) -> float:
     p = Path(path)
     return p.stat().st_mtime if p.exists() else 0.0
@@ -284,7 +271,7 @@ def pdstack_validate(inventory_file: str, profile: str, strict: bool = False) ->
     """`pdctl validate` run in this Python: the same code as the command without starting a
     second Python (0.6 s of every site.yml run). Its exit code (`rc`), its text (`stdout`) and
     the `command` that prints the same (pdctl beside the Python that runs Ansible)."""
-    from pdctl.cli.spec_commands import validation_report
+    from pdctl.lint.report import validation_report
 
     profile = pdstack_profile_path(inventory_file, profile)
     rc, text = validation_report(Path(inventory_file), Path(profile), strict)
@@ -316,16 +303,29 @@ def pdstack_unit_verify(unit: str) -> str:
 
 
 # The checkout this plugin belongs to: monitoring/ (the rule builder) sits beside it, outside
-# the pdctl package.
-CHECKOUT = Path(__file__).resolve().parent.parent
+# the pdctl package that the controller's venv installs.
+MONITORING = Path(__file__).resolve().parent.parent / "monitoring"
+
+
+def _import_monitoring() -> None:
+    """The checkout's `monitoring` package, imported from its folder by name alone: putting the
+    checkout on sys.path would make every folder of it (tests, deploy, …) importable in
+    Ansible's Python too."""
+    if "monitoring" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "monitoring", MONITORING / "__init__.py", submodule_search_locations=[str(MONITORING)]
+        )
+        assert spec is not None and spec.loader is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["monitoring"] = package
+        spec.loader.exec_module(package)
 
 
 def pdstack_monitoring_rules(thresholds: dict[str, Any], runbook_url: str = "") -> str:
     """The pack's rules (monitoring/rules.py) with the deployment's thresholds over the defaults
     and its runbook address ("": the pack's). The selectors stay the defaults: they are the
     job names of the role's own scrape config."""
-    if str(CHECKOUT) not in sys.path:
-        sys.path.append(str(CHECKOUT))
+    _import_monitoring()
     from monitoring.config import ConfigError, load
     from monitoring.rules import render_rules
 

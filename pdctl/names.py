@@ -19,6 +19,8 @@ CONFIG_DIR = f"/etc/{PREFIX}"
 STATE_DIR = f"/var/lib/{PREFIX}"
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_USER = PREFIX
+# pdctl by name on every host the roles install it on: a link to the venv's, on the default PATH.
+PDCTL_LINK = "/usr/local/bin/pdctl"
 
 TOPOLOGY_FILE = f"{CONFIG_DIR}/topology.yaml"
 GATEWAY_UNIT = f"{PREFIX}-gateway.service"
@@ -34,9 +36,6 @@ FINISH_TIMER = f"{PREFIX}-finish.timer"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
 RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this host
-# The home-made fleet lock server that etcd replaced: site.yml removes it and its state.
-FORMER_LOCK_UNIT = f"{PREFIX}-lock.service"
-FORMER_LOCK_STATE_DIR = f"/var/lib/{PREFIX}-lock"
 # The coordination store (etcd, docs/operations.md "The coordination store"): one member per
 # [etcd] host, run by its own unit from Debian's etcd-server; TLS files the controller makes.
 ETCD_UNIT = f"{PREFIX}-etcd.service"

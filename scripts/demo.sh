@@ -65,7 +65,7 @@ curl -fsS -m 60 "$GATEWAY/v1/chat/completions" \
   | .venv/bin/python -m json.tool
 
 step "pdctl status on the host (units, engines, the pair's PD path, the gateway's view)"
-on_host env COLUMNS=160 PDSTACK_GATEWAY_API_KEY="$API_KEY" /opt/pdstack/venv/bin/pdctl status || true
+on_host env COLUMNS=160 PDSTACK_GATEWAY_API_KEY="$API_KEY" pdctl status || true
 
 step "The coordination store: the etcd member's health over TLS, with the host's client certificate"
 on_host etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/pdstack/etcd/ca.crt \
@@ -88,6 +88,7 @@ cat <<EOF
 
 Done. Next:
   deploy/testhost/testhost ssh --name $NAME      a root shell on the host (units: $UNITS)
+  deploy/testhost/testhost ssh --name $NAME -- pdctl status   pdctl on the host, by name
   curl -H "Authorization: Bearer \$(cat $KEY_FILE)" $GATEWAY/v1/models
   make demo-down                                  remove the test host
 EOF

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from pdctl.cli.options import format_option, load_source, source_options
+from pdctl.cli.options import format_option, load_source, lock_wait_option, source_options
 from pdctl.coord import restarts
 from pdctl.ops.context import store_of
 
@@ -25,14 +25,7 @@ LOCK_WAIT_S = 60.0
     metavar="HOST",
     help="Only pairs and groups with a member on HOST (the timer passes its own).",
 )
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=LOCK_WAIT_S,
-    show_default=True,
-    metavar="SECS",
-    help="Wait up to SECS for a restart that holds the fleet lock, then exit 3.",
-)
+@lock_wait_option(LOCK_WAIT_S)
 def finish(
     topology_path: Path,
     inventory: Path,

@@ -9,9 +9,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -23,6 +23,7 @@ from pdctl.cli.options import (
     format_option,
     former_name,
     load_source,
+    lock_wait_option,
     source_options,
 )
 from pdctl.cli.status_view import to_json, view
@@ -51,6 +52,10 @@ from pdctl.ops.restart import (
 from pdctl.ops.status import collect
 from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
 from pdctl.spec import Role
+
+if TYPE_CHECKING:
+    from pdctl.coord.lock import RestartLock
+    from pdctl.ops.source import Pair
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -184,14 +189,7 @@ def _print_reports(reports: list[Report], fmt: str) -> None:
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
 @click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
 @click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECS",
-    help="Wait up to SECS for a restart holding the lock (progress every 10 s), then exit 3.",
-)
+@lock_wait_option(0.0)
 @click.option(
     "--max-unavailable",
     metavar="K|P%",
@@ -288,77 +286,107 @@ def restart(
         deprecated("--router", "--gateways")
         gateways = True
     sides = [r for r, on in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if on]
+    bounded = max_unavailable is not None or min_serving is not None or include_drained
+    _check_mode(both, sides, gateways, force, bounded)
+    timeouts = Timeouts(
+        drain=drain_timeout, health=health_timeout, canary=canary_timeout, floor=floor_timeout
+    )
+    ops = _ops(topology_path, inventory, profile, timeouts)
+    k = max_unavailable if max_unavailable is not None else ("1" if bounded else None)
+    budget = roll.budget(k, min_serving, len(ops.source.pairs()))
+    run = _Restart(ops, restart_lock(ops, no_fleet_lock, _warn), lock_wait, yes)
+    if gateways:
+        reports = _restart_gateways(run)
+    elif sides:
+        reports = _restart_sides(run, ops.source.select(pairs, all_pairs), sides)
+    else:
+        reports = _restart_groups(run, ops.source.select(pairs, all_pairs), budget, include_drained)
+    _print_reports(reports, fmt)
+    sys.exit(0 if all(r.ok for r in reports) else 1)
+
+
+def _check_mode(both: bool, sides: list[Role], gateways: bool, force: bool, bounded: bool) -> None:
+    """One mode per restart; a side alone only with --force; a roll's bounds only for groups."""
     if sum([both, bool(sides), gateways]) != 1:
         raise PdctlError(
             "say what to restart: --both (pairs), --gateways, or --prefill/--decode with --force"
         )
     if sides and not force:
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
-    bounded = max_unavailable is not None or min_serving is not None or include_drained
     if bounded and not both:
         raise PdctlError("--max-unavailable, --min-serving and --include-drained go with --both")
-    timeouts = Timeouts(
-        drain=drain_timeout, health=health_timeout, canary=canary_timeout, floor=floor_timeout
-    )
-    ops = _ops(topology_path, inventory, profile, timeouts)
-    groups = len(ops.source.pairs())
-    k = max_unavailable if max_unavailable is not None else ("1" if bounded else None)
-    budget = roll.budget(k, min_serving, groups)
-    fleet = restart_lock(ops, no_fleet_lock, _warn)
 
-    def locked(what: str, targets: list[str]) -> AbstractContextManager[lock.Acquired]:
+
+@dataclass
+class _Restart:
+    """What every mode of `pdctl restart` shares: the ops, the fleet lock (None with
+    --no-fleet-lock), --lock-wait and --yes."""
+
+    ops: Ops
+    fleet: RestartLock | None
+    lock_wait: float
+    yes: bool
+
+    def locked(self, what: str, targets: list[str]) -> AbstractContextManager[lock.Acquired]:
+        """The restart lock for `what` (the command line the history and holders show)."""
         return lock.held(
             what,
-            wait=lock_wait,
-            say=ops.say,
-            poll=ops.timeouts.poll,
-            fleet=fleet,
+            wait=self.lock_wait,
+            say=self.ops.say,
+            poll=self.ops.timeouts.poll,
+            fleet=self.fleet,
             targets=targets,
         )
 
-    if gateways:
-        _confirm(
-            yes,
-            [f"gateway {r.unit} on {r.host} ({r.url})" for r in ops.source.topology.gateways],
-            "Restart the gateways, one at a time? Requests in flight through each one fail.",
-        )
-        gws = [f"{r.host}/{r.unit}" for r in ops.source.topology.gateways]
-        with locked("pdctl restart --gateways", gws) as got:
-            reports = restart_gateways(ops)
-            got.record(outcome(reports))
-    else:
-        chosen = ops.source.select(pairs, all_pairs)
-        if sides:
-            insts = [i for p in chosen for s in sides for i in p.instances if i.role is s]
-            _confirm(
-                yes,
-                [f"{i.id} ({i.unit})" for i in insts],
-                "Restart these ALONE? The pairs will be degraded until both restart.",
-            )
-            with locked("pdctl restart --force (one side)", [i.id for i in insts]) as got:
-                reports = [restart_instance(ops, i) for i in insts]
-                got.record(outcome(reports))
-            click.secho(
-                "Warning: the pair is likely degraded now; run pdctl restart --both.",
-                fg="yellow",
-                err=True,
-            )
-        else:
-            if budget.min_serving is not None:
-                chosen = roll.prepare(ops, chosen, budget.min_serving, include_drained)
-            for line in plan_lines(ops, chosen, budget):
-                click.echo(line, err=True)
-            _confirm(
-                yes,
-                [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
-                f"Restart {len(chosen)} pair(s) as above?",
-            )
-            ids = [p.id for p in chosen]
-            with locked(f"pdctl restart --both {' '.join(ids)}", ids) as got:
-                reports = restart_pairs(ops, chosen, got.lost, budget, got.phases)
-                got.record(outcome(reports))
-    _print_reports(reports, fmt)
-    sys.exit(0 if all(r.ok for r in reports) else 1)
+    def confirm(self, targets: list[str], question: str) -> None:
+        _confirm(self.yes, targets, question)
+
+
+def _restart_gateways(run: _Restart) -> list[Report]:
+    """--gateways: every gateway, one at a time."""
+    gateways = run.ops.source.topology.gateways
+    run.confirm(
+        [f"gateway {r.unit} on {r.host} ({r.url})" for r in gateways],
+        "Restart the gateways, one at a time? Requests in flight through each one fail.",
+    )
+    with run.locked("pdctl restart --gateways", [f"{r.host}/{r.unit}" for r in gateways]) as got:
+        reports = restart_gateways(run.ops)
+        got.record(outcome(reports))
+    return reports
+
+
+def _restart_sides(run: _Restart, chosen: list[Pair], sides: list[Role]) -> list[Report]:
+    """--prefill/--decode --force: those engines alone, leaving their pairs degraded."""
+    insts = [i for p in chosen for s in sides for i in p.instances if i.role is s]
+    run.confirm(
+        [f"{i.id} ({i.unit})" for i in insts],
+        "Restart these ALONE? The pairs will be degraded until both restart.",
+    )
+    with run.locked("pdctl restart --force (one side)", [i.id for i in insts]) as got:
+        reports = [restart_instance(run.ops, i) for i in insts]
+        got.record(outcome(reports))
+    _warn("Warning: the pair is likely degraded now; run pdctl restart --both.")
+    return reports
+
+
+def _restart_groups(
+    run: _Restart, chosen: list[Pair], budget: roll.Budget, include_drained: bool
+) -> list[Report]:
+    """--both: the chosen groups whole, one at a time, or up to K at once above the floor
+    (`budget`; groups already out of the gateways first with `include_drained`)."""
+    if budget.min_serving is not None:
+        chosen = roll.prepare(run.ops, chosen, budget.min_serving, include_drained)
+    for line in plan_lines(run.ops, chosen, budget):
+        click.echo(line, err=True)
+    run.confirm(
+        [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
+        f"Restart {len(chosen)} pair(s) as above?",
+    )
+    ids = [p.id for p in chosen]
+    with run.locked(f"pdctl restart --both {' '.join(ids)}", ids) as got:
+        reports = restart_pairs(run.ops, chosen, got.lost, budget, got.phases)
+        got.record(outcome(reports))
+    return reports
 
 
 def _confirm(yes: bool, targets: list[str], question: str) -> None:
@@ -430,15 +458,7 @@ def doctor(
     show_default=f"$PDCTL_RECOVER_STATE or {DEFAULT_STATE}",
     help="Rate-limit state; its folder must be writable by this user only (created 0700).",
 )
-@click.option(
-    "--lock-wait",
-    type=click.FloatRange(min=0),
-    default=LOCK_WAIT_S,
-    show_default=True,
-    metavar="SECS",
-    help="Wait up to SECS for a restart holding the lock, or for etcd to serve again, then "
-    "exit 3 (held) or 5 (etcd); systemd starts the recovery again.",
-)
+@lock_wait_option(LOCK_WAIT_S, store=True)
 @former_name("--lock-timeout", "--lock-wait", type=click.FloatRange(min=0))
 @fleet_lock_option
 def recover(

@@ -82,6 +82,22 @@ instance_option = click.option(
 )
 
 
+def lock_wait_option(default: float, store: bool = False) -> Callable[[F], F]:
+    """--lock-wait SECS: how long a command waits for a restart that holds the restart lock
+    (this host's or the fleet's) before it exits 3; `store`: for etcd to serve again too
+    (exit 5 after it), as recover does."""
+    also = " or for etcd to serve again" if store else ""
+    then = "then exit 3 (held) or 5 (etcd)" if store else "then exit 3"
+    return click.option(
+        "--lock-wait",
+        type=click.FloatRange(min=0),
+        default=default,
+        show_default=True,
+        metavar="SECS",
+        help=f"Wait up to SECS for a restart holding the lock{also} (progress every 10 s), {then}.",
+    )
+
+
 def former_name(old: str, new: str, **kw: Any) -> Callable[[F], F]:
     """`old`, what `new` was called before (`kw`: its type): hidden from --help, it still
     works, so scripts and playbooks keep running, and the command warns (`deprecated`)."""

@@ -6,17 +6,14 @@ import json
 import shlex
 import sys
 from dataclasses import asdict
-from io import StringIO
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from pdctl.cli.options import deployment_options, format_option, instance_option
-from pdctl.errors import PdctlError
-from pdctl.lint import Finding, Severity, lint
+from pdctl.lint import lint, report
 from pdctl.plan import TIGHT_MARGIN_GIB, InstancePlan, Verdict, plan_instance
 from pdctl.render import render_instance, router_args
 from pdctl.spec import Deployment, Instance, load_deployment
@@ -76,12 +73,6 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
     click.echo(shlex.join(["smg", *router_args(dep)]))
 
 
-def _exit_code(findings: list[Finding], strict: bool) -> int:
-    if any(f.severity is Severity.ERROR for f in findings):
-        return 2
-    return 1 if strict and findings else 0
-
-
 @click.command()
 @deployment_options
 @format_option
@@ -109,67 +100,19 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
     """
     dep = load_deployment(inventory, profile)
     findings = lint(dep)
-    summary = _summary(dep, findings, strict)
-    code = summary["exit_code"]
+    counts = report.summary(dep, findings, strict)
+    code = counts["exit_code"]
     if fmt == "json":
         out = {
             "inventory": str(dep.inventory_path),
             "profile": str(dep.profile_path),
             "findings": [asdict(f) for f in findings],
-            "summary": summary,
+            "summary": counts,
         }
         click.echo(json.dumps(out, indent=2))
     else:
-        _print_findings(dep, findings, summary, Console())
+        report.print_findings(dep, findings, counts, Console())
     sys.exit(code)
-
-
-def validation_report(inventory: Path, profile: Path, strict: bool) -> tuple[int, str]:
-    """`pdctl validate -i INVENTORY -p PROFILE [--strict]`: its exit code and its text, for a
-    caller in the same Python (site.yml's preflight, through the `pdstack_validate` filter)."""
-    out = StringIO()
-    console = Console(file=out, width=120, color_system=None)
-    try:
-        dep = load_deployment(inventory, profile)
-    except PdctlError as e:
-        return e.exit_code, f"Error: {e}"
-    findings = lint(dep)
-    summary = _summary(dep, findings, strict)
-    _print_findings(dep, findings, summary, console)
-    return summary["exit_code"], out.getvalue()
-
-
-def _summary(dep: Deployment, findings: list[Finding], strict: bool) -> dict[str, int]:
-    errors = sum(f.severity is Severity.ERROR for f in findings)
-    return {
-        "errors": errors,
-        "warnings": len(findings) - errors,
-        "instances": len(dep.instances),
-        "hosts": len(dep.hosts),
-        "exit_code": _exit_code(findings, strict),
-    }
-
-
-def _print_findings(
-    dep: Deployment, findings: list[Finding], summary: dict[str, int], console: Console
-) -> None:
-    scope = f"instances: {summary['instances']}, hosts: {summary['hosts']}, {dep.profile_path}"
-    if not findings:
-        _line(console, f"OK: no findings ({scope})", style="green")
-        return
-    table = Table("id", "severity", "where", "message", "fix", show_lines=True)
-    for f in findings:
-        style = "red" if f.severity is Severity.ERROR else "yellow"
-        # Findings name inventory groups ([etcd], [router]): text, not rich markup.
-        text = (escape(f.where), escape(f.message), escape(f.fix))
-        table.add_row(f.id, f"[{style}]{f.severity}[/]", *text)
-    console.print(table)
-    _line(console, f"errors: {summary['errors']}, warnings: {summary['warnings']} ({scope})")
-
-
-def _line(console: Console, text: str, style: str | None = None) -> None:
-    """A plain line (paths and group names are not rich markup), never wrapped."""
-    console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command()

@@ -27,24 +27,33 @@ def _state(phase: str) -> str:
 
 class Interrupted(PdctlError):
     """Ctrl-C mid-restart: the pair is (or may be) out of the gateway; say how to put it back.
-    A roll of several groups at once names each one it leaves out (`more`: (group, phase))."""
+    A roll of several groups at once names each one it leaves out (`more`: (group, phase)).
+    `recorded`: the restart ran under the fleet lock, so the phase record of each group it
+    was restarting stays in etcd, abandoned once this restarter lets the lock go, and
+    pdstack-finish.timer takes it up (pdctl.ops.finish); a group whose restart had failed
+    dropped its record and stays out for the operator."""
 
     exit_code = exits.INTERRUPTED
 
-    def __init__(self, pair: str, phase: str, *more: tuple[str, str]) -> None:
+    def __init__(self, pair: str, phase: str, *more: tuple[str, str], recorded: bool = False):
         self.out = [(pair, phase), *more]
         if not more:
+            finisher = _FINISHER.format(what="its restart", it="it") if recorded else ""
             super().__init__(
                 f"interrupted during {phase} of pair {pair}: it {_state(phase)}; pdctl status "
-                f"shows it. Put it back with: pdctl restart --both --pair {pair}"
+                f"shows it.{finisher} Put it back with: pdctl restart --both --pair {pair}"
             )
             return
         each = "; ".join(f"{p} during {ph}: it {_state(ph)}" for p, ph in self.out)
         back = " ".join(f"--pair {p}" for p, _ in self.out)
+        finisher = _FINISHER.format(what="the restarts in flight", it="they") if recorded else ""
         super().__init__(
-            f"interrupted with {len(self.out)} groups out: {each}. pdctl status shows them. "
-            f"Put them back with: pdctl restart --both {back}"
+            f"interrupted with {len(self.out)} groups out: {each}. pdctl status shows them."
+            f"{finisher} Put them back with: pdctl restart --both {back}"
         )
+
+
+_FINISHER = " pdstack-finish.timer takes up {what} where {it} stopped (pdctl finish: at once)."
 
 
 @dataclass

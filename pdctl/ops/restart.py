@@ -535,7 +535,7 @@ def restart_pair(
             rep.error += " (the pair stays out of the gateway)"
         unfinished = drained or isinstance(e, (LockLost, WentAway))
     except KeyboardInterrupt:
-        raise Interrupted(pair.id, phase) from None
+        raise Interrupted(pair.id, phase, recorded=phases is not None) from None
     else:
         unfinished = False
     if phases is not None and not unfinished:
@@ -561,12 +561,18 @@ def _recorded(phases: Phases, pair: Pair, phase: str) -> str | None:
 
 
 def _ended(ops: Ops, phases: Phases, pair: Pair) -> None:
-    """Its restart said how it ended: its phase record goes (a lost lock keeps it for the
-    holder now, and etcd that cannot serve leaves it for pdctl finish)."""
+    """The pair's restart ended and its report says how (which endings skip this and leave
+    the record for pdctl finish is restart_pair's `unfinished`): its phase record is deleted,
+    only while this restarter's lease still holds the fleet lock (`Phases.done`; under
+    another lease nothing is deleted). When etcd cannot serve, the record stays: once the
+    lock is free, pdctl finish takes the pair up again from the recorded phase."""
     try:
         phases.done(pair.id)
     except StoreUnavailable as e:
-        ops.say(f"  {pair.id}: its restart record stays in etcd ({e}); pdctl finish clears it")
+        ops.say(
+            f"  {pair.id}: its restart record stays in etcd ({e}); pdctl finish takes the pair "
+            "up again from its last phase"
+        )
 
 
 def restart_pairs(

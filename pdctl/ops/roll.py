@@ -366,7 +366,8 @@ class _Roll:
             e = PdctlError("interrupted before any group was taken out of the gateways")
             e.exit_code = Interrupted.exit_code
             return e
-        return Interrupted(*out[0], *out[1:])
+        in_flight = self.phases is not None and bool(self.out)
+        return Interrupted(*out[0], *out[1:], recorded=in_flight)
 
     def _progress(self) -> None:
         if self.total < 2:

@@ -156,6 +156,17 @@ def test_topology_file_reads_back_on_the_host(site: Site) -> None:
     assert read.stdout.split() == [dep.client_url, "1"]
 
 
+def test_pdctl_runs_by_name_on_the_host(site: Site) -> None:
+    """The README's host commands are plain `pdctl`: a login shell finds the role's link to
+    the venv's pdctl."""
+    run = site.host.ssh("bash -lc 'command -v pdctl && pdctl --help'")
+    assert run.returncode == 0, run.stderr
+    path, usage = run.stdout.splitlines()[:2]
+    assert path == names.PDCTL_LINK and usage.startswith("Usage: pdctl "), run.stdout
+    link = site.host.ssh(f"readlink {names.PDCTL_LINK}", check=True).stdout.strip()
+    assert link == f"{names.VENV}/bin/pdctl"
+
+
 ETCDCTL = (
     f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={names.ETCD_CA} "
     f"--cert={names.ETCD_CLIENT_CERT} --key={names.ETCD_CLIENT_KEY}"

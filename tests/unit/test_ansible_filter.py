@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,16 +68,12 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     # With a key: one more line, the variable systemd fills from the gateway's env file.
     assert gateway["command_lines_api_key"] == [*lines, "--api-key ${PDSTACK_GATEWAY_API_KEY}"]
     assert gateway["env_file"] == "/etc/pdstack/gateway.env"
-    # Per gateway host its liveness key in etcd; the lock server etcd replaced, to remove.
+    # Per gateway host its liveness key in etcd.
     assert gateway["lease"] == {
         "unit": "pdstack-gateway-lease.service",
         "command": {
             "gpu-node-1": "/opt/pdstack/venv/bin/pdctl gateway heartbeat --gateway gpu-node-1"
         },
-    }
-    assert gateway["former_lock"] == {
-        "unit": "pdstack-lock.service",
-        "state_dir": "/var/lib/pdstack-lock",
     }
 
 
@@ -153,6 +153,39 @@ def test_validate_filter_is_pdctl_validate_in_process(tmp_path: Path) -> None:
     broken = filters.pdstack_validate(str(ROOT / "inventory.ini"), str(unreadable))
     assert broken["rc"] == 2 and broken["stdout"].startswith("Error: "), broken
     assert "YAML" in broken["stdout"]
+
+
+def test_the_plugin_imports_no_cli_and_leaves_sys_path_alone(tmp_path: Path) -> None:
+    """Ansible's Python gets the validation and the alert rules from their own modules: no
+    pdctl.cli, and no checkout folder on sys.path (tests, deploy, … would become importable)."""
+    # The checkout's pdctl, as an installed package: the checkout itself is not on sys.path.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "pdctl").symlink_to(ROOT / "pdctl")
+    plugin, inventory = ROOT / "filter_plugins/pdstack.py", ROOT / "inventory.ini"
+    code = f"""
+import importlib.util, json, sys
+before = list(sys.path)
+spec = importlib.util.spec_from_file_location("f", {str(plugin)!r})
+f = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(f)
+rc = f.pdstack_validate({str(inventory)!r}, {str(ROOT / "deploy/profiles/sim.yml")!r})["rc"]
+rules = f.pdstack_monitoring_rules({{}})
+cli = sorted(m for m in sys.modules if m.startswith("pdctl.cli"))
+print(json.dumps([rc, "groups:" in rules, cli, sys.path == before]))
+"""
+    paths = [str(site), *(p for p in sys.path if p and Path(p).resolve() != ROOT)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # cwd: not the checkout, which `python -c` would put first on sys.path.
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": os.pathsep.join(paths)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [0, True, [], True]
 
 
 def test_unit_verify_command_runs_systemd_analyze_on_the_unit_name() -> None:

@@ -457,6 +457,27 @@ def test_the_phase_record_goes_once_the_restart_said_how_it_ended(how: str) -> N
     assert records.ended == ([] if how == "lock lost" else [pair.id])
 
 
+@pytest.mark.parametrize("fleet_lock", [True, False])
+def test_ctrl_c_says_who_takes_the_restart_up(fleet_lock: bool) -> None:
+    """Under the fleet lock the interrupted restart keeps its phase record, which
+    pdstack-finish.timer takes up once the lock is free: the message says so. Without it
+    (--no-fleet-lock) no record exists, and only the operator's command puts it back."""
+
+    class Interrupting(FakeSystemd):
+        def start(self, *units: str) -> None:
+            raise KeyboardInterrupt
+
+    ops, records = fake_ops(Interrupting(), FakeGateway()), _Records()
+    pair = ops.source.pairs()[0]
+    with pytest.raises(restart.Interrupted) as e:
+        restart.restart_pair(ops, pair, phases=cast(Phases, records) if fleet_lock else None)
+    msg = str(e.value)
+    assert msg.endswith(f"Put it back with: pdctl restart --both --pair {pair.id}")
+    assert ("pdstack-finish.timer takes up its restart where it stopped" in msg) is fleet_lock
+    if fleet_lock:
+        assert records.entered[-1] == (pair.id, "start") and records.ended == []
+
+
 class _StoreGoesAway(_Records):
     def enter(self, target: str, phase: str) -> bool:
         if phase == "start":

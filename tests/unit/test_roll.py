@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -305,8 +305,14 @@ def test_the_first_failure_stops_new_starts_those_out_finish_and_the_rest_are_li
     assert lines[-1] == "stopping the roll; untouched: b/pd0, b/pd1, c/pd0, c/pd1"
 
 
-def test_ctrl_c_names_every_group_out_and_the_others_stop_before_their_next_step() -> None:
+@pytest.mark.parametrize("recorded", [False, True])
+def test_ctrl_c_names_every_group_out_and_the_others_stop_before_their_next_step(
+    recorded: bool,
+) -> None:
+    """With phase records (the fleet lock's), the message adds that pdstack-finish.timer
+    takes up the restarts in flight; the command that puts them back stays last."""
     ops, pairs, _ = fake_ops(fleet())
+    phases = cast(Phases, object()) if recorded else None  # the fake step writes none
     in_canary, release, ended = threading.Event(), threading.Event(), threading.Event()
     ran: list[str] = []
 
@@ -335,11 +341,13 @@ def test_ctrl_c_names_every_group_out_and_the_others_stop_before_their_next_step
             ended.set()
 
     with pytest.raises(Interrupted) as e:
-        roll.run(ops, pairs, step, roll.budget("2", None, 4), lambda: None)
+        roll.run(ops, pairs, step, roll.budget("2", None, 4), lambda: None, phases)
     release.set()
     assert ended.wait(10)
     msg = str(e.value)
     assert msg.startswith("interrupted with 2 groups out: ")
+    finisher = "pdstack-finish.timer takes up the restarts in flight where they stopped"
+    assert (finisher in msg) is recorded
     assert "a/pd0 during canary: it is out of the gateway (drained);" in msg
     assert "a/pd1 during health: it is out of the gateway (drained) and its engines may be" in msg
     assert msg.endswith("Put them back with: pdctl restart --both --pair a/pd0 --pair a/pd1")
