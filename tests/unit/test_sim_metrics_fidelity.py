@@ -1,8 +1,8 @@
 """The sim's /metrics against the families sglang 0.5.23 defines and who records them.
 
 tests/data/sglang_0.5.23_metrics.txt lists every `sglang:*` family of the pinned version
-(name, type, label names, histogram buckets), extracted from SGLang's source by
-tests/data/extract_sglang_metrics.py. Every family the sim emits must be in it, with the
+(name, type, label names, histogram buckets, the flags that create it), extracted from
+SGLang's source by tests/data/extract_sglang_metrics.py. Every family the sim emits must be in it, with the
 same type, labels and buckets; the families dashboards and alerts rely on must be emitted.
 
 tests/data/sglang_0.5.23_recording.txt (tests/data/extract_sglang_recording.py) says per
@@ -79,7 +79,7 @@ def reference() -> dict[str, Family]:
     for line in REFERENCE.read_text().splitlines():
         if not line or line.startswith("#"):
             continue
-        name, typ, labels, buckets = line.split()
+        name, typ, labels, buckets, _flags = line.split()
         out[name] = Family(
             typ,
             frozenset() if labels == "-" else frozenset(labels.split(",")),
