@@ -26,6 +26,8 @@ REFERENCE = Path(__file__).resolve().parents[1] / "data" / "sglang_0.5.23_metric
 RECORDING = REFERENCE.with_name("sglang_0.5.23_recording.txt")
 TP = 4
 FAST = {"PDSIM_TIME_SCALE": "0.01", "PDSIM_STARTUP_DELAY_S": "0"}
+# A decode room the prefill never sees fails after SGLang's waiting timeout (1 s here).
+WAITING_TIMEOUT_S = 100
 
 REQUIRED = {
     "sglang:num_running_reqs",
@@ -63,6 +65,18 @@ REQUIRED = {
     "sglang:scheduler_idle_seconds_total",
     "sglang:num_bootstrap_failed_reqs_total",
     "sglang:num_prefill_retries_total",
+    "sglang:num_transfer_failed_reqs_total",
+    "sglang:num_decode_deferred_kv_release_reqs",
+    "sglang:decode_deferred_kv_release_total",
+    "sglang:decode_deferred_kv_release_seconds",
+    "sglang:num_aborted_requests_total",
+    "sglang:fwd_occupancy",
+    "sglang:num_pages",
+    "sglang:page_size",
+    "sglang:graph_memory_usage_gb",
+    "sglang:startup_available_gpu_memory_gb",
+    "sglang:startup_time_seconds",
+    "sglang:startup_cuda_graph_time_seconds",
     "sglang:http_requests_total",
     "sglang:http_responses_total",
 }
@@ -123,9 +137,10 @@ async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
     # SGLang's test hook retries every prefill once (an optimistic attempt is left).
     retry = {**FAST, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB": "1"}
     retry_flags = (*flags, "--optimistic-prefill-attempts", "2")
+    decode_env = {**FAST, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S)}
     async with (
         in_process("prefill", retry, *retry_flags, bootstrap_port=bootstrap_port) as prefill,
-        in_process("decode", FAST, *flags) as decode,
+        in_process("decode", decode_env, *flags) as decode,
         in_process("null", FAST, *flags) as unified,
         aiohttp.ClientSession() as http,
     ):
@@ -144,6 +159,10 @@ async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
             f"{decode.url}/generate",
             json={**body, "bootstrap_port": free_port(), "bootstrap_room": 1},
         ) as resp:
+            assert resp.status == 500
+        # A transfer failure with the prefill alive: the decode holds the room's KV until
+        # the prefill acks the abort (deferred release, outcome "drained").
+        async with http.post(f"{decode.url}/generate", json={**body, "bootstrap_room": 2}) as resp:
             assert resp.status == 500
         async with http.post(
             f"{unified.url}/v1/chat/completions",
@@ -221,6 +240,7 @@ def test_each_family_is_recorded_in_the_modes_and_ranks_sglang_records_it() -> N
     # Families the scenario drives in each mode: the sim records them wherever SGLang does.
     event_driven = {
         "sglang:num_bootstrap_failed_reqs_total",  # only the decode's handshake fails here
+        "sglang:num_transfer_failed_reqs_total",  # and only the decode's transfer
         "sglang:num_aborted_requests_total",
     }
     for name, modes in seen_modes.items():
@@ -249,3 +269,54 @@ def test_decode_passes_come_from_every_rank_prefill_passes_from_rank_0() -> None
                     ranks.setdefault(s.labels["mode"], set()).add(s.labels["tp_rank"])
     assert ranks["prefill_none"] == {"0"}
     assert ranks["decode_cuda_graph"] == {str(r) for r in range(TP)}
+
+
+def samples(text: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """One sample name's values by label set (model labels included)."""
+    return {
+        frozenset(s.labels.items()): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    }
+
+
+def by(label: str, values: dict[frozenset[tuple[str, str]], float]) -> dict[str, float]:
+    return {dict(k)[label]: v for k, v in values.items()}
+
+
+def test_a_failed_transfer_holds_its_kv_until_the_live_prefill_acks() -> None:
+    """decode.py resolve_deferred_releases: the scenario's one transfer failure (prefill
+    alive) resolves as "drained" and the held-requests gauge is back to 0."""
+    _, decode, unified = asyncio.run(asyncio.wait_for(scrape_pd_pair_and_unified(), 60))
+    assert list(samples(decode, "sglang:num_transfer_failed_reqs_total").values()) == [1.0]
+    outcomes = by("outcome", samples(decode, "sglang:decode_deferred_kv_release_total"))
+    assert outcomes == {"drained": 1.0}
+    assert list(samples(decode, "sglang:decode_deferred_kv_release_seconds_count").values()) == [
+        1.0
+    ]
+    assert list(samples(decode, "sglang:num_decode_deferred_kv_release_reqs").values()) == [0.0]
+    assert not samples(unified, "sglang:decode_deferred_kv_release_total")
+
+
+def test_startup_constants_follow_the_pool_and_the_capture() -> None:
+    """emit_constants and emit_startup_time: pages are the pool over the page size; only
+    the decode captured graphs (a prefill captures none), in the decode phase."""
+    prefill, decode, _ = asyncio.run(asyncio.wait_for(scrape_pd_pair_and_unified(), 60))
+    for text in (prefill, decode):
+        [pool] = samples(text, "sglang:max_total_num_tokens").values()
+        [page] = samples(text, "sglang:page_size").values()
+        assert list(samples(text, "sglang:num_pages").values()) == [pool // page]
+        assert set(by("phase", samples(text, "sglang:startup_time_seconds"))) == {
+            "load_weight",
+            "kv_cache_allocation",
+            "scheduler_e2e",
+            "tokenizer_e2e",
+        }
+    decode_graphs = by("phase", samples(decode, "sglang:graph_memory_usage_gb"))
+    assert decode_graphs["decode"] > 0
+    assert sum(decode_graphs.values()) == decode_graphs["decode"]
+    assert len(decode_graphs) == 6
+    assert set(by("phase", samples(prefill, "sglang:graph_memory_usage_gb")).values()) == {0.0}
+    [available] = samples(decode, "sglang:startup_available_gpu_memory_gb").values()
+    assert 0 < available
