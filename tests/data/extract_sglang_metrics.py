@@ -25,6 +25,7 @@ import ast
 import sys
 import types
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -57,8 +58,6 @@ _stub("sglang.srt.disaggregation.utils", DisaggregationMode=_DisaggregationMode)
 _stub("sglang.srt.model_executor.forward_batch_info", ForwardMode=_ForwardMode)
 
 import sglang  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import sglang.srt.observability.metrics_collector as mc  # noqa: E402
 from sglang.srt.observability import (  # noqa: E402
     cpu_monitor,

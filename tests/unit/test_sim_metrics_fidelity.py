@@ -2,8 +2,9 @@
 
 tests/data/sglang_0.5.23_metrics.txt lists every `sglang:*` family of the pinned version
 (name, type, label names, histogram buckets, the flags that create it), extracted from
-SGLang's source by tests/data/extract_sglang_metrics.py. Every family the sim emits must be in it, with the
-same type, labels and buckets; the families dashboards and alerts rely on must be emitted.
+SGLang's source by tests/data/extract_sglang_metrics.py. Every family the sim emits must be
+in it, with the same type, labels and buckets; the families dashboards and alerts rely on
+must be emitted.
 
 tests/data/sglang_0.5.23_recording.txt (tests/data/extract_sglang_recording.py) says per
 family which TP ranks write it and in which disaggregation modes; the sim, run at TP4, must
@@ -319,4 +320,4 @@ def test_startup_constants_follow_the_pool_and_the_capture() -> None:
     assert len(decode_graphs) == 6
     assert set(by("phase", samples(prefill, "sglang:graph_memory_usage_gb")).values()) == {0.0}
     [available] = samples(decode, "sglang:startup_available_gpu_memory_gb").values()
-    assert 0 < available
+    assert available > 0
