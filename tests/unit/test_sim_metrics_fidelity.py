@@ -321,3 +321,46 @@ def test_startup_constants_follow_the_pool_and_the_capture() -> None:
     assert set(by("phase", samples(prefill, "sglang:graph_memory_usage_gb")).values()) == {0.0}
     [available] = samples(decode, "sglang:startup_available_gpu_memory_gb").values()
     assert available > 0
+
+
+async def deferred_release_after_losing_the_prefill() -> str:
+    """A decode room the prefill never sees waits for its KV; the prefill then stops, the
+    heartbeat drops it and the transfer fails with no prefill left to ack the abort."""
+    bootstrap_port = free_port()
+    async with (
+        in_process("decode", FAST, "--enable-metrics") as decode,
+        aiohttp.ClientSession() as http,
+    ):
+        async with in_process("prefill", FAST, bootstrap_port=bootstrap_port):
+            body = {
+                "text": "nobody sends this room's KV",
+                "sampling_params": {"max_new_tokens": 4},
+                "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bootstrap_port,
+                "bootstrap_room": 7,
+            }
+            answer = asyncio.ensure_future(http.post(f"{decode.url}/generate", json=body))
+            await asyncio.sleep(0.3)  # bootstrapped, waiting in the transfer queue
+        async with await answer as resp:
+            assert resp.status == 500, await resp.text()
+        for _ in range(100):
+            async with http.get(f"{decode.url}/metrics") as resp:
+                text = await resp.text()
+            if "sglang:decode_deferred_kv_release_total" in text:
+                return text
+            await asyncio.sleep(0.05)
+        raise AssertionError("no deferred release resolved")
+
+
+def test_a_failed_transfer_of_a_lost_prefill_holds_its_kv_until_the_timeout() -> None:
+    text = asyncio.run(asyncio.wait_for(deferred_release_after_losing_the_prefill(), 30))
+    outcomes = by("outcome", samples(text, "sglang:decode_deferred_kv_release_total"))
+    assert outcomes == {"timeout": 1.0}
+    # Held for SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (30 s) and released at
+    # the first check past the deadline, as resolve_deferred_releases does (at 1/100 time
+    # scale a busy test machine's late wake-up adds whole simulated seconds: the 60 s bucket).
+    [held] = samples(text, "sglang:decode_deferred_kv_release_seconds_sum").values()
+    assert held >= 30.0
+    buckets = by("le", samples(text, "sglang:decode_deferred_kv_release_seconds_bucket"))
+    assert buckets["10.0"] == 0.0
+    assert buckets["60.0"] == 1.0
