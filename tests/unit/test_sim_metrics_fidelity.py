@@ -364,3 +364,37 @@ def test_a_failed_transfer_of_a_lost_prefill_holds_its_kv_until_the_timeout() ->
     buckets = by("le", samples(text, "sglang:decode_deferred_kv_release_seconds_bucket"))
     assert buckets["10.0"] == 0.0
     assert buckets["60.0"] == 1.0
+
+
+async def occupancy_while_decoding_and_after(env: dict[str, str]) -> tuple[float, float]:
+    """sglang:fwd_occupancy mid-decode (a long request, a stats line every step) and once
+    the server is idle again."""
+    async with (
+        in_process("null", {**FAST, **env}, "--enable-metrics", "--decode-log-interval", "1") as s,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def occupancy() -> float:
+            async with http.get(f"{s.url}/metrics") as resp:
+                [value] = samples(await resp.text(), "sglang:fwd_occupancy").values()
+                return value
+
+        body = {"text": "a long answer", "sampling_params": {"max_new_tokens": 4000}}
+        answer = asyncio.ensure_future(http.post(f"{s.url}/generate", json=body))
+        await asyncio.sleep(0.2)
+        during = await occupancy()
+        async with await answer as resp:
+            assert resp.status == 200
+        await asyncio.sleep(0.1)
+        return during, await occupancy()
+
+
+def test_forward_occupancy_needs_the_device_timer_and_turns_nan_at_idle() -> None:
+    """metrics_reporter: without SGLANG_ENABLE_METRICS_DEVICE_TIMER every stats line
+    publishes NaN; with it, GPU time over wall time while decoding, NaN again at idle."""
+    timed = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
+    during, idle = asyncio.run(asyncio.wait_for(occupancy_while_decoding_and_after(timed), 30))
+    assert 0 < during <= 100
+    assert math.isnan(idle)
+    during, idle = asyncio.run(asyncio.wait_for(occupancy_while_decoding_and_after({}), 30))
+    assert math.isnan(during) and math.isnan(idle)
