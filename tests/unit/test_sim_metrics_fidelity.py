@@ -323,12 +323,13 @@ def test_startup_constants_follow_the_pool_and_the_capture() -> None:
     assert available > 0
 
 
-async def deferred_release_after_losing_the_prefill() -> str:
+async def deferred_release_after_losing_the_prefill(env: dict[str, str]) -> str:
     """A decode room the prefill never sees waits for its KV; the prefill then stops, the
-    heartbeat drops it and the transfer fails with no prefill left to ack the abort."""
+    heartbeat drops it and the transfer fails with no prefill left to ack the abort. The
+    decode's /metrics once a deferred release resolved (or 2 s after the failure)."""
     bootstrap_port = free_port()
     async with (
-        in_process("decode", FAST, "--enable-metrics") as decode,
+        in_process("decode", {**FAST, **env}, "--enable-metrics") as decode,
         aiohttp.ClientSession() as http,
     ):
         async with in_process("prefill", FAST, bootstrap_port=bootstrap_port):
@@ -343,17 +344,18 @@ async def deferred_release_after_losing_the_prefill() -> str:
             await asyncio.sleep(0.3)  # bootstrapped, waiting in the transfer queue
         async with await answer as resp:
             assert resp.status == 500, await resp.text()
-        for _ in range(100):
+        for _ in range(40):
             async with http.get(f"{decode.url}/metrics") as resp:
                 text = await resp.text()
             if "sglang:decode_deferred_kv_release_total" in text:
-                return text
+                break
             await asyncio.sleep(0.05)
-        raise AssertionError("no deferred release resolved")
+        return text
 
 
 def test_a_failed_transfer_of_a_lost_prefill_holds_its_kv_until_the_timeout() -> None:
-    text = asyncio.run(asyncio.wait_for(deferred_release_after_losing_the_prefill(), 30))
+    text = asyncio.run(asyncio.wait_for(deferred_release_after_losing_the_prefill({}), 30))
+    assert list(samples(text, "sglang:num_transfer_failed_reqs_total").values()) == [1.0]
     outcomes = by("outcome", samples(text, "sglang:decode_deferred_kv_release_total"))
     assert outcomes == {"timeout": 1.0}
     # Held for SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (30 s) and released at
@@ -398,3 +400,11 @@ def test_forward_occupancy_needs_the_device_timer_and_turns_nan_at_idle() -> Non
     assert math.isnan(idle)
     during, idle = asyncio.run(asyncio.wait_for(occupancy_while_decoding_and_after({}), 30))
     assert math.isnan(during) and math.isnan(idle)
+
+
+def test_without_deferred_release_a_failed_transfer_frees_its_kv_at_once() -> None:
+    off = {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "0"}
+    text = asyncio.run(asyncio.wait_for(deferred_release_after_losing_the_prefill(off), 30))
+    assert list(samples(text, "sglang:num_transfer_failed_reqs_total").values()) == [1.0]
+    assert not samples(text, "sglang:decode_deferred_kv_release_total")
+    assert list(samples(text, "sglang:num_decode_deferred_kv_release_reqs").values()) == [0.0]
