@@ -181,7 +181,7 @@ def _memory_and_startup(engine: str) -> Section:
                 "captured CUDA graphs (all phases) and what was left free. Little left free "
                 "and eager batches OOM; a smaller KV cache than expected means "
                 "--mem-fraction-static or the graphs took the room.",
-                "decgbytes",
+                "gbytes",  # SGLang's "GB" are GiB (get_available_gpu_memory, memory_pool)
                 [
                     _constant("sglang:weight_memory_usage_gb", engine, "weights"),
                     _constant("sglang:kv_cache_memory_usage_gb", engine, "KV cache"),

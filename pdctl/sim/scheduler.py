@@ -498,7 +498,8 @@ class Scheduler:
             self.pool.size,
             self.cfg.page_size,
             self.cfg.context_length,
-            (k.weights_gib * GIB / 1e9, self.pool.size * k.kv_bytes_per_token / 1e9),
+            # SGLang's "GB" are GiB: memory_pool.py divides by 1024**3
+            (k.weights_gib, self.pool.size * k.kv_bytes_per_token / GIB),
             startup,
         )
         self._update_gauges()
