@@ -84,6 +84,25 @@ SCHEDULER_GAUGES = {
     "kv_cache_memory_usage_gb": "KV cache memory (GB).",
     "startup_available_gpu_memory_gb": "Available GPU memory in GB at startup.",
 }
+# Scheduler counters (served with `_total`): documentation and labels past the scheduler's.
+SCHEDULER_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "num_retracted_requests": ("Total number of retracted requests.", ()),
+    "num_retracted_input_tokens": ("Total number of retracted input tokens.", ()),
+    "num_retracted_output_tokens": ("Total number of retracted output tokens.", ()),
+    "scheduler_idle_seconds": (
+        "Total wall time while the scheduler has no runnable or queued work.",
+        (),
+    ),
+    "cuda_graph_passes": ("Forward passes by CUDA graph mode.", ("mode",)),
+    "realtime_tokens": ("Tokens processed, by mode.", ("mode",)),
+    "num_bootstrap_failed_reqs": ("Requests that failed bootstrapping.", ()),
+    "num_transfer_failed_reqs": ("Requests whose KV transfer failed.", ()),
+    "num_prefill_retries": ("Total number of prefill retries.", ()),
+    "decode_deferred_kv_release": (
+        "Total deferred decode KV release resolution attempts.",
+        ("outcome",),
+    ),
+}
 # model_executor/graph_memory_usage.py GRAPH_MEMORY_USAGE_KEYS: every phase is written,
 # 0 where nothing was captured (graph memory per rank, capture time by the tokenizer).
 GRAPH_PHASES = (
@@ -98,8 +117,14 @@ GRAPH_PHASES = (
 
 @dataclass(frozen=True)
 class Startup:
-    """What a server's start-up measured: emit_constants' and emit_startup_time's inputs."""
+    """What a server's start-up resolved and measured: emit_constants' and
+    emit_startup_time's inputs. SGLang's "GB" are GiB (memory_pool.py divides by 1024**3)."""
 
+    pool_tokens: int
+    page_size: int
+    context_len: int
+    weights_gb: float
+    kv_gb: float
     load_weight_s: float
     cuda_graph_s: Mapping[str, float]  # capture time by phase (missing: 0)
     graph_gb: Mapping[str, float]  # captured graphs' memory by phase (missing: 0)
@@ -137,6 +162,16 @@ class SimMetrics:
     weight_memory_usage_gb: Gauge
     kv_cache_memory_usage_gb: Gauge
     startup_available_gpu_memory_gb: Gauge
+    num_retracted_requests: Counter
+    num_retracted_input_tokens: Counter
+    num_retracted_output_tokens: Counter
+    scheduler_idle_seconds: Counter
+    cuda_graph_passes: Counter
+    realtime_tokens: Counter
+    num_bootstrap_failed_reqs: Counter
+    num_transfer_failed_reqs: Counter
+    num_prefill_retries: Counter
+    decode_deferred_kv_release: Counter
 
     def __init__(self, model_name: str, mode: DisaggregationMode, tp_size: int = 1) -> None:
         engine_type = mode.engine_type
@@ -183,57 +218,8 @@ class SimMetrics:
             [*sl, "pid"],
             registry=r,
         )
-        self.num_retracted_requests = Counter(
-            "sglang:num_retracted_requests", "Total number of retracted requests.", sl, registry=r
-        )
-        self.num_retracted_input_tokens = Counter(
-            "sglang:num_retracted_input_tokens",
-            "Total number of retracted input tokens.",
-            sl,
-            registry=r,
-        )
-        self.num_retracted_output_tokens = Counter(
-            "sglang:num_retracted_output_tokens",
-            "Total number of retracted output tokens.",
-            sl,
-            registry=r,
-        )
-        self.scheduler_idle_seconds = Counter(
-            "sglang:scheduler_idle_seconds",
-            "Total wall time while the scheduler has no runnable or queued work.",
-            sl,
-            registry=r,
-        )
-        self.cuda_graph_passes = Counter(
-            "sglang:cuda_graph_passes",
-            "Forward passes by CUDA graph mode.",
-            [*sl, "mode"],
-            registry=r,
-        )
-        self.realtime_tokens = Counter(
-            "sglang:realtime_tokens", "Tokens processed, by mode.", [*sl, "mode"], registry=r
-        )
-        self.num_bootstrap_failed_reqs = Counter(
-            "sglang:num_bootstrap_failed_reqs",
-            "Requests that failed bootstrapping.",
-            sl,
-            registry=r,
-        )
-        self.num_transfer_failed_reqs = Counter(
-            "sglang:num_transfer_failed_reqs",
-            "Requests whose KV transfer failed.",
-            sl,
-            registry=r,
-        )
-        self.num_prefill_retries = Counter(
-            "sglang:num_prefill_retries", "Total number of prefill retries.", sl, registry=r
-        )
-        self.decode_deferred_kv_release = Counter(
-            "sglang:decode_deferred_kv_release",
-            "Total deferred decode KV release resolution attempts.",
-            [*sl, "outcome"],
-            registry=r,
-        )
+        for attr, (doc, extra) in SCHEDULER_COUNTERS.items():
+            setattr(self, attr, Counter(f"sglang:{attr}", doc, [*sl, *extra], registry=r))
         self.decode_deferred_kv_release_seconds = Histogram(
             "sglang:decode_deferred_kv_release_seconds",
             "Histogram of time spent holding deferred decode KV releases.",
@@ -400,24 +386,16 @@ class SimMetrics:
     def set_tp_size(self, tp_size: int) -> None:
         self.ranks = [{**self.sched, "tp_rank": str(rank)} for rank in range(max(tp_size, 1))]
 
-    def set_static(
-        self,
-        pool_tokens: int,
-        page_size: int,
-        context_len: int,
-        memory_gb: tuple[float, float],
-        startup: Startup,
-    ) -> None:
+    def set_static(self, startup: Startup) -> None:
         """emit_constants: every rank (scheduler.py emit_metrics_constants, enable_metrics);
-        `memory_gb`: weights, KV cache. num_pages is the pool over the page size."""
-        weights_gb, kv_gb = memory_gb
+        num_pages is the pool over the page size."""
         for gauge, value in (
-            (self.max_total_num_tokens, pool_tokens),
-            (self.page_size, page_size),
-            (self.num_pages, pool_tokens // page_size),
-            (self.context_len, context_len),
-            (self.weight_memory_usage_gb, weights_gb),
-            (self.kv_cache_memory_usage_gb, kv_gb),
+            (self.max_total_num_tokens, startup.pool_tokens),
+            (self.page_size, startup.page_size),
+            (self.num_pages, startup.pool_tokens // startup.page_size),
+            (self.context_len, startup.context_len),
+            (self.weight_memory_usage_gb, startup.weights_gb),
+            (self.kv_cache_memory_usage_gb, startup.kv_gb),
             (self.startup_available_gpu_memory_gb, startup.available_gb),
         ):
             for labels in self.ranks:
@@ -495,14 +473,7 @@ class NoMetrics(SimMetrics):
 
     enabled = False
 
-    def set_static(
-        self,
-        pool_tokens: int,
-        page_size: int,
-        context_len: int,
-        memory_gb: tuple[float, float],
-        startup: Startup,
-    ) -> None:
+    def set_static(self, startup: Startup) -> None:
         pass
 
     def sched_gauge(self, gauge: Gauge, value: float, **extra: str) -> None:

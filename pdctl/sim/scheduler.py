@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from .args import GIB, SimConfig
+from .args import SimConfig
 from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
 from .metrics import SimMetrics, Startup
 from .model import Clock, GPUTimeline, KVPool, StepModel
@@ -493,15 +493,7 @@ class Scheduler:
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
     def publish_static_metrics(self, startup: Startup) -> None:
-        k = self.cfg.knobs
-        self.metrics.set_static(
-            self.pool.size,
-            self.cfg.page_size,
-            self.cfg.context_length,
-            # SGLang's "GB" are GiB: memory_pool.py divides by 1024**3
-            (k.weights_gib, self.pool.size * k.kv_bytes_per_token / GIB),
-            startup,
-        )
+        self.metrics.set_static(startup)
         self._update_gauges()
 
     def tokens_in_use(self) -> int:

@@ -203,6 +203,11 @@ class SimServer:
             avail,
         )
         return Startup(
+            pool_tokens=cfg.kv_pool_tokens,
+            page_size=cfg.page_size,
+            context_len=cfg.context_length,
+            weights_gb=k.weights_gib,
+            kv_gb=cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB,
             load_weight_s=0.6 * k.startup_delay_s,
             cuda_graph_s=capture_s,
             graph_gb=graph_gb,

@@ -132,6 +132,17 @@ def recording() -> dict[str, Recording]:
     return out
 
 
+def room_request(text: str, bootstrap_port: int, room: int) -> dict[str, object]:
+    """A /generate body for one PD room of the prefill at 127.0.0.1:bootstrap_port."""
+    return {
+        "text": text,
+        "sampling_params": {"max_new_tokens": 4},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": room,
+    }
+
+
 async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
     bootstrap_port = free_port()
     flags = ("--enable-metrics", "--decode-log-interval", "1", *extra)
@@ -145,13 +156,7 @@ async def scrape_pd_pair_and_unified(*extra: str) -> list[str]:
         in_process("null", FAST, *flags) as unified,
         aiohttp.ClientSession() as http,
     ):
-        body = {
-            "text": "the same body goes to both legs",
-            "sampling_params": {"max_new_tokens": 4},
-            "bootstrap_host": "127.0.0.1",
-            "bootstrap_port": bootstrap_port,
-            "bootstrap_room": 12345,
-        }
+        body = room_request("the same body goes to both legs", bootstrap_port, 12345)
         legs = [http.post(f"{s.url}/generate", json=body) for s in (prefill, decode)]
         for resp in await asyncio.gather(*legs):
             assert resp.status == 200, await resp.text()
@@ -333,13 +338,7 @@ async def deferred_release_after_losing_the_prefill(env: dict[str, str]) -> str:
         aiohttp.ClientSession() as http,
     ):
         async with in_process("prefill", FAST, bootstrap_port=bootstrap_port):
-            body = {
-                "text": "nobody sends this room's KV",
-                "sampling_params": {"max_new_tokens": 4},
-                "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": bootstrap_port,
-                "bootstrap_room": 7,
-            }
+            body = room_request("nobody sends this room's KV", bootstrap_port, 7)
             answer = asyncio.ensure_future(http.post(f"{decode.url}/generate", json=body))
             await asyncio.sleep(0.3)  # bootstrapped, waiting in the transfer queue
         async with await answer as resp:
