@@ -221,6 +221,7 @@ UNITS: dict[str, Callable[[float], str]] = {
     "Bps": lambda x: _scaled(x, _si("B/s")),
     "GBs": lambda x: _scaled(x * 1e9, _si("B/s")),
     "decmbytes": lambda x: _scaled(x * 1e6, _si("B")),
+    "gbytes": lambda x: f"{_number(x)} GiB",  # SGLang's *_gb gauges: bytes / 2**30
     "watt": lambda x: _scaled(x, _si("W")),
     "celsius": lambda x: f"{_number(x)} °C",
     "hertz": lambda x: _scaled(x, _si("Hz")),

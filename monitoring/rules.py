@@ -267,6 +267,7 @@ def build_rules(cfg: Config = DEFAULT) -> dict[str, Any]:
     ]
 
     hang = t["hang_window"]
+    not_drained = 'outcome!="drained"'
     pd_path = [
         alert(
             "PDBootstrapFailures",
@@ -285,6 +286,19 @@ def build_rules(cfg: Config = DEFAULT) -> dict[str, Any]:
             "warning",
             "KV-cache transfers between prefill and decode are failing.",
             f"{engine_of} failed {value('humanize')} KV transfers in {over}.",
+        ),
+        # decode.py resolve_deferred_releases: a failed transfer's KV stays held until every
+        # prefill rank acks the abort; "timeout" (no ack: the prefill died or hangs) or
+        # "error" (the release raised) mean held or possibly leaked decode KV.
+        alert(
+            "PDDecodeKVReleaseTimeouts",
+            f"{per_engine('sglang:decode_deferred_kv_release_total', not_drained, fn='increase')}"
+            f" > {t['pd_failures_per_5m']}",
+            t["pd_failures_for"],
+            "warning",
+            "Decode holds failed transfers' KV until a timeout: the prefill does not ack.",
+            f"{engine_of} released {value('humanize')} failed transfers' KV by timeout or"
+            f" error in {over} instead of on the prefill's abort ack.",
         ),
         # Queued work and not one request finished: a hang (often a stale bootstrap after a
         # one-sided restart), not load. A missing counter counts as no completions.

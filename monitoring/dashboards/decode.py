@@ -1,4 +1,6 @@
-"""Decode efficiency: CUDA graphs vs eager, batch size vs throughput, step time."""
+"""Decode efficiency: CUDA graphs vs eager, batch size vs throughput, step time; each
+engine's memory split, KV pool and start-up (SGLang's emit_constants and startup-time
+gauges, both roles)."""
 
 from __future__ import annotations
 
@@ -158,7 +160,69 @@ def build(cfg: Config) -> Dashboard:
         UID,
         "Decode efficiency",
         "Whether decode stays inside its CUDA graphs and what each added request costs.",
-        [graphs, throughput],
+        [graphs, throughput, _memory_and_startup(engine)],
         engine_variables(cfg),
         cfg,
+    )
+
+
+def _constant(metric: str, engine: str, legend: str) -> Query:
+    """A gauge emit_constants writes once per TP rank, all ranks alike: one rank's value."""
+    return Query(f"max by (engine) ({metric}{{{engine}}})", f"{legend} {{{{engine}}}}")
+
+
+def _memory_and_startup(engine: str) -> Section:
+    return Section(
+        "Engine memory and start-up",
+        [
+            Panel(
+                "GPU memory by use (per GPU)",
+                "What each engine's start-up measured on one GPU: weights, KV cache, "
+                "captured CUDA graphs (all phases) and what was left free. Little left free "
+                "and eager batches OOM; a smaller KV cache than expected means "
+                "--mem-fraction-static or the graphs took the room.",
+                "gbytes",  # SGLang's "GB" are GiB (get_available_gpu_memory, memory_pool)
+                [
+                    _constant("sglang:weight_memory_usage_gb", engine, "weights"),
+                    _constant("sglang:kv_cache_memory_usage_gb", engine, "KV cache"),
+                    Query(
+                        "max by (engine) (sum without (phase) "
+                        f"(sglang:graph_memory_usage_gb{{{engine}}}))",
+                        "CUDA graphs {{engine}}",
+                    ),
+                    _constant("sglang:startup_available_gpu_memory_gb", engine, "free"),
+                ],
+                width=8,
+            ),
+            Panel(
+                "KV pool",
+                "KV cache pool size in tokens (max_total_num_tokens) and in pages: "
+                "what token_usage divides by.",
+                "short",
+                [
+                    _constant("sglang:max_total_num_tokens", engine, "tokens"),
+                    _constant("sglang:num_pages", engine, "pages"),
+                ],
+                width=8,
+            ),
+            Panel(
+                "Start-up time by phase",
+                "How long the engine's last start took: loading weights, allocating the KV "
+                "cache, capturing CUDA graphs, up to the scheduler and the HTTP server being "
+                "ready. Long start-ups stretch every restart's downtime.",
+                "s",
+                [
+                    Query(
+                        f"max by (engine, phase) (sglang:startup_time_seconds{{{engine}}})",
+                        "{{phase}} {{engine}}",
+                    ),
+                    Query(
+                        "max by (engine) (sum without (phase) "
+                        f"(sglang:startup_cuda_graph_time_seconds{{{engine}}}))",
+                        "cuda_graph {{engine}}",
+                    ),
+                ],
+                width=8,
+            ),
+        ],
     )

@@ -162,6 +162,28 @@ def build(cfg: Config) -> Dashboard:
                 width=8,
                 kind="bars",
             ),
+            Panel(
+                "Deferred KV release (decode)",
+                "Failed transfers whose KV the decode holds until the prefill acks the "
+                "abort (held now), and how holds end per second: drained (acked), timeout "
+                "(no ack within SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT) "
+                "or error. Timeouts mean the prefill is gone or hangs (PDDecodeKVReleaseTimeouts).",
+                "short",
+                [
+                    Query(
+                        "max by (engine) (sglang:num_decode_deferred_kv_release_reqs"
+                        f'{{{engine}, role="decode"}})',
+                        "held {{engine}}",
+                    ),
+                    Query(
+                        rank_rate_sum(
+                            "sglang:decode_deferred_kv_release_total", engine, "engine, outcome"
+                        ),
+                        "{{outcome}} {{engine}}",
+                    ),
+                ],
+                width=24,
+            ),
         ],
     )
     stages = Section(

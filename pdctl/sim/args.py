@@ -153,6 +153,18 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r} is not a number") from e
 
 
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """environ.py EnvBool: true/1/yes/y or false/0/no/n, any case."""
+    raw = (env.get(name) or "").lower()
+    if raw in ("true", "1", "yes", "y"):
+        return True
+    if raw in ("false", "0", "no", "n"):
+        return False
+    if raw:
+        raise SystemExit(f"{name}={raw!r} is not a boolean")
+    return default
+
+
 def _env_choice(env: Mapping[str, str], name: str, default: str, choices: Sequence[str]) -> str:
     raw = env.get(name, default) or default
     if raw not in choices:
@@ -189,6 +201,9 @@ class Knobs:
     waiting_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
+    deferred_kv_release: bool = True
+    deferred_kv_release_timeout_s: float = 30.0
+    metrics_device_timer: bool = False
 
     @property
     def degraded_hangs(self) -> bool:
@@ -250,6 +265,17 @@ class Knobs:
             ),
             waiting_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", d.waiting_timeout_s
+            ),
+            deferred_kv_release=_env_bool(
+                env, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", d.deferred_kv_release
+            ),
+            deferred_kv_release_timeout_s=_env_float(
+                env,
+                "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
+                d.deferred_kv_release_timeout_s,
+            ),
+            metrics_device_timer=_env_bool(
+                env, "SGLANG_ENABLE_METRICS_DEVICE_TIMER", d.metrics_device_timer
             ),
             # conn.py clamps: interval >= 2 s, max failures >= 1.
             heartbeat_interval_s=max(

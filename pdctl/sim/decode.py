@@ -43,6 +43,7 @@ from .scheduler_decode import DecodeScheduler
 ROUTE_TRIES = 15  # decode.py: _max_ensure_retries
 ROUTE_RETRY_S = 1.0  # decode.py: _ensure_retry_interval
 POLL_WAIT_S = 2.0
+ABORT_ACK_S = 0.05  # a live prefill's AbortAck for a failed room: one round trip
 
 RoomResult = tuple[KVPoll, str]  # a concluded room poll: (state, failure reason)
 
@@ -246,7 +247,30 @@ class DecodeLeg:
             self.engine.start_decoding(req)
             return
         m.rank_inc(m.num_transfer_failed_reqs)
+        held = self.engine.defer_release(req)  # before the abort would free the slots
         self._abort(req, "transfer", reason)
+        if held:
+            self.spawn(self._resolve_deferred(req, peer, held))
+
+    async def _resolve_deferred(self, req: Req, peer: Peer, held: int) -> None:
+        """resolve_deferred_releases: a live prefill acks the abort ("drained"); a lost one
+        never does, so the slots stay held until the timeout ("timeout", with SGLang's
+        warning)."""
+        clock, k = self.engine.clock, self.cfg.knobs
+        t0 = clock.now()
+        if peer.lost.is_set():
+            await clock.sleep(k.deferred_kv_release_timeout_s)
+            self.log.warning(
+                "Deferred KV release for room %s timed out after %ss without a full drain "
+                "ack from prefill; releasing anyway.",
+                req.room,
+                k.deferred_kv_release_timeout_s,
+            )
+            outcome = "timeout"
+        else:
+            await clock.sleep(ABORT_ACK_S)
+            outcome = "drained"
+        self.engine.release_deferred(req, held, clock.now() - t0, outcome)
 
     async def _transfer(self, req: Req, peer: Peer, t0: float) -> RoomResult:
         """Bootstrap the room and wait for its KV."""

@@ -18,13 +18,15 @@ never observes TTFT, ITL or TPOT.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from .metrics_buckets import (
+    DEFERRED_RELEASE_BUCKETS,
     E2E_BUCKETS,
     ITL_BUCKETS,
     KV_BOOTSTRAP_MS_BUCKETS,
@@ -52,11 +54,124 @@ class _Written(CollectorRegistry):
         return (m for m in self.source.collect() if m.samples)
 
 
+# Scheduler gauges without extra labels (metrics_collector.py SchedulerMetricsCollector):
+# log_stats writes them on rank 0, emit_constants on every rank.
+SCHEDULER_GAUGES = {
+    "num_running_reqs": "The number of running requests.",
+    "num_queue_reqs": "The number of requests in the waiting queue.",
+    "gen_throughput": "The generation throughput (token/s).",
+    "cache_hit_rate": "The prefix cache hit rate.",
+    "token_usage": "The token usage.",
+    "num_used_tokens": "The number of used tokens.",
+    "kv_used_tokens": "KV tokens in use.",
+    "kv_available_tokens": "KV tokens available.",
+    "is_cuda_graph": "Whether the batch is using CUDA graph.",
+    "utilization": "The utilization.",
+    "fwd_occupancy": "Forward pass GPU occupancy percentage.",
+    "num_prefill_bootstrap_queue_reqs": "Requests in the prefill bootstrap queue.",
+    "num_prefill_inflight_queue_reqs": "Requests in the prefill inflight queue.",
+    "num_decode_prealloc_queue_reqs": "Requests in the decode prealloc queue.",
+    "num_decode_transfer_queue_reqs": "Requests in the decode transfer queue.",
+    "pending_prealloc_token_usage": "Token usage of pending preallocations.",
+    "num_decode_host_receive_queue_reqs": "Requests in the decode host receive queue.",
+    "num_decode_deferred_kv_release_reqs": "Failed decode requests whose KV release is held.",
+    # emit_constants
+    "max_total_num_tokens": "KV pool size in tokens.",
+    "page_size": "The KV cache page size.",
+    "num_pages": "Number of KV cache pages.",
+    "context_len": "The context length.",
+    "weight_memory_usage_gb": "Weights memory (GB).",
+    "kv_cache_memory_usage_gb": "KV cache memory (GB).",
+    "startup_available_gpu_memory_gb": "Available GPU memory in GB at startup.",
+}
+# Scheduler counters (served with `_total`): documentation and labels past the scheduler's.
+SCHEDULER_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "num_retracted_requests": ("Total number of retracted requests.", ()),
+    "num_retracted_input_tokens": ("Total number of retracted input tokens.", ()),
+    "num_retracted_output_tokens": ("Total number of retracted output tokens.", ()),
+    "scheduler_idle_seconds": (
+        "Total wall time while the scheduler has no runnable or queued work.",
+        (),
+    ),
+    "cuda_graph_passes": ("Forward passes by CUDA graph mode.", ("mode",)),
+    "realtime_tokens": ("Tokens processed, by mode.", ("mode",)),
+    "num_bootstrap_failed_reqs": ("Requests that failed bootstrapping.", ()),
+    "num_transfer_failed_reqs": ("Requests whose KV transfer failed.", ()),
+    "num_prefill_retries": ("Total number of prefill retries.", ()),
+    "decode_deferred_kv_release": (
+        "Total deferred decode KV release resolution attempts.",
+        ("outcome",),
+    ),
+}
+# model_executor/graph_memory_usage.py GRAPH_MEMORY_USAGE_KEYS: every phase is written,
+# 0 where nothing was captured (graph memory per rank, capture time by the tokenizer).
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What a server's start-up resolved and measured: emit_constants' and
+    emit_startup_time's inputs. SGLang's "GB" are GiB (memory_pool.py divides by 1024**3)."""
+
+    pool_tokens: int
+    page_size: int
+    context_len: int
+    weights_gb: float
+    kv_gb: float
+    load_weight_s: float
+    cuda_graph_s: Mapping[str, float]  # capture time by phase (missing: 0)
+    graph_gb: Mapping[str, float]  # captured graphs' memory by phase (missing: 0)
+    available_gb: float  # free GPU memory once the scheduler is up
+    total_s: float
+
+
 class SimMetrics:
     """Scheduler families carry model_name, engine_type, tp_rank, pp_rank, moe_ep_rank;
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
     enabled = True
+    num_running_reqs: Gauge
+    num_queue_reqs: Gauge
+    gen_throughput: Gauge
+    cache_hit_rate: Gauge
+    token_usage: Gauge
+    num_used_tokens: Gauge
+    kv_used_tokens: Gauge
+    kv_available_tokens: Gauge
+    is_cuda_graph: Gauge
+    utilization: Gauge
+    fwd_occupancy: Gauge
+    num_prefill_bootstrap_queue_reqs: Gauge
+    num_prefill_inflight_queue_reqs: Gauge
+    num_decode_prealloc_queue_reqs: Gauge
+    num_decode_transfer_queue_reqs: Gauge
+    pending_prealloc_token_usage: Gauge
+    num_decode_host_receive_queue_reqs: Gauge
+    num_decode_deferred_kv_release_reqs: Gauge
+    max_total_num_tokens: Gauge
+    page_size: Gauge
+    num_pages: Gauge
+    context_len: Gauge
+    weight_memory_usage_gb: Gauge
+    kv_cache_memory_usage_gb: Gauge
+    startup_available_gpu_memory_gb: Gauge
+    num_retracted_requests: Counter
+    num_retracted_input_tokens: Counter
+    num_retracted_output_tokens: Counter
+    scheduler_idle_seconds: Counter
+    cuda_graph_passes: Counter
+    realtime_tokens: Counter
+    num_bootstrap_failed_reqs: Counter
+    num_transfer_failed_reqs: Counter
+    num_prefill_retries: Counter
+    decode_deferred_kv_release: Counter
 
     def __init__(self, model_name: str, mode: DisaggregationMode, tp_size: int = 1) -> None:
         engine_type = mode.engine_type
@@ -83,43 +198,13 @@ class SimMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"sglang:{name}", doc, sl, registry=r)
 
-        self.num_running_reqs = gauge("num_running_reqs", "The number of running requests.")
-        self.num_queue_reqs = gauge(
-            "num_queue_reqs", "The number of requests in the waiting queue."
-        )
-        self.gen_throughput = gauge("gen_throughput", "The generation throughput (token/s).")
-        self.cache_hit_rate = gauge("cache_hit_rate", "The prefix cache hit rate.")
-        self.token_usage = gauge("token_usage", "The token usage.")
-        self.num_used_tokens = gauge("num_used_tokens", "The number of used tokens.")
-        self.kv_used_tokens = gauge("kv_used_tokens", "KV tokens in use.")
-        self.kv_available_tokens = gauge("kv_available_tokens", "KV tokens available.")
-        self.is_cuda_graph = gauge("is_cuda_graph", "Whether the batch is using CUDA graph.")
-        self.utilization = gauge("utilization", "The utilization.")
-        self.max_total_num_tokens = gauge("max_total_num_tokens", "KV pool size in tokens.")
-        self.page_size = gauge("page_size", "The KV cache page size.")
-        self.context_len = gauge("context_len", "The context length.")
-        self.weight_memory_usage_gb = gauge("weight_memory_usage_gb", "Weights memory (GB).")
-        self.kv_cache_memory_usage_gb = gauge("kv_cache_memory_usage_gb", "KV cache memory (GB).")
-        self.num_prefill_bootstrap_queue_reqs = gauge(
-            "num_prefill_bootstrap_queue_reqs", "Requests in the prefill bootstrap queue."
-        )
-        self.num_prefill_inflight_queue_reqs = gauge(
-            "num_prefill_inflight_queue_reqs", "Requests in the prefill inflight queue."
-        )
-        self.num_decode_prealloc_queue_reqs = gauge(
-            "num_decode_prealloc_queue_reqs", "Requests in the decode prealloc queue."
-        )
-        self.num_decode_transfer_queue_reqs = gauge(
-            "num_decode_transfer_queue_reqs", "Requests in the decode transfer queue."
-        )
-        self.pending_prealloc_token_usage = gauge(
-            "pending_prealloc_token_usage", "Token usage of pending preallocations."
-        )
-        self.num_decode_host_receive_queue_reqs = gauge(
-            "num_decode_host_receive_queue_reqs", "Requests in the decode host receive queue."
-        )
-        self.num_decode_deferred_kv_release_reqs = gauge(
-            "num_decode_deferred_kv_release_reqs", "Requests waiting for deferred KV release."
+        for attr, doc in SCHEDULER_GAUGES.items():
+            setattr(self, attr, gauge(attr, doc))
+        self.graph_memory_usage_gb = Gauge(
+            "sglang:graph_memory_usage_gb",
+            "Memory used by captured device graphs in GB.",
+            [*sl, "phase"],
+            registry=r,
         )
         self.num_retracted_reqs = Gauge(
             "sglang:num_retracted_reqs",
@@ -133,50 +218,14 @@ class SimMetrics:
             [*sl, "pid"],
             registry=r,
         )
-        self.num_retracted_requests = Counter(
-            "sglang:num_retracted_requests", "Total number of retracted requests.", sl, registry=r
-        )
-        self.num_retracted_input_tokens = Counter(
-            "sglang:num_retracted_input_tokens",
-            "Total number of retracted input tokens.",
+        for attr, (doc, extra) in SCHEDULER_COUNTERS.items():
+            setattr(self, attr, Counter(f"sglang:{attr}", doc, [*sl, *extra], registry=r))
+        self.decode_deferred_kv_release_seconds = Histogram(
+            "sglang:decode_deferred_kv_release_seconds",
+            "Histogram of time spent holding deferred decode KV releases.",
             sl,
+            buckets=DEFERRED_RELEASE_BUCKETS,
             registry=r,
-        )
-        self.num_retracted_output_tokens = Counter(
-            "sglang:num_retracted_output_tokens",
-            "Total number of retracted output tokens.",
-            sl,
-            registry=r,
-        )
-        self.scheduler_idle_seconds = Counter(
-            "sglang:scheduler_idle_seconds",
-            "Total wall time while the scheduler has no runnable or queued work.",
-            sl,
-            registry=r,
-        )
-        self.cuda_graph_passes = Counter(
-            "sglang:cuda_graph_passes",
-            "Forward passes by CUDA graph mode.",
-            [*sl, "mode"],
-            registry=r,
-        )
-        self.realtime_tokens = Counter(
-            "sglang:realtime_tokens", "Tokens processed, by mode.", [*sl, "mode"], registry=r
-        )
-        self.num_bootstrap_failed_reqs = Counter(
-            "sglang:num_bootstrap_failed_reqs",
-            "Requests that failed bootstrapping.",
-            sl,
-            registry=r,
-        )
-        self.num_transfer_failed_reqs = Counter(
-            "sglang:num_transfer_failed_reqs",
-            "Requests whose KV transfer failed.",
-            sl,
-            registry=r,
-        )
-        self.num_prefill_retries = Counter(
-            "sglang:num_prefill_retries", "Total number of prefill retries.", sl, registry=r
         )
         # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs and
         # groups (a pair is a 1P1D group).
@@ -237,6 +286,13 @@ class SimMetrics:
             registry=r,
         )
         # Tokenizer-side families
+        self.startup_time_seconds, self.startup_cuda_graph_time_seconds = (
+            Gauge(f"sglang:{name}", doc, [*tl, "phase"], registry=r)
+            for name, doc in (
+                ("startup_time_seconds", "Engine startup duration by phase in seconds."),
+                ("startup_cuda_graph_time_seconds", "CUDA graph capture duration by phase."),
+            )
+        )
         self.prompt_tokens = Counter(
             "sglang:prompt_tokens",
             "Number of prefill tokens processed.",
@@ -330,19 +386,43 @@ class SimMetrics:
     def set_tp_size(self, tp_size: int) -> None:
         self.ranks = [{**self.sched, "tp_rank": str(rank)} for rank in range(max(tp_size, 1))]
 
-    def set_static(
-        self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float
-    ) -> None:
-        """emit_constants: every rank (scheduler.py emit_metrics_constants, enable_metrics)."""
+    def set_static(self, startup: Startup) -> None:
+        """emit_constants: every rank (scheduler.py emit_metrics_constants, enable_metrics);
+        num_pages is the pool over the page size."""
         for gauge, value in (
-            (self.max_total_num_tokens, pool_tokens),
-            (self.page_size, page_size),
-            (self.context_len, context_len),
-            (self.weight_memory_usage_gb, weights_gb),
-            (self.kv_cache_memory_usage_gb, kv_gb),
+            (self.max_total_num_tokens, startup.pool_tokens),
+            (self.page_size, startup.page_size),
+            (self.num_pages, startup.pool_tokens // startup.page_size),
+            (self.context_len, startup.context_len),
+            (self.weight_memory_usage_gb, startup.weights_gb),
+            (self.kv_cache_memory_usage_gb, startup.kv_gb),
+            (self.startup_available_gpu_memory_gb, startup.available_gb),
         ):
             for labels in self.ranks:
                 gauge.labels(**labels).set(value)
+        for phase in GRAPH_PHASES:
+            for labels in self.ranks:
+                self.graph_memory_usage_gb.labels(**labels, phase=phase).set(
+                    startup.graph_gb.get(phase, 0.0)
+                )
+        self._emit_startup_time(startup)
+
+    def _emit_startup_time(self, startup: Startup) -> None:
+        """tokenizer_manager.set_startup_time -> emit_startup_time (the tokenizer process);
+        startup_time.py takes each phase's slowest rank, which in the sim are all alike.
+        The sim allocates its KV pool at once (kv_cache_allocation 0); the scheduler is up
+        when the capture ends, the tokenizer when the scheduler is."""
+        for phase, seconds in (
+            ("load_weight", startup.load_weight_s),
+            ("kv_cache_allocation", 0.0),
+            ("scheduler_e2e", startup.total_s),
+            ("tokenizer_e2e", startup.total_s),
+        ):
+            self.startup_time_seconds.labels(**self.tok, phase=phase).set(seconds)
+        for phase in GRAPH_PHASES:
+            self.startup_cuda_graph_time_seconds.labels(**self.tok, phase=phase).set(
+                startup.cuda_graph_s.get(phase, 0.0)
+            )
 
     def sched_gauge(self, gauge: Gauge, value: float, **extra: str) -> None:
         """log_stats: rank 0 only."""
@@ -393,9 +473,7 @@ class NoMetrics(SimMetrics):
 
     enabled = False
 
-    def set_static(
-        self, pool_tokens: int, page_size: int, context_len: int, weights_gb: float, kv_gb: float
-    ) -> None:
+    def set_static(self, startup: Startup) -> None:
         pass
 
     def sched_gauge(self, gauge: Gauge, value: float, **extra: str) -> None:

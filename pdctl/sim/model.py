@@ -107,6 +107,7 @@ class GPUTimeline:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._end: float | None = None
+        self.busy_s = 0.0  # forward time so far (the device timer's GPU time)
 
     def idle(self) -> None:
         self._end = None
@@ -116,6 +117,7 @@ class GPUTimeline:
         now = self.clock.now()
         start = now if self._end is None else max(self._end, now - MAX_LAG_S)
         end = self._end = start + sim_seconds
+        self.busy_s += sim_seconds
         await self.clock.sleep(end - now)
         return end
 

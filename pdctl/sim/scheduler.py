@@ -20,9 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from .args import GIB, SimConfig
+from .args import SimConfig
 from .logs import DecodeStats, PrefillStats, decode_line, prefill_line
-from .metrics import SimMetrics
+from .metrics import SimMetrics, Startup
 from .model import Clock, GPUTimeline, KVPool, StepModel
 from .req import Abort, Finish, Req, Token
 from .sampling import EOS_TOKEN_ID, Sample
@@ -37,6 +37,7 @@ class DisaggQueues:
     prealloc: int = 0
     transfer: int = 0
     retracted: int = 0
+    deferred_release: int = 0
 
     def __bool__(self) -> bool:
         return any(dataclasses.astuple(self))
@@ -78,6 +79,10 @@ class Scheduler:
         self._last_prefill_tokens = 0
         self.last_gen_throughput = 0.0
         self.last_cuda_graph = True
+        # metrics_reporter's device-timer window (SGLANG_ENABLE_METRICS_DEVICE_TIMER): GPU
+        # time over wall time since the window opened; NaN without the timer and at idle.
+        self.fwd_occupancy = math.nan
+        self._occupancy_window: tuple[float, float] | None = None
         # Speculative decoding: request-steps and the tokens they gained since the last line.
         self._spec_rng = random.Random(cfg.knobs.seed)
         self._spec_forward_ct = 0
@@ -267,6 +272,7 @@ class Scheduler:
             else:
                 self._wake.clear()
                 self.gpu.idle()
+                self._reset_occupancy_window()
                 idle_from = self.clock.now()
                 await self._wake.wait()
                 self.metrics.rank_inc(
@@ -417,7 +423,29 @@ class Scheduler:
             accept_rate=accept_rate,
         )
         self.log.info(decode_line(self._decode_stats(stats)))
+        self._measure_occupancy(now)
         self._update_gauges()
+
+    def _measure_occupancy(self, now: float) -> None:
+        """metrics_reporter._update_device_timer_window at a decode stats line: the window
+        opens at the first line after idle (the gauge keeps its value) and each later line
+        reports GPU time over wall time since then, capped at 100 %."""
+        if not self.cfg.knobs.metrics_device_timer:
+            return
+        if self._occupancy_window is None:
+            self._occupancy_window = (now, self.gpu.busy_s)
+            return
+        since, busy = self._occupancy_window
+        if now > since:
+            self.fwd_occupancy = min((self.gpu.busy_s - busy) / (now - since) * 100, 100.0)
+
+    def _reset_occupancy_window(self) -> None:
+        """_reset_device_timer_window at idle: the gauge turns NaN, published at once if it
+        held a value (_maybe_log_idle_metrics' is_fwd_occupancy_stale)."""
+        self._occupancy_window = None
+        if not math.isnan(self.fwd_occupancy):
+            self.fwd_occupancy = math.nan
+            self._update_gauges()
 
     def _crash_oom(self, n: int) -> None:
         # The seed's crash: 33+ requests past a 32-wide graph wanted 3.94 GiB of temporaries.
@@ -447,6 +475,7 @@ class Scheduler:
         m.sched_gauge(m.kv_available_tokens, self.pool.size - used)
         m.sched_gauge(m.is_cuda_graph, 1.0 if self.last_cuda_graph else 0.0)
         m.sched_gauge(m.utilization, self._utilization())
+        m.sched_gauge(m.fwd_occupancy, self.fwd_occupancy)
         # log_stats writes every PD gauge in every mode (0 outside its role).
         q = self.disagg_queues()
         m.sched_gauge(m.num_prefill_bootstrap_queue_reqs, q.bootstrap)
@@ -454,7 +483,7 @@ class Scheduler:
         m.sched_gauge(m.num_decode_prealloc_queue_reqs, q.prealloc)
         m.sched_gauge(m.num_decode_transfer_queue_reqs, q.transfer)
         m.sched_gauge(m.num_decode_host_receive_queue_reqs, 0)  # no host-staged receive
-        m.sched_gauge(m.num_decode_deferred_kv_release_reqs, 0)
+        m.sched_gauge(m.num_decode_deferred_kv_release_reqs, q.deferred_release)
         m.sched_gauge(m.pending_prealloc_token_usage, self._pending_prealloc_usage())
         # The last retraction's count since the previous stats line, 0 if none; between
         # stats lines (and at idle, where SGLang republishes its last stats) it holds.
@@ -463,15 +492,8 @@ class Scheduler:
             self.last_retracted = 0
         m.sched_gauge(m.num_paused_reqs, 0, **m.pid)
 
-    def publish_static_metrics(self) -> None:
-        k = self.cfg.knobs
-        self.metrics.set_static(
-            self.pool.size,
-            self.cfg.page_size,
-            self.cfg.context_length,
-            k.weights_gib * GIB / 1e9,
-            self.pool.size * k.kv_bytes_per_token / 1e9,
-        )
+    def publish_static_metrics(self, startup: Startup) -> None:
+        self.metrics.set_static(startup)
         self._update_gauges()
 
     def tokens_in_use(self) -> int:

@@ -45,6 +45,10 @@ MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 
+# KVManager classes with supports_deferred_decode_kv_release (mooncake_tcp is mooncake here).
+DEFERRING_BACKENDS = frozenset({"mooncake", "mooncake_tcp", "nixl", "mori"})
+
+
 class DecodeScheduler(Scheduler):
     def __init__(self, cfg: SimConfig, metrics: SimMetrics, log: logging.Logger) -> None:
         super().__init__(cfg, metrics, log)
@@ -56,6 +60,8 @@ class DecodeScheduler(Scheduler):
         self.retracted: list[Req] = []
         # Retracted by /pause_generation retract, KV freed, until /continue_generation.
         self.held_for_rebootstrap: list[Req] = []
+        # Failed transfers whose KV stays allocated until the prefill acks the abort.
+        self.deferred: list[Req] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._prealloc_changed = asyncio.Event()
 
@@ -126,8 +132,37 @@ class DecodeScheduler(Scheduler):
     # ----- what differs from the unified server --------------------------------------
     def disagg_queues(self) -> DisaggQueues:
         return DisaggQueues(
-            prealloc=len(self.prealloc), transfer=len(self.transfer), retracted=len(self.retracted)
+            prealloc=len(self.prealloc),
+            transfer=len(self.transfer),
+            retracted=len(self.retracted),
+            deferred_release=len(self.deferred),
         )
+
+    # ----- deferred KV release (disaggregation/decode.py DecodeTransferQueue) ---------
+    def defer_release(self, req: Req) -> int:
+        """_defer_release: a request whose transfer failed keeps its KV slots (a prefill
+        rank may still be writing into them) until the prefill acks the abort or
+        SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT passes. On by default
+        with the backends whose KVManager sets supports_deferred_decode_kv_release
+        (mooncake, nixl, mori); the held slots, 0 when the release is not deferred."""
+        backend = self.cfg.args.disaggregation_transfer_backend
+        if not self.cfg.knobs.deferred_kv_release or backend not in DEFERRING_BACKENDS:
+            return 0
+        held, req.reserved = req.reserved, 0
+        self.deferred.append(req)
+        self._update_gauges()
+        return held
+
+    def release_deferred(self, req: Req, held: int, seconds: float, outcome: str) -> None:
+        """resolve_deferred_releases -> _do_release: the slots go back to the pool and the
+        resolution is observed (observe_decode_deferred_kv_release, every rank)."""
+        self.deferred.remove(req)
+        self.pool.release(held)
+        self._prealloc_changed.set()
+        m = self.metrics
+        m.rank_observe(m.decode_deferred_kv_release_seconds, seconds)
+        m.rank_inc(m.decode_deferred_kv_release, outcome=outcome)
+        self._update_gauges()
 
     def load_queues(self) -> LoadQueues:
         # Transferring requests already hold their decode-side KV slots (in tokens_in_use).
@@ -141,7 +176,7 @@ class DecodeScheduler(Scheduler):
         return len(self.running) + len(self.transfer)
 
     def _held(self) -> list[Req]:
-        return list(self.transfer)
+        return [*self.transfer, *self.deferred]
 
     def _leave_queues(self, req: Req) -> None:
         super()._leave_queues(req)

@@ -32,7 +32,7 @@ from .decode import DecodeLeg
 from .generate import NativeGenerate
 from .handshake import registration
 from .info import InfoRoutes
-from .metrics import NoMetrics, SimMetrics
+from .metrics import NoMetrics, SimMetrics, Startup
 from .mode import DisaggregationMode
 from .nixl_conn import NixlKV, NixlKVReceiver, NixlKVSender
 from .prefill import PrefillLeg
@@ -149,18 +149,19 @@ class SimServer:
                 self._kv_receiver(),
                 self.crash,
             )
-        await self._load_and_capture()
+        startup = await self._load_and_capture()
         self.spawn(self.engine.run())
-        self.engine.publish_static_metrics()
+        self.engine.publish_static_metrics(startup)
         if self.boot is not None:
             await self._register_prefill_rank()
         self.status = "up"
         self.log.info("The server is fired up and ready to roll!")
 
-    async def _load_and_capture(self) -> None:
+    async def _load_and_capture(self) -> Startup:
         """SGLang's startup lines (model_runner.py, cuda_graph_setup.py, scheduler.py) over
         PDSIM_STARTUP_DELAY_S: 60% loading weights, 40% capturing decode graphs (a prefill
-        server captures none: cuda_graph_hook disables them for its role)."""
+        server captures none: cuda_graph_hook disables them for its role); what they
+        measured, for emit_constants and emit_startup_time."""
         cfg, k, clock = self.cfg, self.cfg.knobs, self.engine.clock
         avail = k.gpu_mem_gib - 0.5
         self.log.info("Load weight begin. avail mem=%.2f GB", avail)
@@ -174,6 +175,8 @@ class SimServer:
             k.weights_gib,
         )
         avail -= cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB
+        capture_s: dict[str, float] = {}
+        graph_gb: dict[str, float] = {}
         if cfg.mode is not DisaggregationMode.PREFILL:
             self.log.info(
                 "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
@@ -183,6 +186,7 @@ class SimServer:
             await clock.sleep(0.4 * k.startup_delay_s)
             graph_gib = min(max(avail - 0.5, 0.0), 0.5 + 0.02 * max(cfg.decode_buckets))
             self.graph_gib = graph_gib
+            capture_s["decode"], graph_gb["decode"] = 0.4 * k.startup_delay_s, graph_gib
             avail -= graph_gib
             self.log.info(
                 "Capture target decode CUDA graph end. bs=%s, elapsed=%.2f s, "
@@ -200,6 +204,18 @@ class SimServer:
             cfg.max_running_requests,
             cfg.context_length,
             avail,
+        )
+        return Startup(
+            pool_tokens=cfg.kv_pool_tokens,
+            page_size=cfg.page_size,
+            context_len=cfg.context_length,
+            weights_gb=k.weights_gib,
+            kv_gb=cfg.kv_pool_tokens * k.kv_bytes_per_token / GIB,
+            load_weight_s=0.6 * k.startup_delay_s,
+            cuda_graph_s=capture_s,
+            graph_gb=graph_gb,
+            available_gb=avail,
+            total_s=0.6 * k.startup_delay_s + sum(capture_s.values()),
         )
 
     async def _register_prefill_rank(self) -> None:

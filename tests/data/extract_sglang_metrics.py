@@ -9,17 +9,23 @@ metric constructors are needed:
 
 It instantiates the collectors SGLang creates when --enable-metrics is on (scheduler for
 each disaggregation mode, tokenizer, HTTP request metrics, func timer, CPU monitor,
-startup timer) and prints every family as it appears on the wire from SGLang's
-multiprocess registry: counters carry `_total`, and gauges in the default multiprocess
-mode ("all") carry an extra `pid` label.
+startup timer, the radix cache's) and prints every family as it appears on the wire from
+SGLang's multiprocess registry: counters carry `_total`, and gauges in the default
+multiprocess mode ("all") carry an extra `pid` label. The last column says what else a
+family needs: the scheduler collector's optional blocks (--enable-lora,
+--enable-hierarchical-cache, --enable-streaming-session) and the module-level families
+of a transfer backend's conn.py (read from its AST: importing it needs the backend's
+library), which exist in PD modes with that backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 import types
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -68,7 +74,15 @@ SOURCES = [
     "sglang/srt/observability/cpu_monitor.py",
     "sglang/srt/observability/startup_func_log_and_timer.py",
     "sglang/srt/utils/common.py (add_prometheus_middleware: MultiProcessCollector)",
+    "sglang/srt/disaggregation/*/conn.py (module-level families, by AST)",
 ]
+BASE = "--enable-metrics"
+# SchedulerMetricsCollector's keyword -> the flag that turns its block of families on.
+SCHEDULER_OPTIONS = {
+    "enable_lora": "--enable-lora",
+    "enable_hierarchical_cache": "--enable-hierarchical-cache",
+    "enable_streaming_session": "--enable-streaming-session",
+}
 
 
 def _server_args(mode: str) -> argparse.Namespace:
@@ -90,10 +104,14 @@ class _Bag:
         return getattr(self._args, key, None)
 
 
-def _instantiate(mode: str) -> None:
+def _instantiate(mode: str, option: str | None = None) -> None:
+    """The collectors of one mode; `option`: one SCHEDULER_OPTIONS key turned on."""
     args = _server_args(mode)
+    on = {key: key == option for key in SCHEDULER_OPTIONS}
     mc.get_observability = lambda: _Bag(args, enable_metrics=True)
-    mc.get_serving = lambda: _Bag(args, served_model_name="m")
+    mc.get_serving = lambda: _Bag(
+        args, served_model_name="m", enable_streaming_session=on["enable_streaming_session"]
+    )
     mc.get_disagg = lambda: _Bag(args, enable_pd_role_switch=False)
     mc.get_schedule = lambda: _Bag(args, enable_priority_scheduling=False)
     mc.get_parallel = lambda: _Bag(
@@ -104,10 +122,14 @@ def _instantiate(mode: str) -> None:
     mc.SchedulerMetricsCollector.init_new(
         server_args=args,
         enable_priority_scheduling=False,
-        enable_lora=False,
-        enable_hierarchical_cache=False,
+        enable_lora=on["enable_lora"],
+        enable_hierarchical_cache=on["enable_hierarchical_cache"],
     )
     mc.TokenizerMetricsCollector(server_args=args, labels=mc.tokenizer_metric_labels())
+    # base_prefix_cache.init_metrics_collector: the radix cache's own collector.
+    mc.RadixCacheMetricsCollector(
+        labels=mc.radix_cache_metric_labels("RadixCache", mc.get_parallel(), False)
+    )
 
 
 def _wire(metric: Any) -> tuple[str, str, list[str], str]:
@@ -124,24 +146,70 @@ def _wire(metric: Any) -> tuple[str, str, list[str], str]:
     return metric._name, metric._type, sorted(labels), "-"
 
 
+_CONSTRUCTORS = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram"}
+
+
+def _backend_rows() -> dict[str, tuple[str, str, list[str], str]]:
+    """Module-level families of each transfer backend's conn.py, e.g. mooncake's
+    FAILED_SESSION_RECOVERIES: created when the module is imported, with no labels."""
+    rows: dict[str, tuple[str, str, list[str], str]] = {}
+    root = Path(sglang.__file__).parent / "srt" / "disaggregation"
+    for conn in sorted(root.glob("*/conn.py")):
+        for node in ast.parse(conn.read_text()).body:
+            call = node.value if isinstance(node, ast.Assign) else None
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id in _CONSTRUCTORS
+                and call.args
+                and isinstance(call.args[0], ast.Constant)
+                and str(call.args[0].value).startswith("sglang:")
+            ):
+                continue
+            if any(k.arg == "labelnames" for k in call.keywords) or len(call.args) > 2:
+                raise SystemExit(f"{conn}: labelled module-level family, extend the reader")
+            name = str(call.args[0].value)
+            typ = _CONSTRUCTORS[call.func.id]
+            if typ == "counter" and not name.endswith("_total"):
+                name += "_total"
+            flag = f"--disaggregation-transfer-backend={conn.parent.name}"
+            rows[name] = (name, typ, [], "-", flag)
+    return rows
+
+
+def _collect(rows: dict[str, tuple[str, ...]], when: str) -> None:
+    for collector in REGISTRY._collector_to_names:
+        name = getattr(collector, "_name", "")
+        if name.startswith("sglang:"):
+            row = _wire(collector)
+            rows.setdefault(row[0], (*row, when))
+
+
+def _fresh_registry() -> None:
+    for collector in list(REGISTRY._collector_to_names):
+        if getattr(collector, "_name", "").startswith("sglang:"):
+            REGISTRY.unregister(collector)
+
+
 def main() -> None:
     # Each mode re-registers the same names; collect them from a fresh registry each time.
-    rows: dict[str, tuple[str, str, list[str], str]] = {}
+    # The plain --enable-metrics collectors first, so a family's `when` is the least it needs.
+    rows: dict[str, tuple[str, ...]] = {}
     for mode in ("null", "prefill", "decode"):
-        for collector in list(REGISTRY._collector_to_names):
-            if getattr(collector, "_name", "").startswith("sglang:"):
-                REGISTRY.unregister(collector)
+        _fresh_registry()
         _instantiate(mode)
         if mode == "null":
             http_request_metrics.init_http_request_metrics()
             func_timer.enable_func_timer()
             startup_func_log_and_timer.enable_startup_timer()
             cpu_monitor.start_cpu_monitor_thread("tokenizer", interval=3600)
-        for collector in REGISTRY._collector_to_names:
-            name = getattr(collector, "_name", "")
-            if name.startswith("sglang:"):
-                row = _wire(collector)
-                rows[row[0]] = row
+        _collect(rows, BASE)
+    for option, flag in SCHEDULER_OPTIONS.items():
+        _fresh_registry()
+        _instantiate("null", option)
+        _collect(rows, f"{BASE},{flag}")
+    for name, row in _backend_rows().items():
+        rows.setdefault(name, (*row[:4], f"{BASE},{row[4]}"))
     print(f"# Prometheus families of sglang {sglang.__version__} with --enable-metrics.")
     print("# Extracted by tests/data/extract_sglang_metrics.py from:")
     for src in SOURCES:
@@ -150,9 +218,10 @@ def main() -> None:
     print("# with --dp-size > 1); tokenizer labels: model_name, engine_type.")
     print("# A family appears on /metrics only once a labelled child has been written.")
     print("# columns: name type labels(comma-separated, sorted) histogram-buckets(or -)")
+    print("#   flags(comma-separated: what SGLang needs to create the family)")
     for name in sorted(rows):
-        n, t, labels, buckets = rows[name]
-        print(f"{n} {t} {','.join(labels) or '-'} {buckets}")
+        n, t, labels, buckets, when = rows[name]
+        print(f"{n} {t} {','.join(labels) or '-'} {buckets} {when}")
 
 
 if __name__ == "__main__":

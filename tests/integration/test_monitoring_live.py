@@ -110,6 +110,7 @@ RULE_OVERRIDES: dict[str, object] = {
 FAILURE_ONLY = {
     "sglang:num_bootstrap_failed_reqs_total": "written at the first failed bootstrap",
     "sglang:num_transfer_failed_reqs_total": "written at the first failed KV transfer",
+    "sglang:decode_deferred_kv_release_total": "written when a failed transfer's KV is released",
     "sglang:num_prefill_retries_total": "written at the first prefill retry (planted later)",
     "sglang:num_aborted_requests_total": "written at the first aborted request",
     "sglang:num_retracted_requests_total": "written at the first retraction (planted later)",
@@ -131,6 +132,8 @@ NO_DATA = {
     ("pdstack-pipeline", "KV transfer failures"): FAILURE_ONLY[
         "sglang:num_transfer_failed_reqs_total"
     ],
+    ("pdstack-pipeline", "Deferred KV release (decode)"): "the outcome line: "
+    + FAILURE_ONLY["sglang:decode_deferred_kv_release_total"],
     (
         "pdstack-pipeline",
         "Prefill retries and aborts",

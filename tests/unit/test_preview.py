@@ -93,7 +93,7 @@ def test_legend_fills_labels_and_falls_back_to_the_series() -> None:
      (12_345, "short", "12.3 K"), (0.953, "percentunit", "95.3%"), (2.5e6, "Bps", "2.5 MB/s"),
      (0.5, "GBs", "500 MB/s"), (12, "decmbytes", "12 MB"), (1.41e9, "hertz", "1.41 GHz"),
      (3.2, "reqps", "3.2 req/s"), (2400, "suffix: tok/s", "2400 tok/s"),
-     (2.5e-5, "none", "0.000025"), (71, "celsius", "71 °C")],
+     (2.5e-5, "none", "0.000025"), (71, "celsius", "71 °C"), (36.5, "gbytes", "36.5 GiB")],
 )  # fmt: skip
 def test_units_read_as_grafana_writes_them(value: float, unit: str, shown: str) -> None:
     assert format_value(value, unit) == shown

@@ -105,6 +105,9 @@ def test_knobs_from_env() -> None:
             "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
             "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0",
             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7",
+            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "No",
+            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "4",
+            "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "y",
         },
         random_seed=5,
     )
@@ -114,8 +117,13 @@ def test_knobs_from_env() -> None:
     # conn.py clamps the heartbeat: interval >= 2 s, failures >= 1
     assert (k.heartbeat_interval_s, k.heartbeat_max_failure) == (2.0, 1)
     assert k.waiting_timeout_s == 7 and k.bootstrap_timeout_s == 300
+    # environ.py EnvBool spellings
+    assert (k.deferred_kv_release, k.deferred_kv_release_timeout_s) == (False, 4)
+    assert k.metrics_device_timer
     defaults = Knobs.from_env({})
     assert (defaults.step_a_ms, defaults.step_b_ms) == (18.0, 1.05)
+    assert (defaults.deferred_kv_release, defaults.deferred_kv_release_timeout_s) == (True, 30)
+    assert not defaults.metrics_device_timer
 
 
 @pytest.mark.parametrize(
@@ -128,6 +136,7 @@ def test_knobs_from_env() -> None:
         {"PDSIM_KV_TRANSFER_SCALE": "0"},
         {"PDSIM_KV_TRANSFER_SCALE": "2"},
         {"PDSIM_STEP_A_MS": "fast"},
+        {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "sometimes"},
     ],
 )
 def test_bad_knobs_are_refused(env: dict[str, str]) -> None:
