@@ -533,7 +533,10 @@ def test_a_decode_killed_while_its_prefill_is_busy_is_recovered_by_a_stop_that_w
     (prefill,), (decode,) = pair.prefills, pair.decodes
     port = prefill.bootstrap_port or 0
     if stop == "target alone":
+        # The control: a stop that does not wait for the engines, and a recovery that leaves
+        # the held request alone (it ends it since, so the stop finds nothing to wait for).
         monkeypatch.setattr(restart, "_stop_here", lambda sd, target, units: sd.stop(target))
+        monkeypatch.setattr(restart, "abort_held", lambda ops, pair, urls: None)
     body = {
         "text": "held",
         "sampling_params": {"max_new_tokens": 1},
