@@ -18,6 +18,7 @@ import requests
 
 from pdctl import render, topology
 from pdctl.ops.gateway import GatewayAdmin, ready
+from pdctl.ops.restart import registrations
 from pdctl.spec.profile import Router
 from pdctl.testing.localproc import HOST, LocalPair, local_ops
 from pdctl.testing.stack import Gateway, SimProc, constant_load, partner_env, wait_until
@@ -125,3 +126,32 @@ def test_a_pair_slower_to_start_than_the_failure_window_ends_routable(
     assert set(_breakers(gw).values()) == {0.0}, _breakers(gw)
     (bound,) = ops.source.pairs()
     assert {w.url: w.pairing for w in admin.workers()} == dict.fromkeys(urls, bound.id)
+
+
+def test_a_pair_registered_again_starts_with_closed_breakers(
+    sim_factory: Callable[..., SimProc], gateway_factory: Callable[..., Gateway]
+) -> None:
+    """What a restart and a recovery rely on: the pair they take out of the gateway and
+    register again has closed breakers at once, however long smg's breaker timeout."""
+    prefill = sim_factory("prefill")
+    decode = sim_factory("decode", env=partner_env(prefill))
+    pair = LocalPair("pd0", prefill, decode)
+    long_timeout = SHORT.model_copy(update={"cb_timeout_duration_secs": 600})
+    gw = gateway_factory([], [], *render.lifecycle_args(long_timeout))
+    ops, _ = local_ops([pair], gw)
+    urls = [prefill.url, decode.url]
+    admin = GatewayAdmin(gw.url)
+    prefill.wait_healthy()
+    decode.wait_healthy()
+    admin.register(registrations(ops.source.pairs()))
+    assert admin.wait(ready(urls), 30), admin.workers()
+    decode.kill()
+    assert not any(admin.canary().ok for _ in range(SHORT.cb_failure_threshold + 2))
+    assert set(_breakers(gw).values()) == {1.0}
+    decode.start().wait_healthy()
+    admin.remove(urls)  # a restart's drain, then its register
+    assert admin.wait(lambda ws: not ws, 30), admin.workers()
+    admin.register(registrations(ops.source.pairs()))
+    assert admin.wait(ready(urls), 30), admin.workers()
+    assert set(_breakers(gw).values()) == {0.0}
+    _requests_pass(gw)
