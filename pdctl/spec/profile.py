@@ -325,7 +325,9 @@ class Router(Strict):
     policy: Literal[
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"
-    health_check_interval_secs: int = Field(default=10, ge=1)
+    health_check_interval_secs: int = Field(
+        default=10, ge=1, description="How often smg probes each engine's /health."
+    )
     # smg's own default is 1800 s. The timeout bounds the whole request, a stream included:
     # a client of a hung engine waits this long at most, and a longer generation is cut
     # (docs/operations.md, "The gateway's request timeout").
