@@ -16,6 +16,7 @@ from pdctl import names
 from pdctl.escape import FILTERS, systemd_command, systemd_word
 from pdctl.spec import Deployment, EngineKind, Instance, Profile, Role
 from pdctl.spec.deployment import EtcdMember
+from pdctl.spec.profile import Router
 
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
@@ -138,10 +139,27 @@ def router_args(dep: Deployment) -> list[str]:
         "--policy", r.policy,
         "--prometheus-host", r.host,
         "--prometheus-port", str(r.metrics_port),
-        "--health-check-interval-secs", str(r.health_check_interval_secs),
         "--request-timeout-secs", str(r.request_timeout_secs),
     ]  # fmt: skip
-    return args + list(r.extra_args)
+    return args + lifecycle_args(r) + list(r.extra_args)
+
+
+def lifecycle_args(r: Router) -> list[str]:
+    """smg's health checks, circuit breakers and registration window (docs/operations.md,
+    "The gateway's worker lifecycle"). Removal stays off whatever smg's default: without
+    service discovery a worker smg removes never comes back."""
+    return [
+        "--health-check-interval-secs", str(r.health_check_interval_secs),
+        "--health-failure-threshold", str(r.health_failure_threshold),
+        "--health-success-threshold", str(r.health_success_threshold),
+        "--health-check-timeout-secs", str(r.health_check_timeout_secs),
+        "--no-remove-unhealthy-workers",
+        "--cb-failure-threshold", str(r.cb_failure_threshold),
+        "--cb-success-threshold", str(r.cb_success_threshold),
+        "--cb-timeout-duration-secs", str(r.cb_timeout_duration_secs),
+        "--cb-window-duration-secs", str(r.cb_window_duration_secs),
+        "--worker-startup-timeout-secs", str(r.worker_startup_timeout_secs),
+    ]  # fmt: skip
 
 
 def gateway_command_lines(dep: Deployment, api_key: bool) -> list[str]:

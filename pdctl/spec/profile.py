@@ -325,7 +325,9 @@ class Router(Strict):
     policy: Literal[
         "random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing"
     ] = "round_robin"
-    health_check_interval_secs: int = Field(default=10, ge=1)
+    health_check_interval_secs: int = Field(
+        default=10, ge=1, description="How often smg probes each engine's /health."
+    )
     # smg's own default is 1800 s. The timeout bounds the whole request, a stream included:
     # a client of a hung engine waits this long at most, and a longer generation is cut
     # (docs/operations.md, "The gateway's request timeout").
@@ -334,7 +336,54 @@ class Router(Strict):
         ge=1,
         description="How long the gateway lets one request run (smg --request-timeout-secs).",
     )
+    # The worker lifecycle (docs/operations.md, "The gateway's worker lifecycle": what smg
+    # 1.13 does with each, measured against the binary).
+    health_failure_threshold: int = Field(
+        default=3,
+        ge=1,
+        description="Failed health checks in a row before smg stops routing to a worker.",
+    )
+    health_success_threshold: int = Field(
+        default=2, ge=1, description="Passed health checks in a row before it routes again."
+    )
+    # Above SGLang's own verdict: its /health answers 503 only after SGLANG_HEALTH_CHECK_TIMEOUT
+    # (20 s) without a token, so a busy engine is not counted failed by smg's clock first.
+    health_check_timeout_secs: int = Field(
+        default=25, ge=1, description="How long smg waits for one /health answer."
+    )
+    cb_failure_threshold: int = Field(
+        default=10, ge=1, description="Failed requests in the window that open a breaker."
+    )
+    cb_success_threshold: int = Field(
+        default=3, ge=1, description="Requests that pass half-open before a breaker closes."
+    )
+    # smg opens both sides' breakers when one side of a pair dies; the side whose health never
+    # failed is let through again only after this long (smg's own default is 60 s).
+    cb_timeout_duration_secs: int = Field(
+        default=15, ge=1, description="How long an open breaker refuses before it tries again."
+    )
+    cb_window_duration_secs: int = Field(
+        default=120, ge=1, description="The window in which a breaker counts failures."
+    )
+    # smg polls a registered engine until it answers, for this long, then drops it for good.
+    worker_startup_timeout_secs: int = Field(
+        default=3600,
+        ge=60,
+        description="How long smg waits for a registered engine to load (smg's default 1800).",
+    )
     extra_args: Args = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _workers_stay_registered(self) -> Router:
+        # smg without service discovery never adds back a worker it removed.
+        for flag in REMOVAL_FLAGS:
+            if flag in self.extra_args:
+                raise ValueError(
+                    f"router.extra_args: {flag} removes an engine smg saw fail and nothing adds it "
+                    "back (pdstack registers workers, smg discovers none): drop the flag; smg "
+                    "keeps a failed worker and routes to it again once its /health passes"
+                )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -349,6 +398,10 @@ class Router(Strict):
                     )
         return data
 
+
+# smg flags that remove a worker after failed health checks (docs/operations.md, "The
+# gateway's worker lifecycle").
+REMOVAL_FLAGS = ("--remove-unhealthy-workers", "--worker-auto-recovery")
 
 # Router keys of the lock server that issue 19 replaced with the etcd store, and what to use.
 MOVED_ROUTER_KEYS = {
