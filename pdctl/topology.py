@@ -39,6 +39,9 @@ class TopologyInstance(_Frozen):
     numa_node: int
     gpus: list[int]
     bootstrap_port: int | None = None
+    # The profile's max_running_requests (the decode's running window): pdctl registers it
+    # with smg as the worker's label, so smg's PD admission bounds dispatch by it.
+    max_running_requests: int | None = None
 
 
 class TopologyPair(_Frozen):
@@ -144,6 +147,7 @@ def _instance(inst: Instance) -> TopologyInstance:
         numa_node=inst.numa_node,
         gpus=list(inst.gpus),
         bootstrap_port=inst.bootstrap_port,
+        max_running_requests=inst.tuning.max_running_requests,
     )
 
 
