@@ -213,6 +213,11 @@ def _coord(dep: Deployment) -> TopologyCoord | None:
 def dump(topo: Topology) -> str:
     header = "# Written by site.yml (pdstack); read by pdctl on this host. Do not edit.\n"
     data = topo.model_dump(mode="json", exclude=set() if topo.groups else {"groups"})
+    # An engine whose profile sets no max_running_requests keeps the file it had before the
+    # field existed (no change on the host, nothing to restart).
+    for inst in data["instances"]:
+        if inst["max_running_requests"] is None:
+            del inst["max_running_requests"]
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
