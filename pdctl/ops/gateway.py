@@ -212,9 +212,9 @@ class GatewayAdmin:
         with any), so a pair's id keeps its requests inside the pair. `running_window` is
         the engine's max_running_requests, sent as smg's `max_running_requests` label: smg's
         PD admission bounds dispatch to a decode by that label and is off for a decode
-        without one (it warns "PD admission is off for this decode worker"); smg reads it
-        from /server_info only where the engine reports it there, which a real SGLang 0.5.17
-        decode does not (tests/fixtures/real/)."""
+        without one (it warns "PD admission is off for this decode worker", as it did against a
+        real SGLang 0.5.17 decode): sent from the profile, the bound does not depend on what
+        the engine's /server_info reports."""
         body: dict[str, Any] = {"url": url, "worker_type": worker_type}
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port

@@ -284,8 +284,8 @@ def _worker(record: RealRecord, role: str) -> dict[str, Any]:
 def test_the_decode_is_registered_with_the_running_window_its_profile_sets(
     record: RealRecord,
 ) -> None:
-    """smg's PD admission is off for a decode without a `max_running_requests` label, and a
-    real decode's /server_info does not give smg one: pdctl registers the profile's value."""
+    """smg's PD admission is off for a decode without a `max_running_requests` label:
+    pdctl registers the profile's value, and smg holds it."""
     (decode,) = [i for i in _lane_topology().instances if i.role is Role.DECODE]
     assert decode.max_running_requests == 32  # benchmarks/real_engine/profile.yml
     pairs = Source(_lane_topology(), None).pairs()
