@@ -39,6 +39,9 @@ class TopologyInstance(_Frozen):
     numa_node: int
     gpus: list[int]
     bootstrap_port: int | None = None
+    # The profile's max_running_requests (the decode's running window): pdctl registers it
+    # with smg as the worker's label, so smg's PD admission bounds dispatch by it.
+    max_running_requests: int | None = None
 
 
 class TopologyPair(_Frozen):
@@ -144,6 +147,7 @@ def _instance(inst: Instance) -> TopologyInstance:
         numa_node=inst.numa_node,
         gpus=list(inst.gpus),
         bootstrap_port=inst.bootstrap_port,
+        max_running_requests=inst.tuning.max_running_requests,
     )
 
 
@@ -209,6 +213,11 @@ def _coord(dep: Deployment) -> TopologyCoord | None:
 def dump(topo: Topology) -> str:
     header = "# Written by site.yml (pdstack); read by pdctl on this host. Do not edit.\n"
     data = topo.model_dump(mode="json", exclude=set() if topo.groups else {"groups"})
+    # An engine whose profile sets no max_running_requests keeps the file it had before the
+    # field existed (no change on the host, nothing to restart).
+    for inst in data["instances"]:
+        if inst["max_running_requests"] is None:
+            del inst["max_running_requests"]
     return header + yaml.safe_dump(data, sort_keys=False)
 
 

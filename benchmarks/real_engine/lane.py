@@ -121,7 +121,14 @@ class Lane:
         (self.out / "steps.json").write_text(json.dumps(self.steps, indent=2, default=str))
 
 
-def rendered(lane: Lane) -> dict[str, Any]:
+def rendered(lane: Lane, pre_rendered: Path | None) -> dict[str, Any]:
+    """`pdctl render --format json` of the inventory, or that output rendered beforehand
+    where pdctl can read an inventory (a GPU machine without ansible-core cannot: run.sh's
+    PDSTACK_RENDERED)."""
+    if pre_rendered is not None:
+        text = pre_rendered.read_text()
+        (lane.logs / "render.json").write_text(text)
+        return dict(json.loads(text))
     r = pdctl("render", "-i", str(lane.inventory), "--format", "json")
     if r.returncode:
         raise RuntimeError(f"pdctl render failed: {r.stderr[-2000:]}")
@@ -233,10 +240,10 @@ def restart_both(lane: Lane, ops: Any, note: dict[str, Any]) -> None:
         raise RuntimeError(f"restart --both failed: {rep.error}")
 
 
-def run(lane: Lane) -> None:
+def run(lane: Lane, pre_rendered: Path | None) -> None:
     rec = lane.rec
     with lane.step("render") as n:
-        spec = rendered(lane)
+        spec = rendered(lane, pre_rendered)
         n["gateway_args"] = spec["gateway"]["args"]
     first = spec["instances"][0]["command"]
     model_dir = Path(first[first.index("--model-path") + 1])
@@ -292,17 +299,24 @@ def run(lane: Lane) -> None:
                 rec.analyze[e.mode] = analyze(lane, e)
                 n["keys"] = sorted(rec.analyze[e.mode])
     finally:
+        # Also on a timeout's SIGTERM: what the engines said so far is the record.
         if gw is not None:
             gw.stop()
         for e in engines:
             e.stop(10)
         if gw is not None:
             stop_pid(gw.proc)
+        write_record(lane, engines, gw is not None)
+
+
+def write_record(lane: Lane, engines: list[EngineProc], gateway_started: bool) -> None:
+    rec = lane.rec
     rec.timings["startup_s"] = lane.steps.get("start-engines", {}).get("startup_s")
     rec.timings["canary"] = lane.steps.get("canary")
     rec.timings["machine"] = record.machine()
-    rec.logs = {e.mode: e.log_text() for e in engines}
-    rec.logs["gateway"] = (lane.logs / "smg.log").read_text(errors="replace") if gw else ""
+    rec.logs = {e.mode: e.log_text() for e in engines if e.log_path.exists()}
+    smg_log = lane.logs / "smg.log"
+    rec.logs["gateway"] = smg_log.read_text(errors="replace") if gateway_started else ""
     with lane.step("write-record") as n:
         n["dir"] = str(rec.write(lane.out / "record"))
 
@@ -317,12 +331,18 @@ def main() -> None:
         help="Another deployment to run the lane against (one pair on 127.0.0.1; a sim "
         "profile rehearses the lane without a GPU).",
     )
+    ap.add_argument(
+        "--rendered",
+        type=Path,
+        help="`pdctl render -i INVENTORY --format json` output made where ansible-core is "
+        "installed, used instead of rendering here.",
+    )
     args = ap.parse_args()
     # A timeout's SIGTERM unwinds through run()'s finally: the engines run in their own
     # sessions and would outlive the lane.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     lane = Lane(args.out, args.inventory)
-    run(lane)
+    run(lane, args.rendered)
     failed = [k for k, v in lane.steps.items() if not v.get("ok")]
     print(f"lane: done in {time.monotonic() - lane.t0:.0f} s; failed steps: {failed or 'none'}")
     sys.exit(1 if failed else 0)

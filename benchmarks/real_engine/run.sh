@@ -29,4 +29,6 @@ tar -xJf "$BUNDLE" -C "$WORK"
 libs=$("$PY" -c 'import glob, site; print(":".join(sorted({d for s in site.getsitepackages() for d in glob.glob(s + "/nvidia/*/lib") + glob.glob(s + "/nvidia/*/*/lib")})))')
 export PYTHONPATH="$WORK/site:$PWD" LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
 if command -v nvcc >/dev/null; then CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); export CUDA_HOME; fi
-exec "$PY" benchmarks/real_engine/lane.py --out "$OUT"
+# pdctl reads an inventory with ansible-core; without it, PDSTACK_RENDERED names the
+# `pdctl render -i benchmarks/real_engine/inventory.ini --format json` output made elsewhere.
+exec "$PY" benchmarks/real_engine/lane.py --out "$OUT" ${PDSTACK_RENDERED:+--rendered "$PDSTACK_RENDERED"}

@@ -93,6 +93,7 @@ class Registration:
     worker_type: str  # prefill | decode
     bootstrap_port: int | None
     pairing: str  # the pair's id
+    running_window: int | None = None  # the engine's max_running_requests, where set
 
 
 class Gateway(Protocol):
@@ -204,15 +205,23 @@ class GatewayAdmin:
         worker_type: str,
         bootstrap_port: int | None = None,
         pairing: str | None = None,
+        running_window: int | None = None,
     ) -> None:
         """Register a worker. `pairing` is smg's `pairing_protocol`: a prefill is only
         combined with decodes that carry the same one (an unlabelled worker still combines
-        with any), so a pair's id keeps its requests inside the pair."""
+        with any), so a pair's id keeps its requests inside the pair. `running_window` is
+        the engine's max_running_requests, sent as smg's `max_running_requests` label: smg's
+        PD admission bounds dispatch to a decode by that label and is off for a decode
+        without one (it warns "PD admission is off for this decode worker", as it did against a
+        real SGLang 0.5.17 decode): sent from the profile, the bound does not depend on what
+        the engine's /server_info reports."""
         body: dict[str, Any] = {"url": url, "worker_type": worker_type}
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port
         if pairing is not None:
             body["pairing_protocol"] = pairing
+        if running_window is not None:
+            body["labels"] = {"max_running_requests": str(running_window)}
         r = self._call("POST", "/workers", json=body)
         if r.status_code not in (200, 201, 202, 409):
             raise GatewayError(
@@ -253,7 +262,9 @@ class GatewayAdmin:
         # At once, for the reason `remove` gives.
         concurrently(
             {
-                r.url: partial(self.add, r.url, r.worker_type, r.bootstrap_port, r.pairing)
+                r.url: partial(
+                    self.add, r.url, r.worker_type, r.bootstrap_port, r.pairing, r.running_window
+                )
                 for r in todo
             }
         )

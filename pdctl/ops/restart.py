@@ -176,6 +176,7 @@ def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
             i.role.value,
             i.bootstrap_port if i.role is Role.PREFILL else None,
             pairing=p.id,
+            running_window=i.max_running_requests,
         )
         for p in pairs
         for i in p.instances

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument(
+        "--load-balance-method",
+        choices=["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"],
+        default="auto",
+    )
+    p.add_argument(
         "--disaggregation-transfer-backend",
         choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
         default="mooncake",
@@ -323,6 +328,7 @@ class SimConfig:
     spec_accept_len: float = 1.0
     optimistic_prefill_attempts: int = 0
     warnings: list[str] = field(default_factory=list)  # SGLang's warnings while resolving
+    load_balance_method: str = "round_robin"  # `auto` resolved (load_balance_method())
 
     @property
     def engine_type(self) -> str:
@@ -351,6 +357,15 @@ def _gpu_tier(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
         if gpu_mem_mib < limit:
             return chunk, bs_small_tp if tp_size < 4 else bs_large_tp
     return _GPU_TOP_TIER[0], _GPU_TOP_TIER[1] if tp_size < 4 else _GPU_TOP_TIER[2]
+
+
+def load_balance_method(given: str, mode: DisaggregationMode) -> str:
+    """`auto` as sglang arg_groups/serving_hook.py handle_load_balance_method resolves it:
+    follow_bootstrap_room on a PD prefill, round_robin otherwise; /server_info reports it
+    (and smg compares a prefill's with a decode's)."""
+    if given != "auto":
+        return given
+    return "follow_bootstrap_room" if mode is DisaggregationMode.PREFILL else "round_robin"
 
 
 def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
@@ -406,6 +421,7 @@ def resolve(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         spec_accept_len=accept_len,
         optimistic_prefill_attempts=attempts,
         warnings=warnings,
+        load_balance_method=load_balance_method(args.load_balance_method, mode),
     )
 
 

@@ -92,6 +92,7 @@ class InfoRoutes:
             cuda_graph_bs_decode=self.cfg.decode_buckets,
             cuda_graph_max_bs_decode=max(self.cfg.decode_buckets),
             optimistic_prefill_attempts=self.cfg.optimistic_prefill_attempts,
+            load_balance_method=self.cfg.load_balance_method,
         )
         e = self.engine
         a.update(

@@ -120,7 +120,14 @@ class FakeGateway:
     def remove(self, urls: Iterable[str]) -> None:
         self.calls += [f"remove {u}" for u in urls]
 
-    def add(self, url: str, kind: str, port: int | None = None, pairing: str | None = None) -> None:
+    def add(
+        self,
+        url: str,
+        kind: str,
+        port: int | None = None,
+        pairing: str | None = None,
+        running_window: int | None = None,
+    ) -> None:
         self.calls.append(f"add {url} pairing {pairing}")
 
     def wait(self, pred: Any, timeout: float, step: float = 0.25) -> bool:

@@ -126,3 +126,21 @@ def test_reachable_is_any_answer_and_no_connection_is_none(
     assert gateway.GatewayAdmin(failing.url).reachable(1.0)  # an error is an answer
     assert failing.seen == [("GET", "/readiness")]
     assert not gateway.GatewayAdmin(f"http://127.0.0.1:{free_port()}").reachable(1.0)
+
+
+def test_a_decode_is_registered_with_its_running_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """smg's PD admission bounds dispatch to a decode by its `max_running_requests` label and
+    is off without one: pdctl sends the profile's value; a worker without one gets no labels
+    (smg keeps those it read from /server_info)."""
+    bodies: list[dict[str, Any]] = []
+
+    def fake_request(method: str, url: str, headers: dict[str, str], **kw: Any) -> FakeResponse:
+        bodies.append(kw["json"])
+        return FakeResponse(202)
+
+    monkeypatch.setattr(gateway.requests, "request", fake_request)
+    gw = gateway.GatewayAdmin("http://gw:8000")
+    gw.add("http://d:1", "decode", None, "h/pd0", running_window=32)
+    gw.add("http://p:1", "prefill", 8998, "h/pd0")
+    assert bodies[0]["labels"] == {"max_running_requests": "32"}
+    assert "labels" not in bodies[1]

@@ -27,10 +27,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl import render, topology
 from pdctl.analyze.decode_table import is_health_check
 from pdctl.analyze.logparse import DecodeBatch, PrefillBatch, parse_line
 from pdctl.analyze.report import analyze_stream
+from pdctl.exporter.graph_sizes import GraphSizes
 from pdctl.ops.health import in_flight, probe_engine
+from pdctl.ops.restart import registrations
+from pdctl.ops.source import Source
+from pdctl.spec.load import load_deployment
+from pdctl.spec.profile import Role
 from tests.unit.test_sim_metrics_fidelity import scrape_pd_pair_and_unified
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,3 +265,61 @@ def test_health_check_batches_are_not_counted_as_traffic(record: RealRecord) -> 
     got = report.as_dict()["input"]
     assert got["health_check_lines"] == len(checks)
     assert got["prefill_lines"] == len(batches) - len(checks)
+
+
+# --- what the lane found, fixed (docs/real-engine.md, "What the lane found") -----------------
+
+LANE_INVENTORY = ROOT / "benchmarks" / "real_engine" / "inventory.ini"
+
+
+def _lane_topology() -> topology.Topology:
+    return topology.from_deployment(load_deployment(LANE_INVENTORY))
+
+
+def _worker(record: RealRecord, role: str) -> dict[str, Any]:
+    workers = record.json("gateway.json")["workers"]["workers"]
+    return next(w for w in workers if w["worker_type"] == role)
+
+
+def test_the_decode_is_registered_with_the_running_window_its_profile_sets(
+    record: RealRecord,
+) -> None:
+    """smg's PD admission is off for a decode without a `max_running_requests` label:
+    pdctl registers the profile's value, and smg holds it."""
+    (decode,) = [i for i in _lane_topology().instances if i.role is Role.DECODE]
+    assert decode.max_running_requests == 32  # benchmarks/real_engine/profile.yml
+    pairs = Source(_lane_topology(), None).pairs()
+    (reg,) = [r for r in registrations(pairs) if r.worker_type == "decode"]
+    assert reg.running_window == decode.max_running_requests
+    labels = _worker(record, "decode")["labels"]
+    assert labels["max_running_requests"] == str(decode.max_running_requests)
+    warnings = "\n".join(record.json("gateway.json")["warnings"])
+    assert "PD admission is off" not in warnings
+
+
+def test_pdctl_leaves_load_balance_method_to_sglangs_per_role_default(record: RealRecord) -> None:
+    """pdctl renders no --load-balance-method: SGLang's `auto` resolves to
+    follow_bootstrap_room on a prefill (a decode finds a DP prefill's rank as the bootstrap
+    room modulo its DP size without asking it) and round_robin on a decode (sglang
+    arg_groups/serving_hook.py, handle_load_balance_method). smg's warning about the two
+    differing is an equality check (update_policies.rs, check_worker_conflicts), expected
+    (docs/operations.md, "Gateway")."""
+    dep = load_deployment(LANE_INVENTORY)
+    for inst in dep.instances:
+        assert "--load-balance-method" not in render.launch_args(inst, dep)
+    info = {role: record.json("endpoints.json")[role]["/server_info"]["body"] for role in ROLES}
+    assert info["prefill"]["load_balance_method"] == "follow_bootstrap_room"
+    assert info["decode"]["load_balance_method"] == "round_robin"
+    assert "conflicting load_balance_method" in "\n".join(record.json("gateway.json")["warnings"])
+
+
+def test_pd_exporter_reads_server_info_not_the_deprecated_path(record: RealRecord) -> None:
+    """The exporter's graph sizes come from /server_info (a real 0.5.17 logs a deprecation
+    for /get_server_info): the replay serves only the former."""
+    answer = record.json("endpoints.json")["decode"]["/server_info"]
+    assert answer["status"] == 200
+    with replaying({"/server_info": (200, _body(answer))}) as url:
+        size = GraphSizes(timeout_s=5).get(url)
+    # The lane runs without CUDA graphs: the decode reports none captured.
+    assert size is None
+    assert answer["body"]["disable_cuda_graph"] is True

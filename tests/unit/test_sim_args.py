@@ -196,3 +196,22 @@ def test_every_flag_the_sim_takes_is_one_sglang_takes() -> None:
     ours = {o for a in build_parser()._actions for o in a.option_strings if o.startswith("--")}
     unknown = {o for o in ours - sglang - {"--help"} if sum(f.startswith(o) for f in sglang) != 1}
     assert not unknown
+
+
+@pytest.mark.parametrize(
+    ("mode", "given", "resolved"),
+    [
+        ("prefill", None, "follow_bootstrap_room"),
+        ("decode", None, "round_robin"),
+        ("null", None, "round_robin"),
+        ("decode", "total_requests", "total_requests"),
+    ],
+)
+def test_load_balance_method_resolves_per_role_as_sglang_does(
+    mode: str, given: str | None, resolved: str
+) -> None:
+    """A real 0.5.17 pair's /server_info says follow_bootstrap_room on the prefill and
+    round_robin on the decode (tests/fixtures/real/)."""
+    flag = [] if given is None else ["--load-balance-method", given]
+    cfg = resolve([*BASE, "--disaggregation-mode", mode, *flag], {})
+    assert cfg.load_balance_method == resolved
