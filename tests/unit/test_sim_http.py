@@ -610,7 +610,9 @@ def test_pause_in_place_freezes_the_scheduler_and_its_gauges() -> None:
     were; continue resumes the same requests with their KV."""
 
     async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
-        body = {"prompt": "hi", "max_tokens": 300}
+        # Long enough that the pause lands while it runs, however loaded the machine (300
+        # tokens ended before the pause under a full suite's load).
+        body = {"prompt": "hi", "max_tokens": 2000}
         req = asyncio.create_task(post(http, "/v1/completions", body))
         while not server.engine.running or server.engine.forward_ct_decode < 45:
             await asyncio.sleep(0.005)
@@ -635,7 +637,9 @@ def test_pause_retract_requeues_running_requests_and_zeroes_throughput() -> None
     prefilled again and finish whole."""
 
     async def t(server: SimServer, http: aiohttp.ClientSession) -> None:
-        body = {"prompt": "hi", "max_tokens": 300}
+        # Long enough that the pause lands while it runs, however loaded the machine (300
+        # tokens ended before the pause under a full suite's load).
+        body = {"prompt": "hi", "max_tokens": 2000}
         req = asyncio.create_task(post(http, "/v1/completions", body))
         while not server.engine.running or server.engine.forward_ct_decode < 45:
             await asyncio.sleep(0.005)
@@ -645,7 +649,7 @@ def test_pause_retract_requeues_running_requests_and_zeroes_throughput() -> None
         assert server.engine.pool.used == 0 and server.engine.busy
         await post(http, "/continue_generation", {})
         status, out = await req
-        assert status == 200 and out["usage"]["completion_tokens"] == 300
+        assert status == 200 and out["usage"]["completion_tokens"] == 2000
         assert server.engine.pool.used == 0
 
     run("null", t, "--enable-metrics", "--decode-log-interval", "40")
