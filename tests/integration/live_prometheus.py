@@ -35,6 +35,7 @@ from tests.integration.conftest import FAST_SIM_ENV
 from tests.promql import substitute
 
 HOST = "testhost"  # the inventory name the live modules give 127.0.0.1
+SCRAPE_S = 1  # every target's scrape (and rule evaluation) interval
 GPU_ONLY = "needs NVML: the test host has no GPU (pdstack_gpu_up is 0)"
 # The panels of pdstack-gpus that read NVML.
 GPU_PANELS = (
@@ -148,7 +149,9 @@ def render_prometheus_config(
     evaluated every second."""
     hostvars = {host: {"ansible_host": "127.0.0.1"}}
     rules = render_rules(load({"thresholds": rule_overrides}))
-    return prometheus_role.render_prometheus_config(root, topo, hostvars, ports, rules, "1s", "1s")
+    return prometheus_role.render_prometheus_config(
+        root, topo, hostvars, ports, rules, f"{SCRAPE_S}s", f"{SCRAPE_S}s"
+    )
 
 
 @contextmanager
@@ -196,10 +199,13 @@ def panel_counts(
     The window opens two scrapes before `start` so that it holds a sample from before the
     first planted event (they can all land within one scrape); `start` must be two scrapes
     after any earlier event. rate() x window is the count, extrapolated to the window's
-    edges by up to one scrape interval on each side."""
+    edges: Prometheus' extrapolatedRate (promql/functions.go) extends an edge all the way
+    when its gap is under 1.1 average scrape intervals, so by up to 1.1 intervals a side
+    (a CI run extrapolated 2.003 s over both edges, past one interval a side)."""
     window = math.ceil(end - start) + 2
     rate = prom.by_label(substitute(expr, f"{window}s"), end, label)
-    return {e: v * window for e, v in rate.items()}, 2 / (window - 2)
+    edges = 2 * 1.1 * SCRAPE_S
+    return {e: v * window for e, v in rate.items()}, edges / (window - edges)
 
 
 # A decode restarted alone fails every KV transfer (docs/sim.md, degraded pair) until the pair
