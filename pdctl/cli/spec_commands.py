@@ -77,7 +77,29 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
 @deployment_options
 @format_option
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on warnings too, e.g. in CI.")
-def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> None:
+@click.option(
+    "--target-version",
+    metavar="VERSION",
+    help="Also check the launch flags and the monitoring pack against this sglang version, "
+    "before a rollout moves to it (a version pdctl ships lists for).",
+)
+@click.option(
+    "--monitoring",
+    "pack",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("monitoring"),
+    show_default=True,
+    help="The monitoring pack --target-version checks: DIR/rules/*.yml and "
+    "DIR/dashboards/**/*.json (python -m monitoring.build --out DIR, or the committed build).",
+)
+def validate(
+    inventory: Path,
+    profile: Path | None,
+    fmt: str,
+    strict: bool,
+    target_version: str | None,
+    pack: Path,
+) -> None:
     """Lint the deployment for the pitfalls that broke PD serving before.
 
     Reads the inventory and the profile, then checks the layout (GPUs, TP, NUMA, ports), that
@@ -87,25 +109,35 @@ def validate(inventory: Path, profile: Path | None, fmt: str, strict: bool) -> N
     flag against the pinned sglang's own parser, and model-family pitfalls. Each finding says
     what breaks and which profile key to change.
 
+    With --target-version, also every launch flag against that version's parser (a removed or
+    renamed flag is an error naming the closest option) and every sglang:* series the pack's
+    rules (error) and dashboards (warning) read against the families it emits.
+
     \b
     Exit codes:
       0  no errors (warnings are printed but pass)
       1  warnings only, and --strict was given
-      2  errors, or the inventory/profile cannot be read
+      2  errors, the inventory/profile cannot be read, or no lists for --target-version
     \b
     Examples:
       pdctl validate
       pdctl validate -p deploy/profiles/sim.yml --strict
+      pdctl validate --target-version 0.5.17
       pdctl validate --format json | jq '.findings[].id'
     """
     dep = load_deployment(inventory, profile)
     findings = lint(dep)
+    if target_version is not None:
+        from pdctl.lint.target import check_target  # only here: plain validate stays light
+
+        findings += check_target(dep, target_version, pack)
     counts = report.summary(dep, findings, strict)
     code = counts["exit_code"]
     if fmt == "json":
         out = {
             "inventory": str(dep.inventory_path),
             "profile": str(dep.profile_path),
+            "target_version": target_version,
             "findings": [asdict(f) for f in findings],
             "summary": counts,
         }

@@ -5,7 +5,7 @@ from __future__ import annotations
 # Importing a rule module registers its rules; the order here is the report order.
 from pdctl.lint import layout, pairing, parallel, crossrole, cuda_graphs  # noqa: F401  # isort: skip
 from pdctl.lint import memory, network, flags, family, store  # noqa: F401  # isort: skip
-from pdctl.lint.finding import RULES, Finding, Rule, Severity
+from pdctl.lint.finding import RULES, Finding, Rule, Severity, merged
 from pdctl.spec import Deployment
 
 __all__ = ["RULES", "Finding", "Rule", "Severity", "lint"]
@@ -13,13 +13,4 @@ __all__ = ["RULES", "Finding", "Rule", "Severity", "lint"]
 
 def lint(dep: Deployment) -> list[Finding]:
     """All findings; one problem repeated on several instances or hosts is one finding."""
-    merged: dict[tuple[Rule, str, str], list[str]] = {}
-    for r in RULES:
-        for p in r.check(dep):
-            where = merged.setdefault((r, p.message, p.fix), [])
-            if p.where not in where:
-                where.append(p.where)
-    return [
-        Finding(id=r.id, severity=r.severity, where=", ".join(where), message=msg, fix=fix)
-        for (r, msg, fix), where in merged.items()
-    ]
+    return [f for r in RULES for f in merged(r.id, r.severity, r.check(dep))]

@@ -54,3 +54,17 @@ def rule(id: str, severity: Severity, summary: str) -> Callable[[Check], Check]:
         return check
 
     return register
+
+
+def merged(id: str, severity: Severity, problems: Iterable[Problem]) -> list[Finding]:
+    """One finding per message and fix: a problem repeated on several instances or hosts is
+    one finding listing them all."""
+    where: dict[tuple[str, str], list[str]] = {}
+    for p in problems:
+        places = where.setdefault((p.message, p.fix), [])
+        if p.where not in places:
+            places.append(p.where)
+    return [
+        Finding(id=id, severity=severity, where=", ".join(places), message=msg, fix=fix)
+        for (msg, fix), places in where.items()
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from importlib import resources
 
@@ -27,7 +27,21 @@ def known_flags(version: str) -> frozenset[str] | None:
     return frozenset(line for line in lines if line.startswith("--"))
 
 
-def _source(dep: Deployment, inst: Instance, flag: str) -> str:
+def matches(flag: str, known: frozenset[str]) -> list[str]:
+    """The options argparse takes `flag` for: itself, else every option it abbreviates (one
+    passes, several are ambiguous, none is unknown)."""
+    if flag in known:
+        return [flag]
+    return sorted(k for k in known if k.startswith(flag))
+
+
+def did_you_mean(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """The hint `(did you mean …?)` with the closest known names (difflib), or ""."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=cutoff)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def flag_source(dep: Deployment, inst: Instance, flag: str) -> str:
     """Where a flag comes from: the user's extra_args, or pdctl's own renderer."""
     if any(a.partition("=")[0] == flag for a in inst.tuning.extra_args):
         return tuning_key(dep, inst.role, "extra_args")
@@ -48,14 +62,12 @@ def _flags(dep: Deployment) -> Iterator[tuple[Instance, str, frozenset[str]]]:
 def unknown_flag(dep: Deployment) -> Iterator[Problem]:
     version = dep.profile.versions.sglang
     for inst, flag, known in _flags(dep):
-        if not any(k.startswith(flag) for k in known):
-            close = difflib.get_close_matches(flag, known, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        if not matches(flag, known):
             yield Problem(
                 where=inst.id,
-                message=f"sglang {version} does not accept {flag}{hint}: launch_server exits "
-                "with a usage error",
-                fix=f"{_source(dep, inst, flag)}: remove or rename {flag}",
+                message=f"sglang {version} does not accept {flag}{did_you_mean(flag, known)}: "
+                "launch_server exits with a usage error",
+                fix=f"{flag_source(dep, inst, flag)}: remove or rename {flag}",
             )
 
 
@@ -63,13 +75,13 @@ def unknown_flag(dep: Deployment) -> Iterator[Problem]:
 def ambiguous_flag(dep: Deployment) -> Iterator[Problem]:
     version = dep.profile.versions.sglang
     for inst, flag, known in _flags(dep):
-        candidates = sorted(k for k in known if k.startswith(flag))
+        candidates = matches(flag, known)
         if len(candidates) > 1:
             yield Problem(
                 where=inst.id,
                 message=f"{flag} is ambiguous in sglang {version}: it could be "
                 f"{', '.join(candidates)}, and argparse refuses to guess",
-                fix=f"{_source(dep, inst, flag)}: spell out one of {', '.join(candidates)}",
+                fix=f"{flag_source(dep, inst, flag)}: spell out one of {', '.join(candidates)}",
             )
 
 
