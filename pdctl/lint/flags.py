@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -48,41 +49,66 @@ def flag_source(dep: Deployment, inst: Instance, flag: str) -> str:
     return f"versions.sglang (pdctl renders {flag} itself)"
 
 
-def _flags(dep: Deployment) -> Iterator[tuple[Instance, str, frozenset[str]]]:
-    known = known_flags(dep.profile.versions.sglang)
-    if known is None:
-        return
+@dataclass(frozen=True)
+class Refused:
+    """A rendered flag a parser does not take as exactly one option."""
+
+    inst: Instance
+    flag: str
+    taken: list[str]  # the options it abbreviates: none (unknown) or several (ambiguous)
+
+
+def refused_flags(dep: Deployment, known: frozenset[str]) -> Iterator[Refused]:
+    """Every rendered flag (extra_args included) of every instance that `known` refuses."""
     for inst in dep.instances:
         for flag in flag_values(launch_args(inst, dep)):
-            if flag not in known:
-                yield inst, flag, known
+            taken = matches(flag, known)
+            if len(taken) != 1:
+                yield Refused(inst, flag, taken)
+
+
+def unknown_problem(
+    dep: Deployment, r: Refused, version: str, known: frozenset[str], note: str = ""
+) -> Problem:
+    """`note`: what else the message says about the flag, e.g. that another version takes it."""
+    return Problem(
+        where=r.inst.id,
+        message=f"sglang {version} does not accept {r.flag}{note}{did_you_mean(r.flag, known)}: "
+        "launch_server exits with a usage error",
+        fix=f"{flag_source(dep, r.inst, r.flag)}: remove or rename {r.flag}",
+    )
+
+
+def ambiguous_problem(dep: Deployment, r: Refused, version: str) -> Problem:
+    options = ", ".join(r.taken)
+    return Problem(
+        where=r.inst.id,
+        message=f"{r.flag} is ambiguous in sglang {version}: it could be {options}, and "
+        "argparse refuses to guess",
+        fix=f"{flag_source(dep, r.inst, r.flag)}: spell out one of {options}",
+    )
 
 
 @rule("unknown-flag", Severity.ERROR, "a launch flag the pinned sglang does not accept")
 def unknown_flag(dep: Deployment) -> Iterator[Problem]:
     version = dep.profile.versions.sglang
-    for inst, flag, known in _flags(dep):
-        if not matches(flag, known):
-            yield Problem(
-                where=inst.id,
-                message=f"sglang {version} does not accept {flag}{did_you_mean(flag, known)}: "
-                "launch_server exits with a usage error",
-                fix=f"{flag_source(dep, inst, flag)}: remove or rename {flag}",
-            )
+    known = known_flags(version)
+    if known is None:  # flags-unchecked says so
+        return
+    for r in refused_flags(dep, known):
+        if not r.taken:
+            yield unknown_problem(dep, r, version, known)
 
 
 @rule("ambiguous-flag", Severity.ERROR, "a launch flag that is a prefix of several flags")
 def ambiguous_flag(dep: Deployment) -> Iterator[Problem]:
     version = dep.profile.versions.sglang
-    for inst, flag, known in _flags(dep):
-        candidates = matches(flag, known)
-        if len(candidates) > 1:
-            yield Problem(
-                where=inst.id,
-                message=f"{flag} is ambiguous in sglang {version}: it could be "
-                f"{', '.join(candidates)}, and argparse refuses to guess",
-                fix=f"{flag_source(dep, inst, flag)}: spell out one of {', '.join(candidates)}",
-            )
+    known = known_flags(version)
+    if known is None:
+        return
+    for r in refused_flags(dep, known):
+        if r.taken:
+            yield ambiguous_problem(dep, r, version)
 
 
 @rule("flags-unchecked", Severity.WARNING, "no flag list for the pinned sglang version")

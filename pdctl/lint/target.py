@@ -24,10 +24,16 @@ import yaml
 
 from pdctl.errors import PdctlError
 from pdctl.lint.finding import Finding, Problem, Severity, merged
-from pdctl.lint.flags import GENERATOR, did_you_mean, flag_source, known_flags, matches
-from pdctl.lint.launch_line import flag_values
+from pdctl.lint.flags import (
+    GENERATOR,
+    ambiguous_problem,
+    did_you_mean,
+    known_flags,
+    matches,
+    refused_flags,
+    unknown_problem,
+)
 from pdctl.promql import metric_names, name_regexes
-from pdctl.render import launch_args
 from pdctl.spec import Deployment
 
 METRICS_GENERATOR = "scripts/sglang-metrics.py"
@@ -66,10 +72,10 @@ def known_series(version: str) -> frozenset[str]:
 
 
 def shipped_versions() -> list[str]:
-    """The versions pdctl has a flag list for."""
-    data = resources.files("pdctl") / "data"
-    names = (p.name for p in data.iterdir())
-    return sorted(n[len("sglang-") : -len("-flags.txt")] for n in names if n.endswith("-flags.txt"))
+    """The versions pdctl has both lists for."""
+    names = {p.name for p in (resources.files("pdctl") / "data").iterdir()}
+    flags = {n[len("sglang-") : -len("-flags.txt")] for n in names if n.endswith("-flags.txt")}
+    return sorted(v for v in flags if f"sglang-{v}-metrics.txt" in names)
 
 
 def _require_lists(target: str) -> frozenset[str]:
@@ -87,32 +93,14 @@ def _require_lists(target: str) -> frozenset[str]:
 def _flag_problems(dep: Deployment, target: str, known: frozenset[str]) -> Iterator[Problem]:
     current = dep.profile.versions.sglang
     current_known = known_flags(current) or frozenset()
-    for inst in dep.instances:
-        for flag in flag_values(launch_args(inst, dep)):
-            taken = matches(flag, known)
-            if len(taken) == 1:
-                continue
-            source = flag_source(dep, inst, flag)
-            if taken:
-                yield Problem(
-                    where=inst.id,
-                    message=f"{flag} is ambiguous in sglang {target}: it could be "
-                    f"{', '.join(taken)}, and argparse refuses to guess",
-                    fix=f"{source}: spell out one of {', '.join(taken)} before moving to "
-                    f"sglang {target}",
-                )
-                continue
-            was = (
-                f" (sglang {current} takes it: removed or renamed)"
-                if len(matches(flag, current_known)) == 1
-                else ""
-            )
-            yield Problem(
-                where=inst.id,
-                message=f"sglang {target} does not accept {flag}{was}"
-                f"{did_you_mean(flag, known)}: launch_server would exit with a usage error",
-                fix=f"{source}: remove or rename {flag} before moving to sglang {target}",
-            )
+    for r in refused_flags(dep, known):
+        if r.taken:
+            yield ambiguous_problem(dep, r, target)
+            continue
+        # Taken by the current version: removed or renamed on the way to the target.
+        was = len(matches(r.flag, current_known)) == 1
+        note = f" (sglang {current} takes it: removed or renamed)" if was else ""
+        yield unknown_problem(dep, r, target, known, note)
 
 
 @dataclass(frozen=True)
