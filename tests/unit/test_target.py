@@ -55,7 +55,7 @@ def write_pack(root: Path, rules: dict[str, str], panels: dict[str, str]) -> Pat
 
 
 def test_flag_removed_in_target_is_refused_naming_version_and_closest(
-    load: Load, shipped: Shipped, tmp_path: Path
+    load: Load, shipped: Shipped
 ) -> None:
     # 0.5.17's --nsa-decode-backend is 0.5.23's --dsa-decode-backend.
     dep = load(_on_0_5_17(shipped, {"engine.decode.extra_args": ["--nsa-decode-backend", "x"]}))
@@ -183,13 +183,7 @@ def test_metric_list_matches_the_installed_sglang() -> None:
     """The committed list is what scripts/sglang-metrics.py prints from the pinned SGLang."""
     package = require_path(SGLANG_SITE / "sglang", "SGLang parser environment")
     script = ROOT / "scripts" / "sglang-metrics.py"
-    out = subprocess.run(
-        [sys.executable, str(script), str(package)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = subprocess.check_output([sys.executable, script, package], text=True, timeout=300)
     version = out.split()[4]  # "# Prometheus families sglang <version> …"
     assert version == "0.5.23"
     assert out == (ROOT / "pdctl" / "data" / f"sglang-{version}-metrics.txt").read_text()
