@@ -32,7 +32,7 @@ WORDS = set(re.findall(r"[\w-]+", TEXT))
 
 # Commands whose options are internal by design: site.yml runs them on the controller with
 # arguments it derives from the inventory (roles/pdstack_etcd), and no operator types them; the
-# commands themselves are documented (docs/deploy.md, docs/operations.md).
+# commands themselves are documented (docs/deploy.md, docs/etcd.md).
 INTERNAL_OPTIONS = {"etcd pki", "etcd members"}
 # An option this many commands share (the deployment's sources: --topology, -i, -p, --format)
 # is documented once, where pdctl learns the deployment, not in every command's section.
