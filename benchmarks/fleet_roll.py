@@ -1,5 +1,5 @@
 """Rolling a config change over the fleet under constant load: failed requests, capacity
-during the roll, and roll time against N x the slowest pair restart (docs/operations.md).
+during the roll, and roll time against N x the slowest pair restart (docs/restart.md).
 
 Needs the fleet rehearsal up and converged (`make demo-fleet`, docs/testhost.md). Sets
 `engine.common.context_length` to --context-length (every pair's env file changes; the fleet

@@ -14,7 +14,7 @@ made while all C were in flight (the first request sent to the last one sent). A
 workloads the layout's first pair or group is restarted once, idle, by the ops restart path
 (drain, stop, start, health, canary, verify, register). `--time-scale S` runs the sim S times
 slower (PDSIM_TIME_SCALE) and divides the load's measured times by S (the restart's phases
-stay wall seconds). Prints figures (docs/operations.md, "What the ratio does"); not a test.
+stay wall seconds). Prints figures (docs/bench.md, "Choosing the ratio"); not a test.
 
     .venv/bin/python benchmarks/group_ratio.py [--time-scale S] [--requests-factor F]
 """

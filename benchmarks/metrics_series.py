@@ -1,4 +1,4 @@
-"""Prometheus series per scrape target, for the fleet-growth figures in docs/operations.md:
+"""Prometheus series per scrape target, for the fleet-growth figures in docs/performance.md:
 a sim prefill's and decode's /metrics (SGLang's names and buckets), the gateway's (smg) with 1
 and with --pairs pairs registered, and the node exporter's, with its per-CPU share.
 

@@ -1,6 +1,6 @@
 """Crash recovery under the coordination store's faults (issue 19): from `kill -9` of a decode
 to its pair serving again, against the pair's own start-up, and failed requests under
-streaming load during each fault (docs/operations.md, "The coordination store").
+streaming load during each fault (docs/etcd.md).
 
 Needs a three-host test fleet converged with deploy/profiles/sim-fleet.yml (`make demo-fleet`,
 docs/testhost.md "Fleets"): it cuts hosts off the fleet's bridge (`ip link set vb-HOST`) and

@@ -8,7 +8,7 @@ ceil(N/K) x T. K is what --max-unavailable makes of a count or a percentage of t
 groups (roll.budget), less what groups out for another reason take from the floor
 (roll.lanes). site.yml's roll is this same roll, over the play's changed groups.
 
-    .venv/bin/python benchmarks/roll_model.py            # the table in docs/operations.md
+    .venv/bin/python benchmarks/roll_model.py            # the table in docs/restart.md
     .venv/bin/python benchmarks/roll_model.py --measure 4 --k 1 2 [--clients 4]
 
 --measure rolls N local sim pairs behind the real gateway (benchmarks/restart_both.py's
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pdctl.ops import roll
 
-# Seconds per group besides the engines' start-up, for a real model (docs/operations.md,
-# "Roll time at fleet scale", says where each comes from).
+# Seconds per group besides the engines' start-up, for a real model (docs/restart.md,
+# "Roll time: the model", says where each comes from).
 PHASES_S = {"drain": 20.0, "stop": 10.0, "canary": 5.0, "register": 5.0}
 # Start-up (weights loaded, CUDA graphs captured, /health 200) that SGLang users report for
 # large models: 3 to 6.5 minutes (sgl-project/sglang#27139, #27052).

@@ -427,8 +427,7 @@ def build_rules(cfg: Config = DEFAULT) -> dict[str, Any]:
     member = f"The etcd member on {label('host')} ({label('instance')})"
     etcd_up = series("up", s.etcd)
     # The coordination store after the etcd-mixin's alerts, with etcd 3.4's metric names.
-    # Without a quorum no restart or recovery can take the lock (docs/operations.md, "The
-    # coordination store").
+    # Without a quorum no restart or recovery can take the lock (docs/etcd.md).
     store = [
         alert(
             "PDEtcdMemberDown",

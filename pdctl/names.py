@@ -36,7 +36,7 @@ FINISH_TIMER = f"{PREFIX}-finish.timer"
 # Root-only, apart from the engines' STATE_DIR: recovery refuses a folder others can write.
 RECOVER_STATE = f"/var/lib/{PREFIX}-recover/recover-state.json"
 RESTART_LOCK = f"/run/{PREFIX}/restart.lock"  # one restart at a time on this host
-# The coordination store (etcd, docs/operations.md "The coordination store"): one member per
+# The coordination store (etcd, docs/etcd.md): one member per
 # [etcd] host, run by its own unit from Debian's etcd-server; TLS files the controller makes.
 ETCD_UNIT = f"{PREFIX}-etcd.service"
 ETCD_DATA_DIR = f"/var/lib/{PREFIX}-etcd"

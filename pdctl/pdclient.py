@@ -89,7 +89,7 @@ def _pair_request(
     return failures[0] if failures else None
 
 
-# Requests per pair canary, by purpose (docs/operations.md, "The pair canary"): a degraded pair
+# Requests per pair canary, by purpose (docs/operations.md, "The group canary"): a degraded pair
 # fails only a share of requests, so the more at stake, the more requests.
 CANARIES_STATUS = 3  # a view refreshed every few seconds: cheap
 CANARIES_VERIFY = 5  # after a restart's first passing one, before the pair takes traffic

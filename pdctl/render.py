@@ -130,7 +130,7 @@ def environment(inst: Instance, dep: Deployment) -> dict[str, str]:
 def router_args(dep: Deployment) -> list[str]:
     """`smg launch` arguments: PD mode with no workers. A worker on smg's command line cannot
     carry a pairing protocol, so the unit's ExecStartPost= registers every pair bound to
-    itself (`register_command`; docs/operations.md, "Pairs stay pairs")."""
+    itself (`register_command`; docs/gateway.md, "Groups stay groups")."""
     r = dep.profile.router
     args = [
         "launch", "--pd-disaggregation",
@@ -145,7 +145,7 @@ def router_args(dep: Deployment) -> list[str]:
 
 
 def lifecycle_args(r: Router) -> list[str]:
-    """smg's health checks, circuit breakers and registration window (docs/operations.md,
+    """smg's health checks, circuit breakers and registration window (docs/gateway.md,
     "The gateway's worker lifecycle"). Removal stays off whatever smg's default: without
     service discovery a worker smg removes never comes back."""
     return [

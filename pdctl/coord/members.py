@@ -19,7 +19,7 @@ from pdctl import names
 from pdctl.coord.store import Store, StoreUnavailable
 from pdctl.topology import TopologyCoord
 
-DOCS = "docs/operations.md, 'Change the members'"
+DOCS = "docs/etcd.md, 'Change the members'"
 JOIN = "-e pdstack_etcd_initial_cluster_state=existing"
 
 

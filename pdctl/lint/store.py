@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pdctl.lint.finding import Problem, Severity, rule
 from pdctl.spec import Deployment
 
-DOCS = "docs/operations.md, 'The coordination store'"
+DOCS = "docs/etcd.md"
 
 
 def _where(dep: Deployment) -> str:

@@ -7,8 +7,8 @@ engines count, pdctl.ops.health.in_flight), then removes it a few seconds later.
 answers (up to smg's --worker-startup-timeout-secs, 30 min): GET /workers lists it only then.
 `POST /workers` with an URL it holds or is still adding answers 409: taken as "already
 registered". In PD mode smg picks prefill and decode separately; `pairing_protocol` on
-`POST /workers` restricts a prefill to decodes with the same protocol (docs/operations.md,
-"Pairs stay pairs").
+`POST /workers` restricts a prefill to decodes with the same protocol (docs/gateway.md,
+"Groups stay groups").
 """
 
 from __future__ import annotations

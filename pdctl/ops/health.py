@@ -109,7 +109,7 @@ def in_flight(url: str, timeout: float = 3.0) -> int | None:
     """Requests the engine holds: running plus waiting, which in SGLang's LoadInquirer counts the
     disaggregation queues too (a prefill's bootstrap queue; a decode's prealloc and transfer
     queues), so a pair whose engines both say 0 has nothing in flight. smg's own `load` misses
-    streamed requests (docs/operations.md, "Drain"). None: the engine did not answer."""
+    streamed requests (docs/restart.md, "drain"). None: the engine did not answer."""
     try:
         r = requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=timeout)
         r.raise_for_status()

@@ -169,7 +169,7 @@ def _leg(pair: Pair, prefill: TopologyInstance, decode: TopologyInstance) -> str
 def registrations(pairs: list[Pair]) -> list[gateway.Registration]:
     """Both workers of each pair, bound to each other by the pair's id as pairing protocol:
     smg then never combines them with another pair's worker, whatever its round robin
-    rotations say (docs/operations.md, "Pairs stay pairs")."""
+    rotations say (docs/gateway.md, "Groups stay groups")."""
     return [
         gateway.Registration(
             i.url,

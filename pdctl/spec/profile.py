@@ -330,13 +330,13 @@ class Router(Strict):
     )
     # smg's own default is 1800 s. The timeout bounds the whole request, a stream included:
     # a client of a hung engine waits this long at most, and a longer generation is cut
-    # (docs/operations.md, "The gateway's request timeout").
+    # (docs/gateway.md, "The gateway's request timeout").
     request_timeout_secs: int = Field(
         default=600,
         ge=1,
         description="How long the gateway lets one request run (smg --request-timeout-secs).",
     )
-    # The worker lifecycle (docs/operations.md, "The gateway's worker lifecycle": what smg
+    # The worker lifecycle (docs/gateway.md, "The gateway's worker lifecycle": what smg
     # 1.13 does with each, measured against the binary).
     health_failure_threshold: int = Field(
         default=3,
@@ -399,7 +399,7 @@ class Router(Strict):
         return data
 
 
-# smg flags that remove a worker after failed health checks (docs/operations.md, "The
+# smg flags that remove a worker after failed health checks (docs/gateway.md, "The
 # gateway's worker lifecycle").
 REMOVAL_FLAGS = ("--remove-unhealthy-workers", "--worker-auto-recovery")
 
@@ -411,8 +411,8 @@ MOVED_ROUTER_KEYS = {
 
 
 class Etcd(Strict):
-    """The coordination store on the inventory's [etcd] hosts (docs/operations.md, "The
-    coordination store"): the restart lock's lease, the gateways' liveness keys, the history."""
+    """The coordination store on the inventory's [etcd] hosts (docs/etcd.md): the restart
+    lock's lease, the gateways' liveness keys, the history."""
 
     client_port: Port = 2379
     peer_port: Port = 2380

@@ -142,7 +142,7 @@ def _etcdctl(etcd: LocalEtcd, *args: str) -> str:
 
 def test_the_member_set_changes_only_through_member_add_and_remove(tmp_path: Path) -> None:
     """A host added to [etcd] is refused until `member add`, then joins as `existing` (the
-    procedure in docs/operations.md); a member dropped from [etcd], or one that lost its data,
+    procedure in docs/etcd.md); a member dropped from [etcd], or one that lost its data,
     is named with what to do. The member list answers without a quorum, too."""
     with local_etcd(tmp_path / "etcd", tls=True) as etcd:
         new = etcd.new_member()

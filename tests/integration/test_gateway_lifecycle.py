@@ -1,5 +1,5 @@
 """The gateway's worker lifecycle with engines slower to start than smg's failure window
-(docs/operations.md, "The gateway's worker lifecycle"). Real smg 1.13 on the lifecycle flags
+(docs/gateway.md, "The gateway's worker lifecycle"). Real smg 1.13 on the lifecycle flags
 pdctl.render gives it, with windows of seconds; sim engines that take five simulated minutes
 to load (15 s of wall time at the fixtures' time scale), several failure windows.
 """

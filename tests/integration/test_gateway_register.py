@@ -2,7 +2,7 @@
 register` (the unit's ExecStartPost=) binding every pair. Real smg, sim engines.
 
 Without the binding, smg's round robin drifts across pairs whenever one side of a pair
-becomes routable before the other (docs/operations.md, "Pairs stay pairs"); these tests
+becomes routable before the other (docs/gateway.md, "Groups stay groups"); these tests
 count KV transfers across pairs from the first request after each gateway start.
 """
 
@@ -34,7 +34,7 @@ from pdctl.testing.stack import (
 
 pytestmark = pytest.mark.gateway
 
-STARTS = 3  # unbound, one fresh start in three crossed pairs for good (docs/operations.md)
+STARTS = 3  # unbound, one fresh start in three crossed pairs for good (docs/gateway.md)
 
 
 def _pairs(sim_factory: Callable[..., SimProc]) -> list[LocalPair]:

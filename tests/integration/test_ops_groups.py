@@ -1,7 +1,7 @@
 """A host-local 2P1D group beside a pair, behind the real gateway (smg): registered under the
 group's id as pairing protocol, so any prefill of the group pairs with its decode and nothing
 crosses between the group and the pair; restarted as one unit, its canary through every
-prefill and every decode (docs/operations.md, "Groups")."""
+prefill and every decode (docs/restart.md)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def local_pairs(
         # pair's two bound to each other by smg's pairing protocol. Without that, smg's round
         # robin combines workers of different pairs from the start and after
         # re-registrations, which the sim (like NIXL) fails with stale peer metadata once one
-        # of them restarted (docs/operations.md, "Pairs stay pairs").
+        # of them restarted (docs/gateway.md, "Groups stay groups").
         gw = gateway_factory([], [], "--policy", "round_robin")
         ops, units = local_ops(pairs, gw, coord=coord)
         for pair in ops.source.pairs():

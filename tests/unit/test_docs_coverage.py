@@ -4,8 +4,8 @@ Commands: every line of the README's `sh` code blocks is parsed as written: `mak
 exist in the Makefile, `pdctl` command lines parse with pdctl's own click commands (in process,
 from the registry `pdctl.cli.COMMANDS`), and every repository path named exists. Links:
 every relative link of the README and docs/ reaches a file, and its `#anchor` a heading.
-Coverage: every pdctl command and option, every alert the rules build and every make target
-is named somewhere in README.md or docs/.
+Coverage: every pdctl command and option, every profile key, every role variable, every alert
+the rules build and every make target is named somewhere in README.md or docs/.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from monitoring.rules import render_rules
 from pdctl.cli import COMMANDS, cli
+from pdctl.spec.profile import Profile
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
@@ -32,7 +34,7 @@ WORDS = set(re.findall(r"[\w-]+", TEXT))
 
 # Commands whose options are internal by design: site.yml runs them on the controller with
 # arguments it derives from the inventory (roles/pdstack_etcd), and no operator types them; the
-# commands themselves are documented (docs/deploy.md, docs/operations.md).
+# commands themselves are documented (docs/deploy.md, docs/etcd.md).
 INTERNAL_OPTIONS = {"etcd pki", "etcd members"}
 # An option this many commands share (the deployment's sources: --topology, -i, -p, --format)
 # is documented once, where pdctl learns the deployment, not in every command's section.
@@ -218,3 +220,50 @@ def test_every_make_target_is_documented() -> None:
     targets = _make_targets()
     assert {"demo", "test", "check"} <= targets
     assert not {t for t in targets if not re.search(rf"\bmake {t}(?![\w-])", TEXT)}
+
+
+def _models(annotation: object) -> Iterator[type[BaseModel]]:
+    """The profile models a field's type holds: itself, or inside list, dict or | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in getattr(annotation, "__args__", ()):
+        yield from _models(arg)
+
+
+def _profile_keys(model: type[BaseModel], parent: str = "") -> Iterator[tuple[str, str]]:
+    """(parent key, key) for every key of the profile, nested sections walked down."""
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        yield parent, key
+        for sub in _models(field.annotation):
+            yield from _profile_keys(sub, key)
+
+
+def test_every_profile_key_is_documented_under_its_section() -> None:
+    """A nested key is named in a section (a heading and its text) that names its parent key
+    too: `port` alone is everywhere, `port` beside `router` is the profile's."""
+    keys = list(_profile_keys(Profile))
+    sections = re.split(r"^(?=#+ )", TEXT, flags=re.M)
+    assert len(keys) >= 100
+
+    def documented(parent: str, key: str) -> bool:
+        if not parent:
+            return re.search(rf"\b{key}\b", TEXT) is not None
+        named = (rf"\b{re.escape(key)}\b", rf"\b{re.escape(parent)}\b")
+        return any(all(re.search(n, s) for n in named) for s in sections)
+
+    undocumented = [f"{p}.{k}".lstrip(".") for p, k in keys if not documented(p, k)]
+    assert not undocumented
+
+
+def test_every_role_variable_is_documented() -> None:
+    """The variables of every role's argument specs: what an inventory may set."""
+    specs = sorted(ROOT.glob("roles/*/meta/argument_specs.yml"))
+    names = {
+        name
+        for spec in specs
+        for entry in yaml.safe_load(spec.read_text())["argument_specs"].values()
+        for name in entry.get("options", {})
+    }
+    assert len(names) >= 50
+    assert not sorted(names - WORDS)

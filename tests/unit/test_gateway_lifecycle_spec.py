@@ -1,5 +1,5 @@
 """The gateway's worker lifecycle settings: profile router keys rendered on smg's line
-(docs/operations.md, "The gateway's worker lifecycle")."""
+(docs/gateway.md, "The gateway's worker lifecycle")."""
 
 from __future__ import annotations
 

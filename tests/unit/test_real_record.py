@@ -303,7 +303,7 @@ def test_pdctl_leaves_load_balance_method_to_sglangs_per_role_default(record: Re
     room modulo its DP size without asking it) and round_robin on a decode (sglang
     arg_groups/serving_hook.py, handle_load_balance_method). smg's warning about the two
     differing is an equality check (update_policies.rs, check_worker_conflicts), expected
-    (docs/operations.md, "Gateway")."""
+    (docs/gateway.md)."""
     dep = load_deployment(LANE_INVENTORY)
     for inst in dep.instances:
         assert "--load-balance-method" not in render.launch_args(inst, dep)

@@ -173,10 +173,10 @@ def test_lanes_are_k_less_what_groups_already_out_take_from_the_floor() -> None:
 
 
 def test_the_roll_time_table_in_the_docs_is_the_one_the_model_prints() -> None:
-    """docs/operations.md's table is benchmarks/roll_model.py's output, not typed by hand."""
+    """docs/restart.md's table is benchmarks/roll_model.py's output, not typed by hand."""
     model = benchmark("roll_model")
     table = "\n".join(model.table())
-    assert table in (ROOT / "docs" / "operations.md").read_text()
+    assert table in (ROOT / "docs" / "restart.md").read_text()
     # The model is the scheduler's: 32 groups of 220 s at 25% (K = 8) are 4 waves.
     assert model.roll_seconds(32, "25%", 220.0) == pytest.approx(4 * 220.0)
 
