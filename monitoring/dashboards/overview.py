@@ -195,7 +195,7 @@ def build(cfg: Config) -> Dashboard:
                 "percentunit",
                 [Query(f"max by (engine) (sglang:token_usage{{{engine}}})", "{{engine}}")],
                 width=8,
-                thresholds=((None, "green"), (cfg.thresholds["kv_usage_ratio"], "red")),
+                thresholds=((None, "green"), (cfg.thresholds.kv_usage_ratio, "red")),
             ),
         ],
     )
