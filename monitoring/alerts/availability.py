@@ -41,7 +41,7 @@ def _down(area: Area) -> list[Rule]:
 
 def _gateway(area: Area) -> list[Rule]:
     """The gateway's workers (unhealthy, circuit open, stalled), its errors and shedding."""
-    s, t, w, down = area.sel, area.th, area.window, area.th.down_for
+    s, down = area.sel, area.th.down_for
     return [
         # The gateway routes nothing to a worker it marks unhealthy; with its only prefill or
         # decode out, the whole service is down even though the gateway itself answers.
@@ -63,6 +63,23 @@ def _gateway(area: Area) -> list[Rule]:
             f"Gateway {label('instance')} has kept the circuit breaker of worker"
             f" {label('worker')} open for more than {down}: its requests failed.",
         ),
+        *_gateway_refusals(area),
+        area.alert(
+            "PDGatewayWorkerStalled",
+            f"max by (instance, worker, reason) ({series('smg_worker_stalled', s.gateway)}) == 1",
+            down,
+            "warning",
+            "The gateway skips a worker it considers stalled.",
+            f"Gateway {label('instance')} has skipped worker {label('worker')} for more"
+            f" than {down} (liveness veto: {label('reason')}).",
+        ),
+    ]
+
+
+def _gateway_refusals(area: Area) -> list[Rule]:
+    """Requests the gateway failed or shed."""
+    s, t, w = area.sel, area.th, area.window
+    return [
         # Requests the gateway answered with an error (any cause: no worker, upstream error,
         # timeout), as a share of all requests it routed.
         area.alert(
@@ -93,15 +110,6 @@ def _gateway(area: Area) -> list[Rule]:
             "The gateway sheds requests (over capacity).",
             f"Gateway {label('instance')} shed {value('humanize')} requests in {area.over}:"
             " every worker was overloaded or no decode admission slot freed in time.",
-        ),
-        area.alert(
-            "PDGatewayWorkerStalled",
-            f"max by (instance, worker, reason) ({series('smg_worker_stalled', s.gateway)}) == 1",
-            down,
-            "warning",
-            "The gateway skips a worker it considers stalled.",
-            f"Gateway {label('instance')} has skipped worker {label('worker')} for more"
-            f" than {down} (liveness veto: {label('reason')}).",
         ),
     ]
 
