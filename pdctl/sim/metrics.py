@@ -2,8 +2,9 @@
 
 Names, types, label names and buckets come from `sglang/srt/observability/metrics_collector.py`
 (SchedulerMetricsCollector, TokenizerMetricsCollector) and `http_request_metrics.py`, declared
-as data in metrics_families.py; the full list of the pinned version is tests/data/sglang_0.5.23_metrics.txt and
-tests/unit/test_sim_metrics_fidelity.py keeps this module a subset of it. SGLang serves
+as data in metrics_families.py; the full list of the pinned version is
+tests/data/sglang_0.5.23_metrics.txt and tests/unit/test_sim_metrics_fidelity.py keeps this
+module a subset of it. SGLang serves
 them from a multiprocess registry, which has no `_created` series; neither does this one.
 
 Who writes what follows tests/data/sglang_0.5.23_recording.txt (derived from SGLang's call
