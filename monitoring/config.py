@@ -29,6 +29,43 @@ class Selectors:
 
 
 SELECTORS = tuple(f.name for f in fields(Selectors))
+# A Prometheus duration such as 5m: a rule's hold time (`for`) or a range.
+Duration = str
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The alerts' thresholds and hold times; config.yml gives each its default and says what
+    it means. Values are written into the rules as given, not coerced: a malformed one is
+    promtool's to refuse (roles/pdstack_prometheus validates the built file before it goes
+    live), and a default reads in the rules as config.yml writes it (0, not 0.0)."""
+
+    ttft_p95_seconds: float
+    itl_p95_seconds: float
+    slo_for: Duration
+    kv_usage_ratio: float
+    kv_usage_for: Duration
+    kv_leak_idle_ratio: float
+    kv_leak_for: Duration
+    pd_failures_per_5m: float
+    pd_failures_for: Duration
+    hang_window: Duration
+    hang_for: Duration
+    retract_for: Duration
+    gateway_error_ratio: float
+    gateway_errors_for: Duration
+    shed_for: Duration
+    down_for: Duration
+    canary_for: Duration
+    eager_for: Duration
+    throttle_for: Duration
+    xid_for: Duration
+    etcd_quorum_for: Duration
+    etcd_fsync_p99_seconds: float
+    etcd_commit_p99_seconds: float
+    etcd_disk_for: Duration
+    etcd_quota_used_ratio: float
+    etcd_quota_for: Duration
 
 
 @dataclass(frozen=True)
@@ -37,9 +74,7 @@ class Config:
     rate_window: str
     runbook_url: str
     datasource: str
-    # Values are written into the rules as given: a malformed one is promtool's to refuse
-    # (roles/pdstack_prometheus validates the built file before it goes live).
-    thresholds: dict[str, Any]
+    thresholds: Thresholds
 
     def runbook(self, alert: str) -> str:
         return f"{self.runbook_url}#{alert.lower()}"
@@ -67,7 +102,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str) -> dict[str, 
 
 
 def load(overrides: dict[str, Any] | None = None) -> Config:
-    """The default config with `overrides` (the same layout as config.yml) merged over it."""
+    """The default config with `overrides` (the same layout as config.yml) merged over it: the
+    one place defaults and a deployment's overrides (a profile's thresholds, --config) meet."""
     data = _merge(_defaults(), overrides or {}, "")
     for name in SELECTORS:
         if not str(data["selectors"][name]).strip():
@@ -83,7 +119,7 @@ def load(overrides: dict[str, Any] | None = None) -> Config:
         rate_window=str(data["rate_window"]),
         runbook_url=str(data["runbook_url"]),
         datasource=str(data["datasource"] or ""),
-        thresholds=data["thresholds"],
+        thresholds=Thresholds(**data["thresholds"]),
     )
 
 

@@ -27,7 +27,18 @@ def build(cfg: Config) -> Dashboard:
     # Exporter series about an engine carry its pair and engine labels (not role: that is the
     # exporter's own target label).
     journal = f'{cfg.selectors.exporter}, pair=~"$pair", engine=~"$engine"'
-    graphs = Section(
+    return build_dashboard(
+        UID,
+        "Decode efficiency",
+        "Whether decode stays inside its CUDA graphs and what each added request costs.",
+        [_graphs(engine, journal), _throughput(engine, journal), _memory_and_startup(engine)],
+        engine_variables(cfg),
+        cfg,
+    )
+
+
+def _graphs(engine: str, journal: str) -> Section:
+    return Section(
         "CUDA graphs",
         [
             Panel(
@@ -97,7 +108,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    throughput = Section(
+
+
+def _throughput(engine: str, journal: str) -> Section:
+    return Section(
         "Throughput per request",
         [
             Panel(
@@ -155,14 +169,6 @@ def build(cfg: Config) -> Dashboard:
                 ],
             ),
         ],
-    )
-    return build_dashboard(
-        UID,
-        "Decode efficiency",
-        "Whether decode stays inside its CUDA graphs and what each added request costs.",
-        [graphs, throughput, _memory_and_startup(engine)],
-        engine_variables(cfg),
-        cfg,
     )
 
 

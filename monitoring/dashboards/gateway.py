@@ -28,8 +28,19 @@ def variables(cfg: Config) -> list[QueryVariable]:
 
 
 def build(cfg: Config) -> Dashboard:
-    GW = f'{cfg.selectors.gateway}, instance=~"$instance"'
-    traffic = Section(
+    gw = f'{cfg.selectors.gateway}, instance=~"$instance"'
+    return build_dashboard(
+        UID,
+        "Gateway",
+        "The smg gateway: requests, errors, retries, latency, worker health and circuit breakers.",
+        [_traffic(gw), _errors(gw), _latency(gw), _workers(gw)],
+        variables(cfg),
+        cfg,
+    )
+
+
+def _traffic(gw: str) -> Section:
+    return Section(
         "Requests",
         [
             Panel(
@@ -38,7 +49,7 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_router_requests_total", GW, "endpoint"),
+                        rate_sum("smg_router_requests_total", gw, "endpoint"),
                         "{{endpoint}}",
                     )
                 ],
@@ -49,7 +60,7 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_http_responses_total", GW, "status_code"),
+                        rate_sum("smg_http_responses_total", gw, "status_code"),
                         "{{status_code}}",
                     )
                 ],
@@ -63,8 +74,8 @@ def build(cfg: Config) -> Dashboard:
                 "percentunit",
                 [
                     Query(
-                        f'(sum(rate(smg_http_responses_total{{{GW}, status_code=~"5.."}}[{RATE}])) '
-                        f"or vector(0)) / sum(rate(smg_http_responses_total{{{GW}}}[{RATE}]))",
+                        f'(sum(rate(smg_http_responses_total{{{gw}, status_code=~"5.."}}[{RATE}])) '
+                        f"or vector(0)) / sum(rate(smg_http_responses_total{{{gw}}}[{RATE}]))",
                         "5xx",
                     )
                 ],
@@ -76,18 +87,21 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_worker_retries_total", GW, "worker_type"),
+                        rate_sum("smg_worker_retries_total", gw, "worker_type"),
                         "retries {{worker_type}}",
                     ),
                     Query(
-                        rate_sum("smg_worker_retries_exhausted_total", GW, "worker_type"),
+                        rate_sum("smg_worker_retries_exhausted_total", gw, "worker_type"),
                         "exhausted {{worker_type}}",
                     ),
                 ],
             ),
         ],
     )
-    errors = Section(
+
+
+def _errors(gw: str) -> Section:
+    return Section(
         "Errors and load shedding",
         [
             Panel(
@@ -97,7 +111,7 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_router_request_errors_total", GW, "error_type"),
+                        rate_sum("smg_router_request_errors_total", gw, "error_type"),
                         "{{error_type}}",
                     )
                 ],
@@ -110,7 +124,7 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_worker_errors_total", GW, "worker_type, error_type"),
+                        rate_sum("smg_worker_errors_total", gw, "worker_type, error_type"),
                         "{{worker_type}} {{error_type}}",
                     )
                 ],
@@ -124,11 +138,11 @@ def build(cfg: Config) -> Dashboard:
                 "reqps",
                 [
                     Query(
-                        rate_sum("smg_worker_overload_shed_total", GW, "stage"),
+                        rate_sum("smg_worker_overload_shed_total", gw, "stage"),
                         "overloaded {{stage}}",
                     ),
                     Query(
-                        f"sum(rate(smg_pd_admission_sheds_total{{{GW}}}[{RATE}]))",
+                        f"sum(rate(smg_pd_admission_sheds_total{{{gw}}}[{RATE}]))",
                         "PD admission",
                     ),
                 ],
@@ -139,7 +153,7 @@ def build(cfg: Config) -> Dashboard:
                 "Stalled workers",
                 "Liveness veto per worker (1: routing skips it), with the reason.",
                 "none",
-                [Query(f"smg_worker_stalled{{{GW}}}", "{{worker}} {{reason}}")],
+                [Query(f"smg_worker_stalled{{{gw}}}", "{{worker}} {{reason}}")],
                 width=12,
             ),
             Panel(
@@ -147,50 +161,56 @@ def build(cfg: Config) -> Dashboard:
                 "Prefill leg of PD requests as the gateway measures it (dispatch to the "
                 "prefill's answer), quantiles.",
                 "s",
-                quantiles("smg_pd_prefill_duration_seconds", GW, "instance", (0.5, 0.95)),
+                quantiles("smg_pd_prefill_duration_seconds", gw, "instance", (0.5, 0.95)),
                 width=12,
             ),
         ],
     )
-    latency = Section(
+
+
+def _latency(gw: str) -> Section:
+    return Section(
         "Latency",
         [
             Panel(
                 "Request duration",
                 "Gateway request duration quantiles.",
                 "s",
-                quantiles("smg_router_request_duration_seconds", GW, "endpoint"),
+                quantiles("smg_router_request_duration_seconds", gw, "endpoint"),
             ),
             Panel(
                 "PD time to first token",
                 "Prefill dispatch to the first decode token, measured by the gateway.",
                 "s",
-                quantiles("smg_pd_ttft_seconds", GW, "model"),
+                quantiles("smg_pd_ttft_seconds", gw, "model"),
             ),
         ],
     )
-    workers = Section(
+
+
+def _workers(gw: str) -> Section:
+    return Section(
         "Workers",
         [
             Panel(
                 "Worker health",
                 "Gateway health-check verdict per worker (1 healthy).",
                 "none",
-                [Query(f"smg_worker_health{{{GW}}}", "{{worker}}")],
+                [Query(f"smg_worker_health{{{gw}}}", "{{worker}}")],
                 width=8,
             ),
             Panel(
                 "Circuit breakers",
                 "Breaker state per worker: 0 closed, 1 open (no traffic), 2 half-open.",
                 "none",
-                [Query(f"smg_worker_cb_state{{{GW}}}", "{{worker}}")],
+                [Query(f"smg_worker_cb_state{{{gw}}}", "{{worker}}")],
                 width=8,
             ),
             Panel(
                 "Active requests per worker",
                 "Requests in flight on each worker.",
                 "short",
-                [Query(f"smg_worker_requests_active{{{GW}}}", "{{worker}}")],
+                [Query(f"smg_worker_requests_active{{{gw}}}", "{{worker}}")],
                 width=8,
             ),
             Panel(
@@ -199,7 +219,7 @@ def build(cfg: Config) -> Dashboard:
                 "ops",
                 [
                     Query(
-                        f"sum by (worker_type) (rate(smg_worker_health_checks_total{{{GW}, "
+                        f"sum by (worker_type) (rate(smg_worker_health_checks_total{{{gw}, "
                         f'result!="success"}}[{RATE}]))',
                         "{{worker_type}}",
                     )
@@ -211,18 +231,10 @@ def build(cfg: Config) -> Dashboard:
                 "ops",
                 [
                     Query(
-                        rate_sum("smg_worker_cb_transitions_total", GW, "worker"),
+                        rate_sum("smg_worker_cb_transitions_total", gw, "worker"),
                         "{{worker}}",
                     )
                 ],
             ),
         ],
-    )
-    return build_dashboard(
-        UID,
-        "Gateway",
-        "The smg gateway: requests, errors, retries, latency, worker health and circuit breakers.",
-        [traffic, errors, latency, workers],
-        variables(cfg),
-        cfg,
     )

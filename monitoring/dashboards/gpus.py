@@ -41,7 +41,19 @@ def variables(cfg: Config) -> list[QueryVariable]:
 def build(cfg: Config) -> Dashboard:
     gpu = f'{cfg.selectors.exporter}, host=~"$host", role=~"$gpu_role", numa_node=~"$numa_node"'
     node = f'{cfg.selectors.node}, host=~"$host"'
-    gpus = Section(
+    return build_dashboard(
+        UID,
+        "GPUs and hosts",
+        "Per-GPU power, utilisation, memory, clocks, PCIe, throttling "
+        "and XID errors by role and NUMA node; host CPU, memory and network.",
+        [_gpus(cfg, gpu), _hosts(node)],
+        variables(cfg),
+        cfg,
+    )
+
+
+def _gpus(cfg: Config, gpu: str) -> Section:
+    return Section(
         "GPUs",
         [
             Panel(
@@ -132,7 +144,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    hosts = Section(
+
+
+def _hosts(node: str) -> Section:
+    return Section(
         "Hosts",
         [
             Panel(
@@ -180,13 +195,4 @@ def build(cfg: Config) -> Dashboard:
                 width=8,
             ),
         ],
-    )
-    return build_dashboard(
-        UID,
-        "GPUs and hosts",
-        "Per-GPU power, utilisation, memory, clocks, PCIe, throttling "
-        "and XID errors by role and NUMA node; host CPU, memory and network.",
-        [gpus, hosts],
-        variables(cfg),
-        cfg,
     )

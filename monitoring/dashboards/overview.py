@@ -27,7 +27,18 @@ MEMBERS_UP = 'pair_role:sglang_members_up:sum{pair=~"$pair", role=~"$role"}'
 def build(cfg: Config) -> Dashboard:
     engine = engine_selector(cfg)
     canary = f'{cfg.selectors.exporter}, pair=~"$pair"'
-    health = Section(
+    return build_dashboard(
+        UID,
+        "PD overview",
+        "SGLang prefill/decode serving: health, traffic, latency and load.",
+        [_health(cfg, engine, canary), _traffic(cfg, engine), _latency(engine), _load(cfg, engine)],
+        engine_variables(cfg),
+        cfg,
+    )
+
+
+def _health(cfg: Config, engine: str, canary: str) -> Section:
+    return Section(
         "Health",
         [
             Panel(
@@ -77,7 +88,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    traffic = Section(
+
+
+def _traffic(cfg: Config, engine: str) -> Section:
+    return Section(
         "Traffic",
         [
             Panel(
@@ -138,7 +152,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    latency = Section(
+
+
+def _latency(engine: str) -> Section:
+    return Section(
         "Latency",
         [
             Panel(
@@ -170,7 +187,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    load = Section(
+
+
+def _load(cfg: Config, engine: str) -> Section:
+    return Section(
         "Load",
         [
             Panel(
@@ -195,15 +215,7 @@ def build(cfg: Config) -> Dashboard:
                 "percentunit",
                 [Query(f"max by (engine) (sglang:token_usage{{{engine}}})", "{{engine}}")],
                 width=8,
-                thresholds=((None, "green"), (cfg.thresholds["kv_usage_ratio"], "red")),
+                thresholds=((None, "green"), (cfg.thresholds.kv_usage_ratio, "red")),
             ),
         ],
-    )
-    return build_dashboard(
-        UID,
-        "PD overview",
-        "SGLang prefill/decode serving: health, traffic, latency and load.",
-        [health, traffic, latency, load],
-        engine_variables(cfg),
-        cfg,
     )

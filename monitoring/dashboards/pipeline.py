@@ -26,7 +26,19 @@ def _gauge(metric: str, engine: str) -> Query:
 def build(cfg: Config) -> Dashboard:
     engine = engine_selector(cfg)
     canary = f'{cfg.selectors.exporter}, pair=~"$pair"'
-    queues = Section(
+    return build_dashboard(
+        UID,
+        "PD pipeline",
+        "Bootstrap, KV transfer and decode queues between each prefill and "
+        "decode; PD failures; per-stage latency; the pair canary.",
+        [_queues(engine), _transfer(engine), _failures(engine), _stages(engine, canary)],
+        engine_variables(cfg),
+        cfg,
+    )
+
+
+def _queues(engine: str) -> Section:
+    return Section(
         "Queues",
         [
             Panel(
@@ -81,7 +93,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    transfer = Section(
+
+
+def _transfer(engine: str) -> Section:
+    return Section(
         "KV transfer",
         [
             Panel(
@@ -114,7 +129,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    failures = Section(
+
+
+def _failures(engine: str) -> Section:
+    return Section(
         "Failures",
         [
             Panel(
@@ -186,7 +204,10 @@ def build(cfg: Config) -> Dashboard:
             ),
         ],
     )
-    stages = Section(
+
+
+def _stages(engine: str, canary: str) -> Section:
+    return Section(
         "Stages and canary",
         [
             Panel(
@@ -221,13 +242,4 @@ def build(cfg: Config) -> Dashboard:
                 kind="bars",
             ),
         ],
-    )
-    return build_dashboard(
-        UID,
-        "PD pipeline",
-        "Bootstrap, KV transfer and decode queues between each prefill and "
-        "decode; PD failures; per-stage latency; the pair canary.",
-        [queues, transfer, failures, stages],
-        engine_variables(cfg),
-        cfg,
     )

@@ -148,6 +148,15 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
 
 
 def render(report: JournalReport, console: Console) -> None:
+    if report.table.rows:  # a prefill journal has none
+        console.print(_decode_table(report))
+    _print_counts(report, console)
+    _print_prefill(report, console)
+    _print_decode_findings(report, console)
+
+
+def _decode_table(report: JournalReport) -> Table:
+    """Decode throughput per running-request count, sawtooth drops marked ▼."""
     t = report.table
     spec = t.accept_len is not None
     table = Table(
@@ -173,9 +182,11 @@ def render(report: JournalReport, console: Console) -> None:
         if spec:
             cells.insert(4, fmt_num(r.mean_accept_len, 2))
         table.add_row(*cells)
-    if t.rows:  # a prefill journal has none
-        console.print(table)
-    c = report.counts
+    return table
+
+
+def _print_counts(report: JournalReport, console: Console) -> None:
+    t, c = report.table, report.counts
     console.print(
         f"{c.lines:,} lines, {t.decode_lines:,} decode, {t.prefill.lines:,} prefill, "
         f"{c.unparseable:,} unparseable"
@@ -185,6 +196,12 @@ def render(report: JournalReport, console: Console) -> None:
             else ""
         )
     )
+
+
+def _print_prefill(report: JournalReport, console: Console) -> None:
+    """Prefill totals and batch-time law, the engine's flags, and a hint when the log has
+    no batch lines at all."""
+    t = report.table
     if (p := t.prefill).lines:
         seen = p.new_tokens + p.cached_tokens
         hit = f"{100 * p.cached_tokens / seen:.1f}%" if seen else "-"
@@ -208,9 +225,14 @@ def render(report: JournalReport, console: Console) -> None:
             "[yellow]No `Decode batch` or `Prefill batch` lines: is this an SGLang engine's "
             "log (scheduler lines need --log-level info)?[/yellow]"
         )
-    if t.accept_len is not None:
+
+
+def _print_decode_findings(report: JournalReport, console: Console) -> None:
+    """Speculative decoding's accept length, the decode step-time law, graph-bucket sawtooth,
+    eager overflow and the buckets to capture."""
+    if (accept := report.table.accept_len) is not None:
         console.print(
-            f"Speculative decoding: mean accept len {t.accept_len:.2f} tokens per request per "
+            f"Speculative decoding: mean accept len {accept:.2f} tokens per request per "
             "step; step ms = 1000 x running x accept len / tok/s, per draft-and-verify step"
         )
     if (law := report.law) is not None:

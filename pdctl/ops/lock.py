@@ -235,6 +235,73 @@ def _unavailable(e: StoreUnavailable) -> StoreUnavailable:
     )
 
 
+def _acquire_waiting(
+    fleet: RestartLock,
+    what: str,
+    targets: list[str] | None,
+    wait: float,
+    say: Callable[[str], None],
+    poll: float,
+    t0: float,
+    store_wait: bool,
+    on_wait: Callable[[str, Holder | None], None] | None,
+) -> tuple[Grant, Holder | None]:
+    """fleet_held's wait: the grant, and the holder it waited behind (None: none)."""
+    last: float | None = None
+    behind: Holder | None = None
+    pause = poll
+    while True:
+        try:
+            got: Grant | Holder | StoreUnavailable = fleet.acquire(what, targets)
+        except StoreUnavailable as e:
+            if not store_wait:
+                raise _unavailable(e) from None
+            got = e  # waited for like a holder, with a backoff: etcd may be out for minutes
+        if isinstance(got, Grant):
+            return got, behind
+        now = time.monotonic()
+        if now - t0 >= wait:
+            if isinstance(got, StoreUnavailable):
+                raise _unavailable(got)
+            waited = f" after waiting {wait:g}s" if wait else ""
+            raise LockHeld(
+                f"another restart is running: {got.describe()} ({fleet.describe()}){waited}; "
+                "wait for it to finish (or check that process)"
+            )
+        if isinstance(got, Holder):
+            behind, pause, why = got, poll, f"held by {got.describe()}"
+        else:
+            pause, why = min(pause * 2, STORE_RETRY_MAX_S), f"etcd cannot serve: {got}"
+        if on_wait is not None:
+            on_wait(why, got if isinstance(got, Holder) else None)
+        if last is None or now - last >= PROGRESS_EVERY_S:
+            last = now
+            say(f"waiting for the fleet restart lock, {why} [{now - t0:.0f}s of {wait:g}s]")
+        time.sleep(min(pause, max(wait - (now - t0), 0.0)))
+
+
+def _start_history(
+    history: History, what: str, targets: list[str] | None, say: Callable[[str], None]
+) -> tuple[Record | None, str | None]:
+    """The restart's history record (None: etcd could not write it), and the holder whose
+    lease expired before it finished, if there was one (a warning says so)."""
+    try:
+        rec = history.start(what, targets or [])
+        lost = history.mark_lost(rec) if rec else None
+    except StoreUnavailable as e:
+        say(f"WARNING: the restart history is not written: {e}")
+        return None, None
+    if lost is None:
+        return rec, None
+    took_over = f"{lost.host} PID {lost.pid} {lost.command}"
+    say(
+        f"WARNING: the last holder of the fleet restart lock, {took_over}, lost it before "
+        "it finished (its lease expired: killed, paused or cut off). Check what it left "
+        "behind (pdctl status: drained pairs; pdctl history)"
+    )
+    return rec, took_over
+
+
 @contextlib.contextmanager
 def fleet_held(
     fleet: RestartLock,
@@ -256,53 +323,11 @@ def fleet_held(
     for it too. `on_wait` hears why, and who holds it (None: etcd cannot tell), on each try
     that did not get the lock."""
     say = say or _stderr
-    t0, last = started if started is not None else time.monotonic(), None
-    behind: Holder | None = None
-    pause = poll
-    while True:
-        try:
-            got: Grant | Holder | StoreUnavailable = fleet.acquire(what, targets)
-        except StoreUnavailable as e:
-            if not store_wait:
-                raise _unavailable(e) from None
-            got = e  # waited for like a holder, with a backoff: etcd may be out for minutes
-        if isinstance(got, Grant):
-            break
-        now = time.monotonic()
-        if now - t0 >= wait:
-            if isinstance(got, StoreUnavailable):
-                raise _unavailable(got)
-            waited = f" after waiting {wait:g}s" if wait else ""
-            raise LockHeld(
-                f"another restart is running: {got.describe()} ({fleet.describe()}){waited}; "
-                "wait for it to finish (or check that process)"
-            )
-        if isinstance(got, Holder):
-            behind, pause, why = got, poll, f"held by {got.describe()}"
-        else:
-            pause, why = min(pause * 2, STORE_RETRY_MAX_S), f"etcd cannot serve: {got}"
-        if on_wait is not None:
-            on_wait(why, got if isinstance(got, Holder) else None)
-        if last is None or now - last >= PROGRESS_EVERY_S:
-            last = now
-            say(f"waiting for the fleet restart lock, {why} [{now - t0:.0f}s of {wait:g}s]")
-        time.sleep(min(pause, max(wait - (now - t0), 0.0)))
+    t0 = started if started is not None else time.monotonic()
+    got, behind = _acquire_waiting(fleet, what, targets, wait, say, poll, t0, store_wait, on_wait)
     history = History(fleet.store)
     outcome = Outcome(result="failed", error="it ended before saying what it did")
-    try:
-        rec: Record | None = history.start(what, targets or [])
-        lost = history.mark_lost(rec) if rec else None
-    except StoreUnavailable as e:
-        rec = lost = None
-        say(f"WARNING: the restart history is not written: {e}")
-    took_over = None
-    if lost is not None:
-        took_over = f"{lost.host} PID {lost.pid} {lost.command}"
-        say(
-            f"WARNING: the last holder of the fleet restart lock, {took_over}, lost it before "
-            "it finished (its lease expired: killed, paused or cut off). Check what it left "
-            "behind (pdctl status: drained pairs; pdctl history)"
-        )
+    rec, took_over = _start_history(history, what, targets, say)
 
     def record(o: Outcome) -> None:
         nonlocal outcome

@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m pdctl.sim",
         description="GPU-free engine with sglang.launch_server's command line (see docs/sim.md)",
     )
+    _add_server_and_parallelism(p)
+    _add_speculative_and_disaggregation(p)
+    _add_memory_graphs_and_logging(p)
+    return p
+
+
+def _add_server_and_parallelism(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tokenizer-path", default=None)
@@ -78,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--moe-dp-size", "--moe-data-parallel-size", dest="moe_dp_size", type=int, default=1
     )
+
+
+def _add_speculative_and_disaggregation(p: argparse.ArgumentParser) -> None:
     # Speculative decoding: `accept len` tokens per request per step (PDSIM_SPEC_ACCEPT_LEN).
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-num-steps", type=int, default=None)
@@ -116,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     # KV headroom a decode server keeps per active request (scheduler_decode.py: admission,
     # retraction).
     p.add_argument("--num-reserved-decode-tokens", type=int, default=512)
+
+
+def _add_memory_graphs_and_logging(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
@@ -145,7 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--load-format", default="auto")
     p.add_argument("--random-seed", type=int, default=None)
-    return p
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:

@@ -30,7 +30,7 @@ from .protocol import (
     rooms,
     sampling_params,
 )
-from .req import Abort, Finish, Token
+from .req import Abort, Finish, Req, Token
 from .sampling import Sample
 from .streaming import DONE, sse_data, sse_response
 from .tokenizer_manager import TokenizerManager
@@ -41,11 +41,25 @@ class NativeGenerate:
         self.tm = tm
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        tm = self.tm
         try:
             body = json.loads(await request.read())
         except json.JSONDecodeError as e:
             return json_decode_error(e)
+        p = self._parse(body)
+        if isinstance(p, web.Response):
+            return p
+        with_text = bool(body.get("return_text_in_logprobs"))
+        try:
+            reqs = await self.tm.start(p)
+        except BadRequest as e:
+            return json_response({"error": {"message": str(e)}}, status=400)
+        if not p.stream:
+            return await self._answer(reqs, with_text)
+        return await self._stream(request, reqs, with_text)
+
+    def _parse(self, body: object) -> Parsed | web.Response:
+        """The request as the engine takes it, or the 400 that refuses it (in the words of
+        SGLang's JSON contract check where it has them)."""
         if not isinstance(body, dict):
             kind = "sequence" if isinstance(body, list) else type(body).__name__
             return json_response(
@@ -83,34 +97,38 @@ class NativeGenerate:
         except FieldError as e:
             return json_response({"error": e.serde()}, status=400)
         host, port, room = pd_fields(body)
-        p = Parsed(
+        return Parsed(
             prompt_tokens=prompt_tokens,
             prompt_key=str(text if text is not None else ids),
             max_new_tokens=int(max_new),
             stream=bool(body.get("stream", False)),
-            rid=str(first(body.get("rid")) or tm.new_rid()),
+            rid=str(first(body.get("rid")) or self.tm.new_rid()),
             bootstrap_host=host,
             bootstrap_port=port,
             bootstrap_room=room,
             include_usage=False,
-            model=tm.cfg.served_model_name,
+            model=self.tm.cfg.served_model_name,
             sampling=sampling,
             rooms=rooms(body),
         )
-        with_text = bool(body.get("return_text_in_logprobs"))
-        try:
-            reqs = await tm.start(p)
-        except BadRequest as e:
-            return json_response({"error": {"message": str(e)}}, status=400)
-        if not p.stream:
-            outcomes = await tm.collect(reqs)
-            if isinstance(outcomes, Abort):
-                return self._abort(outcomes)
-            outs = [
-                self._output(o.text, o.samples, tm.meta(o.req, o.finish, o.samples, with_text))
-                for o in outcomes
-            ]
-            return json_response(outs[0] if len(outs) == 1 else outs)
+
+    async def _answer(self, reqs: list[Req], with_text: bool) -> web.Response:
+        """A non-stream request: one output, or a list of them for n > 1."""
+        tm = self.tm
+        outcomes = await tm.collect(reqs)
+        if isinstance(outcomes, Abort):
+            return self._abort(outcomes)
+        outs = [
+            self._output(o.text, o.samples, tm.meta(o.req, o.finish, o.samples, with_text))
+            for o in outcomes
+        ]
+        return json_response(outs[0] if len(outs) == 1 else outs)
+
+    async def _stream(
+        self, request: web.Request, reqs: list[Req], with_text: bool
+    ) -> web.StreamResponse:
+        """A stream: each chunk the sample's cumulative text and ids, tagged with its index."""
+        tm = self.tm
         resp = await sse_response(request)
         texts = ["" for _ in reqs]
         samples: list[list[Sample]] = [[] for _ in reqs]

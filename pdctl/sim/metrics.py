@@ -1,9 +1,10 @@
 """The `sglang:*` Prometheus families the simulator emits, as sglang 0.5.23 defines them.
 
 Names, types, label names and buckets come from `sglang/srt/observability/metrics_collector.py`
-(SchedulerMetricsCollector, TokenizerMetricsCollector) and `http_request_metrics.py`; the
-full list of the pinned version is tests/data/sglang_0.5.23_metrics.txt and
-tests/unit/test_sim_metrics_fidelity.py keeps this module a subset of it. SGLang serves
+(SchedulerMetricsCollector, TokenizerMetricsCollector) and `http_request_metrics.py`, declared
+as data in metrics_families.py; the full list of the pinned version is
+tests/data/sglang_0.5.23_metrics.txt and tests/unit/test_sim_metrics_fidelity.py keeps this
+module a subset of it. SGLang serves
 them from a multiprocess registry, which has no `_created` series; neither does this one.
 
 Who writes what follows tests/data/sglang_0.5.23_recording.txt (derived from SGLang's call
@@ -25,19 +26,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
-from .metrics_buckets import (
-    DEFERRED_RELEASE_BUCKETS,
-    E2E_BUCKETS,
-    ITL_BUCKETS,
-    KV_BOOTSTRAP_MS_BUCKETS,
-    KV_LATENCY_MS_BUCKETS,
-    KV_SPEED_BUCKETS,
-    KV_TOTAL_MB_BUCKETS,
-    QUEUE_TIME_BUCKETS,
-    STAGE_BUCKETS,
-    TOKEN_COUNT_BUCKETS,
-    TTFT_BUCKETS,
-)
+from .metrics_families import FAMILIES
 from .mode import DisaggregationMode
 
 prometheus_client.disable_created_metrics()
@@ -54,55 +43,6 @@ class _Written(CollectorRegistry):
         return (m for m in self.source.collect() if m.samples)
 
 
-# Scheduler gauges without extra labels (metrics_collector.py SchedulerMetricsCollector):
-# log_stats writes them on rank 0, emit_constants on every rank.
-SCHEDULER_GAUGES = {
-    "num_running_reqs": "The number of running requests.",
-    "num_queue_reqs": "The number of requests in the waiting queue.",
-    "gen_throughput": "The generation throughput (token/s).",
-    "cache_hit_rate": "The prefix cache hit rate.",
-    "token_usage": "The token usage.",
-    "num_used_tokens": "The number of used tokens.",
-    "kv_used_tokens": "KV tokens in use.",
-    "kv_available_tokens": "KV tokens available.",
-    "is_cuda_graph": "Whether the batch is using CUDA graph.",
-    "utilization": "The utilization.",
-    "fwd_occupancy": "Forward pass GPU occupancy percentage.",
-    "num_prefill_bootstrap_queue_reqs": "Requests in the prefill bootstrap queue.",
-    "num_prefill_inflight_queue_reqs": "Requests in the prefill inflight queue.",
-    "num_decode_prealloc_queue_reqs": "Requests in the decode prealloc queue.",
-    "num_decode_transfer_queue_reqs": "Requests in the decode transfer queue.",
-    "pending_prealloc_token_usage": "Token usage of pending preallocations.",
-    "num_decode_host_receive_queue_reqs": "Requests in the decode host receive queue.",
-    "num_decode_deferred_kv_release_reqs": "Failed decode requests whose KV release is held.",
-    # emit_constants
-    "max_total_num_tokens": "KV pool size in tokens.",
-    "page_size": "The KV cache page size.",
-    "num_pages": "Number of KV cache pages.",
-    "context_len": "The context length.",
-    "weight_memory_usage_gb": "Weights memory (GB).",
-    "kv_cache_memory_usage_gb": "KV cache memory (GB).",
-    "startup_available_gpu_memory_gb": "Available GPU memory in GB at startup.",
-}
-# Scheduler counters (served with `_total`): documentation and labels past the scheduler's.
-SCHEDULER_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "num_retracted_requests": ("Total number of retracted requests.", ()),
-    "num_retracted_input_tokens": ("Total number of retracted input tokens.", ()),
-    "num_retracted_output_tokens": ("Total number of retracted output tokens.", ()),
-    "scheduler_idle_seconds": (
-        "Total wall time while the scheduler has no runnable or queued work.",
-        (),
-    ),
-    "cuda_graph_passes": ("Forward passes by CUDA graph mode.", ("mode",)),
-    "realtime_tokens": ("Tokens processed, by mode.", ("mode",)),
-    "num_bootstrap_failed_reqs": ("Requests that failed bootstrapping.", ()),
-    "num_transfer_failed_reqs": ("Requests whose KV transfer failed.", ()),
-    "num_prefill_retries": ("Total number of prefill retries.", ()),
-    "decode_deferred_kv_release": (
-        "Total deferred decode KV release resolution attempts.",
-        ("outcome",),
-    ),
-}
 # model_executor/graph_memory_usage.py GRAPH_MEMORY_USAGE_KEYS: every phase is written,
 # 0 where nothing was captured (graph memory per rank, capture time by the tokenizer).
 GRAPH_PHASES = (
@@ -137,6 +77,7 @@ class SimMetrics:
     tokenizer families carry model_name, engine_type (plus per-family extras)."""
 
     enabled = True
+    # One attribute per family (metrics_families.FAMILIES registers them).
     num_running_reqs: Gauge
     num_queue_reqs: Gauge
     gen_throughput: Gauge
@@ -162,6 +103,9 @@ class SimMetrics:
     weight_memory_usage_gb: Gauge
     kv_cache_memory_usage_gb: Gauge
     startup_available_gpu_memory_gb: Gauge
+    graph_memory_usage_gb: Gauge
+    num_retracted_reqs: Gauge
+    num_paused_reqs: Gauge
     num_retracted_requests: Counter
     num_retracted_input_tokens: Counter
     num_retracted_output_tokens: Counter
@@ -172,6 +116,31 @@ class SimMetrics:
     num_transfer_failed_reqs: Counter
     num_prefill_retries: Counter
     decode_deferred_kv_release: Counter
+    decode_deferred_kv_release_seconds: Histogram
+    cross_group_transfers: Counter
+    queue_time: Histogram
+    per_stage_req_latency: Histogram
+    kv_transfer_latency_ms: Histogram
+    kv_transfer_speed_gb_s: Histogram
+    kv_transfer_bootstrap_ms: Histogram
+    kv_transfer_alloc_ms: Histogram
+    kv_transfer_total_mb: Histogram
+    startup_time_seconds: Gauge
+    startup_cuda_graph_time_seconds: Gauge
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    num_requests: Counter
+    num_aborted_requests: Counter
+    prompt_tokens_histogram: Histogram
+    uncached_prompt_tokens_histogram: Histogram
+    generation_tokens_histogram: Histogram
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    request_time_per_output_token: Histogram
+    e2e_request_latency: Histogram
+    http_requests: Counter
+    http_responses: Counter
+    http_requests_active: Gauge
 
     def __init__(self, model_name: str, mode: DisaggregationMode, tp_size: int = 1) -> None:
         engine_type = mode.engine_type
@@ -191,197 +160,8 @@ class SimMetrics:
         self.tok = {"model_name": model_name, "engine_type": engine_type}
         # Gauges of SGLang's default multiprocess mode ("all") carry the writer's pid.
         self.pid = {"pid": str(os.getpid())}
-        r = self.registry
-        sl = list(self.sched)
-        tl = list(self.tok)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"sglang:{name}", doc, sl, registry=r)
-
-        for attr, doc in SCHEDULER_GAUGES.items():
-            setattr(self, attr, gauge(attr, doc))
-        self.graph_memory_usage_gb = Gauge(
-            "sglang:graph_memory_usage_gb",
-            "Memory used by captured device graphs in GB.",
-            [*sl, "phase"],
-            registry=r,
-        )
-        self.num_retracted_reqs = Gauge(
-            "sglang:num_retracted_reqs",
-            "The number of retracted requests.",
-            [*sl, "pid"],
-            registry=r,
-        )
-        self.num_paused_reqs = Gauge(
-            "sglang:num_paused_reqs",
-            "The number of paused requests by async weight sync.",
-            [*sl, "pid"],
-            registry=r,
-        )
-        for attr, (doc, extra) in SCHEDULER_COUNTERS.items():
-            setattr(self, attr, Counter(f"sglang:{attr}", doc, [*sl, *extra], registry=r))
-        self.decode_deferred_kv_release_seconds = Histogram(
-            "sglang:decode_deferred_kv_release_seconds",
-            "Histogram of time spent holding deferred decode KV releases.",
-            sl,
-            buckets=DEFERRED_RELEASE_BUCKETS,
-            registry=r,
-        )
-        # Not an SGLang metric: the sim's proof that the gateway kept requests inside pairs and
-        # groups (a pair is a 1P1D group).
-        self.cross_group_transfers = Counter(
-            "pdsim_cross_group_transfers",
-            "KV transfers this decode took from a prefill outside its pair or group "
-            "(PDSIM_PAIR_PARTNER: the group's prefills).",
-            sl,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            "sglang:queue_time_seconds",
-            "Histogram of queueing time in seconds.",
-            sl,
-            buckets=QUEUE_TIME_BUCKETS,
-            registry=r,
-        )
-        self.per_stage_req_latency = Histogram(
-            "sglang:per_stage_req_latency_seconds",
-            "The latency of each stage of requests.",
-            [*sl, "stage"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
-        )
-        self.kv_transfer_latency_ms = Histogram(
-            "sglang:kv_transfer_latency_ms",
-            "KV transfer latency (ms).",
-            sl,
-            buckets=KV_LATENCY_MS_BUCKETS,
-            registry=r,
-        )
-        self.kv_transfer_speed_gb_s = Histogram(
-            "sglang:kv_transfer_speed_gb_s",
-            "KV transfer speed (GB/s).",
-            sl,
-            buckets=KV_SPEED_BUCKETS,
-            registry=r,
-        )
-        self.kv_transfer_bootstrap_ms = Histogram(
-            "sglang:kv_transfer_bootstrap_ms",
-            "KV transfer bootstrap time (ms).",
-            sl,
-            buckets=KV_BOOTSTRAP_MS_BUCKETS,
-            registry=r,
-        )
-        self.kv_transfer_alloc_ms = Histogram(
-            "sglang:kv_transfer_alloc_ms",
-            "KV transfer allocation wait (ms).",
-            sl,
-            buckets=KV_BOOTSTRAP_MS_BUCKETS,
-            registry=r,
-        )
-        self.kv_transfer_total_mb = Histogram(
-            "sglang:kv_transfer_total_mb",
-            "KV transferred per request (MB).",
-            sl,
-            buckets=KV_TOTAL_MB_BUCKETS,
-            registry=r,
-        )
-        # Tokenizer-side families
-        self.startup_time_seconds, self.startup_cuda_graph_time_seconds = (
-            Gauge(f"sglang:{name}", doc, [*tl, "phase"], registry=r)
-            for name, doc in (
-                ("startup_time_seconds", "Engine startup duration by phase in seconds."),
-                ("startup_cuda_graph_time_seconds", "CUDA graph capture duration by phase."),
-            )
-        )
-        self.prompt_tokens = Counter(
-            "sglang:prompt_tokens",
-            "Number of prefill tokens processed.",
-            [*tl, "is_streaming"],
-            registry=r,
-        )
-        self.generation_tokens = Counter(
-            "sglang:generation_tokens",
-            "Number of generation tokens processed.",
-            [*tl, "is_streaming"],
-            registry=r,
-        )
-        self.num_requests = Counter(
-            "sglang:num_requests",
-            "Number of requests processed.",
-            [*tl, "is_streaming"],
-            registry=r,
-        )
-        self.num_aborted_requests = Counter(
-            "sglang:num_aborted_requests", "Number of requests aborted.", tl, registry=r
-        )
-        self.prompt_tokens_histogram = Histogram(
-            "sglang:prompt_tokens_histogram",
-            "Histogram of prompt token length.",
-            tl,
-            buckets=TOKEN_COUNT_BUCKETS,
-            registry=r,
-        )
-        self.uncached_prompt_tokens_histogram = Histogram(
-            "sglang:uncached_prompt_tokens_histogram",
-            "Histogram of uncached (compute) prompt token length.",
-            tl,
-            buckets=TOKEN_COUNT_BUCKETS,
-            registry=r,
-        )
-        self.generation_tokens_histogram = Histogram(
-            "sglang:generation_tokens_histogram",
-            "Histogram of generation token length.",
-            tl,
-            buckets=TOKEN_COUNT_BUCKETS,
-            registry=r,
-        )
-        self.time_to_first_token = Histogram(
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            [*tl, "is_streaming"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.inter_token_latency = Histogram(
-            "sglang:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            tl,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.request_time_per_output_token = Histogram(
-            "sglang:request_time_per_output_token_seconds",
-            "Per-request TPOT in seconds.",
-            [*tl, "is_streaming"],
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e_request_latency = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds",
-            [*tl, "is_streaming"],
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        # http_request_metrics.py (no model labels)
-        self.http_requests = Counter(
-            "sglang:http_requests",
-            "Total number of HTTP requests by endpoint and method",
-            ["endpoint", "method"],
-            registry=r,
-        )
-        self.http_responses = Counter(
-            "sglang:http_responses",
-            "Total number of HTTP responses by endpoint and status code",
-            ["endpoint", "status_code", "method"],
-            registry=r,
-        )
-        self.http_requests_active = Gauge(
-            "sglang:http_requests_active",
-            "Number of currently active HTTP requests",
-            ["endpoint", "method"],
-            registry=r,
-        )
+        for family in FAMILIES:
+            setattr(self, family.attr, family.register(self.registry))
 
     def set_tp_size(self, tp_size: int) -> None:
         self.ranks = [{**self.sched, "tp_rank": str(rank)} for rank in range(max(tp_size, 1))]

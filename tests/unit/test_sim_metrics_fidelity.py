@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, get_type_hints
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl.sim.metrics import SimMetrics
+from pdctl.sim.metrics_families import FAMILIES
+from pdctl.sim.mode import DisaggregationMode
 from pdctl.testing.stack import free_port, in_process
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "sglang_0.5.23_metrics.txt"
@@ -407,3 +410,12 @@ def test_without_deferred_release_a_failed_transfer_frees_its_kv_at_once() -> No
     assert list(samples(text, "sglang:num_transfer_failed_reqs_total").values()) == [1.0]
     assert not samples(text, "sglang:decode_deferred_kv_release_total")
     assert list(samples(text, "sglang:num_decode_deferred_kv_release_reqs").values()) == [0.0]
+
+
+def test_every_declared_family_is_a_typed_attribute_of_the_metrics() -> None:
+    """metrics_families.FAMILIES registers the families; SimMetrics' annotations type them for
+    its call sites. Both lists name the same attributes with the same kinds."""
+    assert get_type_hints(SimMetrics) == {f.attr: f.kind for f in FAMILIES}
+    metrics = SimMetrics("m", DisaggregationMode.DECODE)
+    assert all(isinstance(getattr(metrics, f.attr), f.kind) for f in FAMILIES)
+    assert len({f.served for f in FAMILIES}) == len(FAMILIES)
