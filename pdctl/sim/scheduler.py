@@ -90,6 +90,9 @@ class Scheduler:
         # until /continue_generation sets `_resumed`.
         self.paused = False
         self._resumed = asyncio.Event()
+        # Held while a batch runs: SGLang's scheduler takes a pause request between batches
+        # (process_input_requests), never in the middle of one.
+        self._stepping = asyncio.Lock()
         self._resumed.set()
 
     # ----- what a mode's scheduler changes -------------------------------------------
@@ -179,11 +182,16 @@ class Scheduler:
         req.out.put_nowait(Finish("abort", abort=fields))
         self._finish(req)
 
-    def pause_generation(self, mode: str) -> None:
-        """scheduler.pause_generation (in_place, retract): the event loop stops running
+    async def pause_generation(self, mode: str) -> None:
+        """scheduler.pause_generation (in_place, retract), once the batch running has ended
+        (its result processed, its stats line logged): the event loop stops running
         batches; retract also puts the running requests back in the waiting queue with
         their KV freed (they prefill again on resume), and zeroes gen_throughput and
         publishes the gauges at once (the paused loop never reaches on_idle)."""
+        async with self._stepping:
+            self._pause(mode)
+
+    def _pause(self, mode: str) -> None:
         self.paused = True
         self._resumed.clear()
         if mode != "retract":
@@ -264,11 +272,13 @@ class Scheduler:
             self.running = [r for r in self.running if not r.done]
             batch = self._take_prefill_batch()
             if batch:
-                await self._prefill(batch)
+                async with self._stepping:
+                    await self._prefill(batch)
                 continue
             self._before_decode()
             if self.running:
-                await self._decode_step()
+                async with self._stepping:
+                    await self._decode_step()
             else:
                 self._wake.clear()
                 self.gpu.idle()

@@ -158,7 +158,7 @@ class TokenizerManager:
             self.is_pause = True
             self._unpaused.clear()
             if mode != "abort":
-                self.engine.pause_generation(mode)
+                await self.engine.pause_generation(mode)
                 return
             while True:
                 for req in list(self.inflight):

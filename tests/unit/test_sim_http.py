@@ -641,9 +641,17 @@ def test_pause_retract_requeues_running_requests_and_zeroes_throughput() -> None
         # tokens ended before the pause under a full suite's load).
         body = {"prompt": "hi", "max_tokens": 2000}
         req = asyncio.create_task(post(http, "/v1/completions", body))
-        while not server.engine.running or server.engine.forward_ct_decode < 45:
-            await asyncio.sleep(0.005)
-        await post(http, "/pause_generation", {"mode": "retract"})
+        # The pause comes while the step that logs the next stats line (every 40) runs
+        # (straight to the tokenizer manager that /pause_generation calls: the HTTP hop
+        # would let steps go by): the scheduler takes it once that step has ended, so that
+        # line's throughput does not outlive the pause.
+        while server.engine.forward_ct_decode < 79:
+            await asyncio.sleep(0)
+        assert server.engine.forward_ct_decode == 79
+        await server.tm.pause_generation("retract")
+        assert server.engine.forward_ct_decode == 80  # that step ended, and no other runs
+        await asyncio.sleep(0.1)
+        assert server.engine.forward_ct_decode == 80
         assert [await metric(http, n) for n in ("num_running_reqs", "num_queue_reqs")] == [0, 1]
         assert await metric(http, "gen_throughput") == 0
         assert server.engine.pool.used == 0 and server.engine.busy
