@@ -171,8 +171,10 @@ def plan_dir(config: pytest.Config) -> Path:
     return config.stash[PLAN_DIR]
 
 
-def worker_id() -> str | None:
-    return os.environ.get("PYTEST_XDIST_WORKER")
+def workerinput(config: pytest.Config) -> dict[str, Any]:
+    """What xdist gives a worker (its id, the worker count); empty in the controller or a run
+    without lanes. (Not PYTEST_XDIST_WORKER: a pytest run inside a worker inherits it.)"""
+    return getattr(config, "workerinput", {})
 
 
 def collected_modules(items: list[pytest.Item]) -> list[Module]:
@@ -190,14 +192,14 @@ def collected_modules(items: list[pytest.Item]) -> list[Module]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The units in start order (with `--no-loadscope-reorder` the lanes take them so)."""
-    workerinput = getattr(config, "workerinput", {})
+    worker = workerinput(config)
     durations = read_durations(config.rootpath / COMMITTED_DURATIONS, config.rootpath / DURATIONS)
-    lanes = plan(collected_modules(items), durations, workerinput.get("workercount", 1))
+    lanes = plan(collected_modules(items), durations, worker.get("workercount", 1))
     config.stash[PLAN] = lanes
     rank = {u: i for i, u in enumerate(lanes.order)}
     items.sort(key=lambda item: rank[lanes.units[module_of(item.nodeid)]])
-    if "lanes_plan_dir" in workerinput:
-        out = Path(workerinput["lanes_plan_dir"]) / f"{worker_id()}.json"
+    if "lanes_plan_dir" in worker:
+        out = Path(worker["lanes_plan_dir"]) / f"{worker['workerid']}.json"
         out.with_suffix(".tmp").write_text(lanes.to_json())
         out.with_suffix(".tmp").replace(out)
 
@@ -223,7 +225,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the test's fixtures: its lane's priority (xdist workers only; a plain pytest run
     keeps its own)."""
-    if worker_id():
+    if workerinput(item.config):
         lanes = item.config.stash[PLAN]
         unit = lanes.units[module_of(item.nodeid)]
         # Back to 0 needs root (CI is); the critical unit starts first, before any nice.
@@ -235,15 +237,16 @@ class LaneLog:
     """Every test phase's lane, start and stop, one JSON line each (a few hundred bytes per
     test), for DURATIONS and benchmarks/suite_lanes.py; emptied when a run starts."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, worker: str | None) -> None:
         self.path = path
+        self.worker = worker
 
     def pytest_sessionstart(self) -> None:
-        if worker_id() is None:
+        if self.worker is None:
             self.path.unlink(missing_ok=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if worker := worker_id():
+        if worker := self.worker:
             line = {
                 "worker": worker,
                 "nodeid": report.nodeid,
@@ -257,7 +260,8 @@ class LaneLog:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(LaneLog(config.rootpath / LANES_LOG), "pdstack-lane-log")
+    lane_log = LaneLog(config.rootpath / LANES_LOG, workerinput(config).get("workerid"))
+    config.pluginmanager.register(lane_log, "pdstack-lane-log")
 
 
 def whole_modules(config: pytest.Config) -> bool:
@@ -271,7 +275,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     record what it got through)."""
     root = session.config.rootpath
     ran_whole = exitstatus == 0 and whole_modules(session.config)
-    if worker_id() is None and (root / LANES_LOG).is_file() and ran_whole:
+    if not workerinput(session.config) and (root / LANES_LOG).is_file() and ran_whole:
         record_durations(root / LANES_LOG, root / DURATIONS, root)
 
 
