@@ -11,8 +11,9 @@ derived from the collection and the previous run's durations: no list of modules
 - A lane binds a long unit only behind short work (`next_unit`, in tests/lanes_xdist.py).
 - The longest unit is the critical lane, at nice 0; every other unit runs at nice LANE_NICE.
 
-Each run in lanes writes LANES_LOG (every test phase's lane, start and stop) and, from it,
-merges each module's span into DURATIONS, which the next run schedules by.
+Each run in lanes writes LANES_LOG (every test phase's lane, start and stop); a passing
+`--dist loadscope` run of whole modules merges their spans from it into DURATIONS, which the
+next run schedules by.
 """
 
 from __future__ import annotations
@@ -264,18 +265,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(lane_log, "pdstack-lane-log")
 
 
-def whole_modules(config: pytest.Config) -> bool:
-    """Whether the run ran its modules whole: no -k or -m, no test named by its node id."""
+def spans_are_modules(config: pytest.Config) -> bool:
+    """Whether a lane log's spans are its modules' lengths: each module whole (no -k or -m, no
+    test named by its node id) in one lane (`--dist loadscope`; `load` spreads its tests)."""
     option = config.option
-    return not (option.keyword or option.markexpr or any("::" in a for a in config.args))
+    filtered = option.keyword or option.markexpr or any("::" in a for a in config.args)
+    return config.getvalue("dist") == "loadscope" and not filtered
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A passing run of whole modules records their spans (a failed or cut-short one would
-    record what it got through)."""
+    """A passing run records its modules' spans (a failed or cut-short one would record what it
+    got through)."""
     root = session.config.rootpath
-    ran_whole = exitstatus == 0 and whole_modules(session.config)
-    if not workerinput(session.config) and (root / LANES_LOG).is_file() and ran_whole:
+    measured = exitstatus == 0 and spans_are_modules(session.config)
+    if not workerinput(session.config) and (root / LANES_LOG).is_file() and measured:
         record_durations(root / LANES_LOG, root / DURATIONS, root)
 
 
