@@ -1,9 +1,9 @@
 # Entry points. Each target runs scripts/setup.sh first: it is idempotent and cached.
-.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint lint-tools unit gpu-bundle
+.PHONY: setup demo demo-down demo-fleet demo-fleet-down test check lint lint-tools unit gpu-bundle durations
 
 PY := .venv/bin/python
 # Lanes of the whole suite: most e2e time is waiting on test hosts, so more workers than cores.
-# Each module is one unit of work (tests/conftest.py); the e2e units start first.
+# Each module is one unit of work, the longest first by the last run's durations (tests/lanes.py).
 TEST_WORKERS ?= 5
 LANES := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
@@ -43,7 +43,7 @@ lint-tools:
 	shellcheck -x $(SHELL_SCRIPTS)
 
 # Fast tests only: no gateway, no systemd host. The longest module (ansible-lint) starts first
-# (tests/conftest.py), so that it is not the last lane.
+# (tests/lanes.py), so that it is not the last lane.
 UNIT := $(PY) -m pytest tests/unit -q -n 2 --dist loadscope --no-loadscope-reorder
 unit: setup
 	$(UNIT)
@@ -66,3 +66,9 @@ check: setup
 # Everything CI runs (.ci/run): lint beside the whole suite in lanes.
 test: setup
 	$(call with_lint,$(PY) -m pytest -q -ra --durations=0 --durations-min=15 $(LANES))
+
+# The durations a fresh clone (CI) schedules its lanes by: the last run's lane log merged into
+# tests/durations.json (commit it after a passing `make test`). Local runs schedule by their
+# own record, .durations.json, which each passing run in lanes updates.
+durations:
+	$(PY) -m tests.lanes .lanes.jsonl tests/durations.json

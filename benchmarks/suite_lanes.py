@@ -1,5 +1,5 @@
 """Which lane of `make test` ended last, and what each ran: reads the lane log the suite's
-workers write (.lanes.jsonl, tests/conftest.py) and prints, per lane (xdist worker), its units
+workers write (.lanes.jsonl, tests/lanes.py) and prints, per lane (xdist worker), its units
 of work (modules) in the order it ran them, with their start and end in seconds from the
 suite's first test and their length. The suite is done when its last lane is: this says which
 chain of modules that was and where the other lanes had run dry.

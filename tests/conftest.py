@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -32,148 +31,9 @@ from pdctl.topology import (
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PDSTACK_CACHE", "/var/cache/pdstack"))
 
-# The modules that use the session's one systemd test host (the `testhost` fixture of
-# tests/e2e/conftest.py, or `site` on it): in `make test`'s lanes they are one unit of work,
-# run in one worker one after another. A module that takes one of these fixtures and is not
-# listed stops the run (see pytest_collection_modifyitems).
-SESSION_HOST_MODULES = frozenset(
-    {"tests/e2e/test_site.py", "tests/e2e/test_site_security.py", "tests/e2e/test_testhost.py"}
-)
-SESSION_HOST_FIXTURES = frozenset({"testhost", "site"})
-
-
-def module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit of work of a test for `pytest -n N --dist loadscope`: its module, so that its
-    module fixtures (a converged host, a live stack) are set up once, or the session host."""
-    module = module_of(nodeid)
-    return "session-host" if module in SESSION_HOST_MODULES else module
-
-
-# The longest modules that are not e2e, longest first (their spans in `make test`'s lanes,
-# 2026-12-06). They go right after the e2e units: started in collection order,
-# test_ops_restart.py (4 minutes) began after the unit tests and ran alone for the last 2-3
-# minutes of the suite. A module missing here only runs later; the list is no assertion.
-LONG_MODULES = (
-    "tests/integration/test_ops_restart.py",
-    # e2e-marked (it converges a test host): it starts with the e2e units, and binds late.
-    "tests/integration/test_monitoring_e2e.py",
-    "tests/integration/test_monitoring_gateway.py",
-    "tests/integration/test_monitoring_live.py",
-    "tests/integration/test_sim_gateway.py",
-    "tests/integration/test_monitoring_preview.py",
-    "tests/integration/test_gateway_register.py",
-    # ansible-lint alone takes 20-25 s: the longest of the unit modules (make unit, make check).
-    "tests/unit/test_ansible_lint.py",
-)
-
-
-# The critical lane: the fleet module's chain of converges, rolls and faults is the longest
-# unit of work (about 15 minutes on 2 busy cores; the next is about 10), and the suite waits
-# for it alone at its end. In `make test`'s lanes every other unit runs at a lower CPU
-# priority (nice LANE_NICE), it and its children (Ansible, ssh, the test hosts it starts), so
-# that the longest lane gets the CPU it waits for and the others fill what it leaves. A lane
-# gets less CPU, never a shorter wait: the tests wait for events, bounded.
-CRITICAL_MODULES = frozenset({"tests/e2e/test_fleet.py"})
-LANE_NICE = 5
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before the test's fixtures: its lane's priority (xdist workers only; a plain pytest run
-    keeps its own)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        nice = 0 if module_of(item.nodeid) in CRITICAL_MODULES else LANE_NICE
-        # Back to 0 needs root (CI is); the critical module starts first, before any nice.
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-
-
-# Every test phase's lane (xdist worker), start and stop, one JSON line each, for
-# benchmarks/suite_lanes.py: which lane ends last, and what it ran. Written by the workers of
-# every lane run (a few hundred bytes per test), emptied when a run starts.
-LANES_LOG = ROOT / ".lanes.jsonl"
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        LANES_LOG.unlink(missing_ok=True)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
-        line = {"worker": worker, "nodeid": report.nodeid, "when": report.when,
-                "start": report.start, "stop": report.stop, "outcome": report.outcome}  # fmt: skip
-        with LANES_LOG.open("a") as log:
-            log.write(json.dumps(line) + "\n")
-
-
-def long_unit(unit: str) -> bool:
-    """A unit of work of minutes (e2e or LONG_MODULES), told by its name alone: the scheduler
-    runs in the xdist controller, which sees node ids, not markers."""
-    return unit == "session-host" or unit.startswith("tests/e2e/") or unit in LONG_MODULES
-
-
-def next_unit(pending: list[str], queue: list[str]) -> str:
-    """The unit a lane binds next, from the queue's units in order. xdist binds it when the
-    lane has 2 tests or fewer pending (a one-test unit binds its successor as it starts):
-    minutes before a long unit's last tests end. So behind a long unit goes the first short
-    one, and a long unit is bound only behind short work, when its lane is nearly free (two
-    long units in one lane while the others ran dry made a 75 s tail)."""
-    if any(long_unit(u) for u in pending):
-        return next((u for u in queue if not long_unit(u)), queue[0])
-    return queue[0]
-
-
-def start_order(item: pytest.Item) -> tuple[int, int]:
-    module = module_of(item.nodeid)
-    if item.get_closest_marker("e2e") is not None:
-        return (0, 0)
-    if module in LONG_MODULES:
-        return (1, LONG_MODULES.index(module))
-    return (2, 0)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The e2e tests go first, then the long modules, longest first (with
-    `--no-loadscope-reorder`, the units run in this order: the fleet first), so the workers
-    that wait on test hosts start at once, no long module is left for the end, and the short
-    modules fill the other lanes. (The sort is stable: file order within each.)"""
-    items.sort(key=start_order)
-    for listed, modules in (("LONG_MODULES", LONG_MODULES), ("CRITICAL_MODULES", CRITICAL_MODULES)):
-        if gone := sorted(m for m in modules if not (ROOT / m).is_file()):
-            raise pytest.UsageError(f"{listed} in {__file__} names modules that are gone: {gone}")
-    strays = {
-        module_of(item.nodeid)
-        for item in items
-        if SESSION_HOST_FIXTURES & set(getattr(item, "fixturenames", ()))
-    } - SESSION_HOST_MODULES
-    if strays:
-        raise pytest.UsageError(f"add {sorted(strays)} to SESSION_HOST_MODULES in {__file__}")
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadscope` by work_unit instead of by module or class. (xdist's loadgroup
-    marks nodeids, which pytest 9.2's node ids no longer let it do.)"""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class WorkUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            pending = [
-                u for u, tests in self.assigned_work[node].items() if not all(tests.values())
-            ]
-            self.workqueue.move_to_end(next_unit(pending, list(self.workqueue)), last=False)
-            super()._assign_work_unit(node)
-
-    return WorkUnitScheduling(config, log)
+# `make test`'s lanes: work units, their order and priorities, derived from the collection and
+# the previous run's durations.
+pytest_plugins = ["tests.lanes"]
 
 
 def filter_plugin() -> ModuleType:

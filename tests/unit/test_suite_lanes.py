@@ -1,10 +1,29 @@
-"""The lanes of `make test`: benchmarks/suite_lanes.py turns the lane log into each lane's chain
-of modules (a module's phases merge into one span, in the lane that ran it, ordered by start),
-and the scheduler binds a long unit of work only behind short work (tests/conftest.py)."""
+"""The lanes of `make test` (tests/lanes.py): work units from the collection (the session
+host's modules one unit), their order, long units and the critical one from the recorded
+durations; the scheduler binds a long unit only behind short work; a run's lane log becomes
+per-module durations and, in benchmarks/suite_lanes.py, each lane's chain of modules."""
 
 from __future__ import annotations
 
-from tests.conftest import benchmark, next_unit
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, benchmark
+from tests.lanes import (
+    LANE_NICE,
+    SESSION_HOST_UNIT,
+    Module,
+    Plan,
+    collected_modules,
+    next_unit,
+    plan,
+    record_durations,
+    spans,
+)
+
+pytest_plugins = ["pytester"]
 
 
 def _line(worker: str, nodeid: str, when: str, start: float, stop: float) -> dict[str, object]:
@@ -28,14 +47,154 @@ def test_a_modules_phases_merge_into_one_span_per_lane_in_start_order() -> None:
         {"module": "tests/c.py", "start": 50.0, "end": 55.0},
     ]
     assert lanes["gw1"] == [{"module": "tests/b.py", "start": 5.0, "end": 70.0}]
+    assert spans(lines) == {"tests/a.py": 40.0, "tests/b.py": 65.0, "tests/c.py": 5.0,
+                            "tests/d.py": 2.0}  # fmt: skip
+
+
+def test_a_run_merges_its_modules_durations_over_the_last_record(tmp_path: Path) -> None:
+    here, other = "tests/unit/test_suite_lanes.py", "tests/unit/test_lint.py"
+    record = tmp_path / "durations.json"
+    record.write_text(json.dumps({here: 5.0, other: 7.0, "tests/unit/test_gone.py": 3.0}))
+    log = tmp_path / "lanes.jsonl"
+    log.write_text(json.dumps(_line("gw0", f"{here}::test_x", "call", 10.0, 12.5)) + "\n")
+    record_durations(log, record, ROOT)
+    # This run's module updated, the one it did not run kept, the deleted one dropped.
+    assert json.loads(record.read_text()) == {here: 2.5, other: 7.0}
+
+
+def test_the_session_hosts_users_are_one_unit_through_any_fixture(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def testhost():
+            return "host"
+
+        @pytest.fixture(scope="session")
+        def site(testhost):
+            return testhost
+        """
+    )
+    pytester.makepyfile(
+        test_direct="def test_a(testhost): pass",
+        test_through_site="def test_b(site): pass",
+        test_one_of_two="import pytest\n"
+        "@pytest.fixture(scope='module')\ndef converged(site): pass\n"
+        "def test_c(): pass\n"
+        "def test_d(converged): pass\n",
+        test_own_host="import pytest\npytestmark = pytest.mark.e2e\ndef test_e(): pass",
+    )
+    items, _ = pytester.inline_genitems()
+    modules = {m.path: m for m in collected_modules(items)}
+    assert {p for p, m in modules.items() if m.uses_session_host} == {
+        "test_direct.py", "test_through_site.py", "test_one_of_two.py"
+    }  # fmt: skip
+    assert [p for p, m in modules.items() if m.e2e] == ["test_own_host.py"]
+    units = plan(list(modules.values()), {}, workers=2).units
+    assert units["test_one_of_two.py"] == SESSION_HOST_UNIT
+    assert units["test_own_host.py"] == "test_own_host.py"
+
+
+FLEET, ROLL = Module("e2e/fleet.py", False, True), Module("e2e/roll.py", False, True)
+SITE, SECURITY = Module("e2e/site.py", True, True), Module("e2e/security.py", True, True)
+RESTART, LINT = Module("int/restart.py", False, False), Module("unit/lint.py", False, False)
+SHORT, NEW = Module("unit/short.py", False, False), Module("unit/new.py", False, False)
+RECORD = {"e2e/fleet.py": 700.0, "e2e/roll.py": 600.0, "e2e/site.py": 500.0,
+          "e2e/security.py": 300.0, "int/restart.py": 200.0, "unit/lint.py": 60.0,
+          "unit/short.py": 2.0}  # fmt: skip
+
+
+def test_units_start_longest_first_and_the_longest_is_critical() -> None:
+    lanes = plan([SHORT, NEW, LINT, RESTART, SITE, FLEET, SECURITY, ROLL], RECORD, workers=2)
+    # The session host's two modules are one unit of 800 s: longer than the fleet's 700.
+    assert lanes.order == [SESSION_HOST_UNIT, FLEET.path, ROLL.path, RESTART.path, LINT.path,
+                           SHORT.path, NEW.path]  # fmt: skip
+    assert lanes.critical == SESSION_HOST_UNIT
+    # Long: at least 1/20 of a lane's share, (2362 s / 2 lanes) / 20 = 59 s.
+    assert lanes.long == {SESSION_HOST_UNIT, FLEET.path, ROLL.path, RESTART.path, LINT.path}
+    # In one lane, 2362 s / 20 = 118 s: ansible-lint's 60 s is short.
+    one_lane = plan([SHORT, NEW, LINT, RESTART, SITE, FLEET, SECURITY, ROLL], RECORD, workers=1)
+    assert one_lane.long == {SESSION_HOST_UNIT, FLEET.path, ROLL.path, RESTART.path}
+
+
+def test_an_unrecorded_e2e_module_starts_with_the_e2e_units() -> None:
+    fresh = Module("e2e/fresh.py", False, True)
+    lanes = plan([SHORT, fresh, FLEET, ROLL, SITE], RECORD, workers=2)
+    # The median recorded e2e module: 600 s, behind the fleet, beside the roll (stable).
+    assert lanes.order == [FLEET.path, fresh.path, ROLL.path, SESSION_HOST_UNIT, SHORT.path]
+    assert fresh.path in lanes.long
+    assert lanes.critical == FLEET.path
+
+
+def test_without_records_the_e2e_units_go_first_and_no_lane_is_critical() -> None:
+    lanes = plan([SHORT, FLEET, LINT, SITE], {}, workers=2)
+    assert lanes.order == [FLEET.path, SESSION_HOST_UNIT, SHORT.path, LINT.path]
+    assert lanes.critical is None
+    assert lanes.long == frozenset()
+
+
+def test_the_plan_reaches_the_controller_whole() -> None:
+    lanes = plan([SHORT, FLEET, SITE, SECURITY], RECORD, workers=2)
+    assert Plan.from_json(lanes.to_json()) == lanes
 
 
 def test_behind_a_long_unit_a_lane_binds_a_short_one_and_a_long_one_behind_short_work() -> None:
-    fleet, roll = "tests/e2e/test_fleet.py", "tests/e2e/test_site_roll.py"
-    monitoring = "tests/integration/test_monitoring_gateway.py"
-    short, other = "tests/unit/test_lint.py", "tests/unit/test_bench.py"
-    assert next_unit([fleet], [roll, monitoring, short, other]) == short
-    assert next_unit(["session-host"], [monitoring, other]) == other
-    assert next_unit([monitoring], [roll, monitoring]) == roll  # only long units left
-    assert next_unit([short], [monitoring, other]) == monitoring
-    assert next_unit([], [roll, short]) == roll  # a lane's first unit: the queue's head
+    fleet, roll, monitoring = "e2e/fleet.py", "e2e/roll.py", "int/monitoring.py"
+    short, other = "unit/lint.py", "unit/bench.py"
+    long = frozenset({fleet, roll, monitoring, SESSION_HOST_UNIT})
+    assert next_unit([fleet], [roll, monitoring, short, other], long) == short
+    assert next_unit([SESSION_HOST_UNIT], [monitoring, other], long) == other
+    assert next_unit([monitoring], [roll, monitoring], long) == roll  # only long units left
+    assert next_unit([short], [monitoring, other], long) == monitoring
+    assert next_unit([], [roll, short], long) == roll  # a lane's first unit: the queue's head
+
+
+def test_in_lanes_the_plan_reaches_xdists_scheduler_and_the_run_records_its_durations(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real `-n 3 --dist loadscope` run of a small suite with the lanes plugin: the modules
+    on the session host share a lane, the longest recorded unit runs at nice 0 and the others
+    at LANE_NICE, and the run merges its modules' spans into .durations.json."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # tests.lanes, from the subprocess
+    pytester.makeconftest(
+        """
+        import os
+        import pytest
+
+        pytest_plugins = ["tests.lanes"]
+
+        @pytest.fixture(scope="session")
+        def testhost():
+            return "host"
+
+        @pytest.fixture(autouse=True)
+        def lane(request):
+            lane = os.environ["PYTEST_XDIST_WORKER"], os.getpriority(os.PRIO_PROCESS, 0)
+            with open("ran.txt", "a") as ran:
+                ran.write(f"{request.node.module.__name__} {lane[0]} {lane[1]}\\n")
+        """
+    )
+    pytester.makepyfile(
+        test_host_a="def test_a(testhost): pass\ndef test_a2(testhost): pass",
+        test_host_b="def test_b(testhost): pass",
+        test_long="def test_c(): pass",
+        test_short="def test_d(): pass\ndef test_e(): pass",
+    )
+    record = {"test_long.py": 50.0, "test_host_a.py": 10.0, "test_host_b.py": 10.0}
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "durations.json").write_text(json.dumps(record))
+    result = pytester.runpytest_subprocess(
+        "-n", "3", "--dist", "loadscope", "--no-loadscope-reorder", "-p", "no:cacheprovider"
+    )  # fmt: skip
+    result.assert_outcomes(passed=6)
+    ran = [line.split() for line in (pytester.path / "ran.txt").read_text().splitlines()]
+    lanes = {module: {(lane, int(nice)) for m, lane, nice in ran if m == module}
+             for module, _, _ in ran}  # fmt: skip
+    assert len(lanes["test_host_a"] | lanes["test_host_b"]) == 1  # one lane, one priority
+    assert {nice for _, nice in lanes["test_long"]} == {0}
+    assert {nice for m in lanes for _, nice in lanes[m] if m != "test_long"} == {LANE_NICE}
+    recorded = json.loads((pytester.path / ".durations.json").read_text())
+    assert set(recorded) == {f"{m}.py" for m in lanes}
