@@ -10,6 +10,7 @@ never meet it; rolling restarts stop at the first failed pair.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -27,11 +28,15 @@ from pdctl.ops.report import PHASES as PHASES  # re-exported: restart.PHASES
 from pdctl.ops.report import Interrupted, Report, StepFailed
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import Systemd
-from pdctl.spec import Role
+from pdctl.roles import Role
 from pdctl.topology import TopologyInstance
 
 JOURNAL_LINES = 30
 PROGRESS_EVERY_S = 5.0
+# The health wait asks the engines' /ready this often (a flag check each: SGLang's
+# http_server.ready), and their units' state every `Timeouts.poll`: the pair goes on to its
+# canary within this of being ready.
+READY_POLL_S = 0.1
 
 
 @contextlib.contextmanager
@@ -112,18 +117,19 @@ def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str |
 
 def _wait_healthy(ops: Ops, pair: Pair) -> None:
     """Until every member takes work: the probe reads /ready (not starting, not paused), or
-    /health on an SGLang without it (health.readiness)."""
+    /health on an SGLang without it (health.readiness). A unit that failed or stopped while
+    starting ends the wait."""
     deadline = time.monotonic() + ops.timeouts.health
     t0 = last = time.monotonic()
+    units_seen = -math.inf  # at the first miss, then every poll
     while True:
-        probes = concurrently({i.name: partial(ops.engines.probe, i.url) for i in pair.instances})
+        probes = concurrently({i.name: partial(ops.engines.ready, i.url) for i in pair.instances})
         if all(p.healthy for p in probes.values()):
             return
-        for inst in pair.instances:
-            st = ops.systemd(inst.host).show(inst.unit)
-            if st.active in ("failed", "inactive"):
-                raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
         now = time.monotonic()
+        if now - units_seen >= ops.timeouts.poll:
+            units_seen = now
+            _check_started(ops, pair)
         if now >= deadline:
             waiting = ", ".join(f"{k} {p.health}" for k, p in probes.items() if not p.healthy)
             raise StepFailed("health", f"not healthy after {ops.timeouts.health:.0f}s: {waiting}")
@@ -131,7 +137,14 @@ def _wait_healthy(ops: Ops, pair: Pair) -> None:
             last = now
             states = ", ".join(f"{k} {p.health}" for k, p in probes.items())
             ops.say(f"  {pair.id}: waiting for health: {states} [{now - t0:.0f}s]")
-        time.sleep(ops.timeouts.poll)
+        time.sleep(min(READY_POLL_S, ops.timeouts.poll))
+
+
+def _check_started(ops: Ops, pair: Pair) -> None:
+    for inst in pair.instances:
+        st = ops.systemd(inst.host).show(inst.unit)
+        if st.active in ("failed", "inactive"):
+            raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
 
 
 def _first_canary(ops: Ops, pair: Pair) -> None:
@@ -155,10 +168,18 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
 
 
 def _verify(ops: Ops, pair: Pair) -> None:
-    """`verify_canaries` requests per leg must all pass: a degraded pair fails only a share."""
-    res = ops.canaries.group(pair.canary_legs(), ops.verify_canaries)
-    if not res.ok:
-        raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
+    """`verify_canaries` requests per leg must all pass: a degraded pair fails only a share.
+    Sent at once, not one after another: each is a request of its own down the pair's PD
+    path (its own bootstrap room), and a degraded pair fails a share of them in any order;
+    the step then takes one request's time, which a recovery's time to serving again pays."""
+    legs = pair.canary_legs()
+    sent = concurrently(
+        {n: partial(ops.canaries.group, legs, 1) for n in range(ops.verify_canaries)}
+    ).values()
+    if failed := sum(r.failed for r in sent):
+        error = next(r.error for r in sent if r.error)
+        total = sum(r.sent for r in sent)
+        raise StepFailed("verify", f"{failed}/{total} requests failed: {error}")
 
 
 def _leg(pair: Pair, prefill: TopologyInstance, decode: TopologyInstance) -> str:
@@ -306,15 +327,21 @@ def register_pair(ops: Ops, pair: Pair, required: bool = True, reach: Reach | No
     concurrently({gw.url: partial(register, gw) for gw in gws})
 
 
+# The register step reads each gateway's /workers this often while it waits (for the drained
+# entries to go, then for the new ones to be ready): the pair serves again within this of
+# the gateway adding it.
+REGISTER_POLL_S = 0.05
+
+
 def _register_at(gw: gateway.Gateway, pair: Pair, t: float) -> None:
     urls = [i.url for i in pair.instances]
     # smg answers 409 while the drained entries are still being removed.
-    if not gw.wait(gateway.settled(urls, pair.id), t):
+    if not gw.wait(gateway.settled(urls, pair.id), t, REGISTER_POLL_S):
         raise StepFailed(
             "register", f"gateway {gw.url} still lists the drained workers after {t:.0f}s"
         )
     gw.register(registrations([pair]))
-    if not gw.wait(gateway.ready(urls), t):
+    if not gw.wait(gateway.ready(urls), t, REGISTER_POLL_S):
         raise StepFailed("register", f"gateway {gw.url} did not mark both ready within {t:.0f}s")
 
 

@@ -239,6 +239,9 @@ class FakeEngines:
         self.probed.append(url)
         return self.probe_of(url)
 
+    def ready(self, url: str) -> EngineProbe:
+        return self.probe(url)
+
     def in_flight(self, url: str) -> int | None:
         return self.held(url)
 
