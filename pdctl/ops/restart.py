@@ -233,19 +233,44 @@ class Reach:
     def gateways(self) -> list[gateway.Gateway]:
         """Every gateway but those gone."""
         if self.gone is None:
-            self.gone = set()
-            without = self._keyless()
-            keyless = {gw.url: gw for gw in self.ops.gateways if gw.url in without}
-            there = concurrently(
-                {u: partial(gw.reachable, GONE_CONNECT_S) for u, gw in keyless.items()}
-            )
-            for url in (u for u, ok in there.items() if ok):
-                self.ops.say(
-                    f"  {self.pair.id}: WARNING: gateway {url} answers, but its host holds no "
-                    f"key in etcd: is pdstack-gateway-lease running on {self.host[url]}?"
-                )
-            self._forget([u for u, ok in there.items() if not ok])
+            self.each(_no_call)
+        assert self.gone is not None
         return [gw for gw in self.ops.gateways if gw.url not in self.gone]
+
+    def each(self, call: Callable[[gateway.Gateway], None]) -> None:
+        """`call` at every gateway but those gone, all at once. At the first contact a
+        gateway whose host holds no key is first given GONE_CONNECT_S to take a connection,
+        in its own thread, so that the others' calls do not wait for it; one that takes none
+        is gone and not called."""
+        keyless = self._first_contact()
+
+        def there(gw: gateway.Gateway) -> bool:
+            if gw.url in keyless and not self._takes_connection(gw):
+                return False
+            call(gw)
+            return True
+
+        assert self.gone is not None
+        gws = [gw for gw in self.ops.gateways if gw.url not in self.gone]
+        called = concurrently({gw.url: partial(there, gw) for gw in gws})
+        self._forget([u for u, ok in called.items() if not ok])
+
+    def _first_contact(self) -> set[str]:
+        """The gateways (URLs) to try briefly first: those whose host holds no key, at the
+        first contact; none after it."""
+        if self.gone is not None:
+            return set()
+        self.gone = set()
+        return self._keyless()
+
+    def _takes_connection(self, gw: gateway.Gateway) -> bool:
+        if not gw.reachable(GONE_CONNECT_S):
+            return False
+        self.ops.say(
+            f"  {self.pair.id}: WARNING: gateway {gw.url} answers, but its host holds no key "
+            f"in etcd: is pdstack-gateway-lease running on {self.host[gw.url]}?"
+        )
+        return True
 
     def silent(self, urls: list[str]) -> list[str]:
         """Of `urls` (gateways that took no connection), those gone now; remembered."""
@@ -277,6 +302,10 @@ class Reach:
                 "going on without it for this restart (it registers every pair when it comes "
                 "back)"
             )
+
+
+def _no_call(_: gateway.Gateway) -> None:
+    return None
 
 
 def _reachable(reach: Reach, phase: str, required: bool) -> list[gateway.Gateway]:
@@ -389,6 +418,9 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
     in flight; a recovery does not: one side is dead, and what the live side holds depends
     on it (a room its dead decode never claimed waits on a 0.5.23 prefill until the
     bootstrap timeout, 300 s, and on 0.5.17 for ever: docs/sim.md)."""
+    if not planned:
+        drop(ops, pair, reach)
+        return
     urls = [i.url for i in pair.instances]
     deadline = time.monotonic() + ops.timeouts.drain
     try:
@@ -396,17 +428,11 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
         # sending requests to engines about to stop.
         gws = _reachable(reach, "drain", planned)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
-        if not planned:
-            abort_held(ops, pair, urls)
-            return
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
         )
     except gateway.GatewayError as e:
-        if planned:
-            raise StepFailed("drain", f"{e}; nothing was stopped") from None
-        ops.say(f"  {pair.id}: cannot drain ({e}); going on")
-        return
+        raise StepFailed("drain", f"{e}; nothing was stopped") from None
     # smg's `load` stays 0 for streamed requests, so the gateways' word is not enough: the
     # engines' own count, within what is left of the same window.
     left = deadline - time.monotonic()
@@ -417,6 +443,26 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
             f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s{held}; "
             "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
         )
+
+
+def drop(ops: Ops, pair: Pair, reach: Reach) -> None:
+    """A recovery's drain (and a waiting recovery's containment): the pair out of every
+    gateway that answers, each on its own (none waits for another to answer first, nor for a
+    lost host's connection attempt: Reach.each), then the live side's requests ended
+    (abort_held). A gateway that does not answer is named and skipped."""
+    urls, silent = [i.url for i in pair.instances], []
+
+    def out_of(gw: gateway.Gateway) -> None:
+        try:
+            gw.remove(urls)
+        except gateway.GatewayError as e:
+            if isinstance(e, gateway.GatewayUnreachable):
+                silent.append(gw.url)
+            ops.say(f"  {pair.id}: cannot drain ({e}); going on")
+
+    reach.each(out_of)
+    reach.silent(silent)
+    abort_held(ops, pair, urls)
 
 
 def abort_held(ops: Ops, pair: Pair, urls: list[str]) -> None:

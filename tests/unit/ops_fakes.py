@@ -165,8 +165,13 @@ class Listing(FakeGateway):
 
 
 class Unreachable(FakeGateway):
+    """Answers no call with its worker list (GatewayAdmin.remove reads the list first)."""
+
     def workers(self) -> list[GatewayWorker]:
         raise gateway.GatewayError(f"gateway {self.url}: ConnectionError: refused")
+
+    def remove(self, urls: Iterable[str]) -> None:
+        self.workers()
 
 
 class Silent(FakeGateway):
