@@ -426,7 +426,7 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
     try:
         # Every gateway must answer before any stops routing: a gateway left out would keep
         # sending requests to engines about to stop.
-        gws = _reachable(reach, "drain", planned)
+        gws = _reachable(reach, "drain", required=True)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
