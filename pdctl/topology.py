@@ -9,15 +9,17 @@ inventory's [router] group runs a gateway over every pair (`gateways`, all alike
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdctl import names
 from pdctl.errors import PdctlError, SpecError
-from pdctl.spec import Deployment, Instance, Role
-from pdctl.spec.load import key_path
+from pdctl.roles import Role
+
+if TYPE_CHECKING:  # pdctl.spec builds every profile model: a host's topology needs none
+    from pdctl.spec import Deployment, Instance
 
 PATH = Path(names.TOPOLOGY_FILE)
 VERSION = 1
@@ -247,6 +249,8 @@ def read(path: Path = PATH) -> Topology:
     try:
         topo = Topology.model_validate(data)
     except ValidationError as e:
+        from pdctl.spec.load import key_path
+
         first = e.errors()[0]
         raise SpecError(str(path), key_path(first["loc"]), first["msg"]) from None
     _check_pairs(topo, str(path))

@@ -21,7 +21,7 @@ COMMANDS = {
     "doctor": ("pdctl.cli.ops_commands:doctor", "What is wrong with the deployment, and the fix"),
     "history": ("pdctl.cli.lock_commands:history", "The fleet's restarts: who, what, how long"),
     "finish": ("pdctl.cli.finish_commands:finish", "Take up restarts a dead restarter left"),
-    "recover": ("pdctl.cli.ops_commands:recover", "A crashed group's restart (run by systemd)"),
+    "recover": ("pdctl.cli.recover_command:recover", "A crashed group's restart (run by systemd)"),
     "lock": ("pdctl.cli.lock_commands:lock", "Show or break the fleet restart lock"),
     "gateway": ("pdctl.cli.ops_commands:gateway", "Register groups with the gateways"),
     "etcd": ("pdctl.cli.etcd_commands:etcd", "The coordination store's members and PKI"),

@@ -59,7 +59,7 @@ def finish(
     if not restarts.abandoned(store_of(src)[0]):
         _say_nothing(fmt)
         return
-    from pdctl.cli.ops_commands import _print_reports
+    from pdctl.cli.reports import print_reports
     from pdctl.ops import finish as ops_finish
     from pdctl.ops.context import real_ops
 
@@ -69,7 +69,7 @@ def finish(
     elif not reports:
         _say_nothing(fmt)
     else:
-        _print_reports(reports, fmt)
+        print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
 
 

@@ -17,29 +17,22 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from pdctl import exits
 from pdctl.cli.options import (
     deprecated,
+    fleet_lock_option,
     format_option,
     former_name,
     load_source,
     lock_wait_option,
     source_options,
 )
+from pdctl.cli.reports import print_reports, warn
 from pdctl.cli.status_view import to_json, view
 from pdctl.errors import PdctlError
 from pdctl.lint import Severity
 from pdctl.ops import lock, roll
 from pdctl.ops.context import Ops, Timeouts, real_ops, restart_lock
 from pdctl.ops.doctor import doctor as run_doctor
-from pdctl.ops.recover import (
-    DEFAULT_STATE,
-    LOCK_WAIT_S,
-    RateLimit,
-    RecoveryLog,
-    default_state,
-)
-from pdctl.ops.recover import recover as run_recover
 from pdctl.ops.restart import (
     Report,
     outcome,
@@ -64,19 +57,6 @@ LONE_RESTART_REFUSAL = (
     "metadata and the pair stays degraded (requests fail or hang until both restart; the "
     "seed's production incident). Use --both. --force restarts it alone anyway."
 )
-
-
-def fleet_lock_option(f: F) -> F:
-    return click.option(
-        "--no-fleet-lock",
-        is_flag=True,
-        help="DANGEROUS: restart without the fleet restart lock (only this host's lock), when "
-        "etcd has no quorum. Restarts started elsewhere may then run at the same time.",
-    )(f)
-
-
-def _warn(line: str) -> None:
-    click.secho(line, fg="yellow", err=True)
 
 
 def _ops(
@@ -146,21 +126,6 @@ def status(
         if watch is None:
             sys.exit(0 if s.healthy else 1)
         time.sleep(watch)
-
-
-def _print_reports(reports: list[Report], fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps([asdict(r) for r in reports], indent=2))
-        return
-    for r in reports:
-        for line in r.lines:
-            click.secho(line, fg="green" if line.startswith("OK") else "red")
-        if not r.ok:
-            click.secho(f"{r.target}: {r.error}", fg="red", err=True)
-            for unit, lines in r.journal.items():
-                click.echo(f"--- journalctl -u {unit} (last {len(lines)} lines)", err=True)
-                for line in lines:
-                    click.echo(f"  {line}", err=True)
 
 
 @click.command()
@@ -294,14 +259,14 @@ def restart(
     ops = _ops(topology_path, inventory, profile, timeouts)
     k = max_unavailable if max_unavailable is not None else ("1" if bounded else None)
     budget = roll.budget(k, min_serving, len(ops.source.pairs()))
-    run = _Restart(ops, restart_lock(ops, no_fleet_lock, _warn), lock_wait, yes)
+    run = _Restart(ops, restart_lock(ops, no_fleet_lock, warn), lock_wait, yes)
     if gateways:
         reports = _restart_gateways(run)
     elif sides:
         reports = _restart_sides(run, ops.source.select(pairs, all_pairs), sides)
     else:
         reports = _restart_groups(run, ops.source.select(pairs, all_pairs), budget, include_drained)
-    _print_reports(reports, fmt)
+    print_reports(reports, fmt)
     sys.exit(0 if all(r.ok for r in reports) else 1)
 
 
@@ -365,7 +330,7 @@ def _restart_sides(run: _Restart, chosen: list[Pair], sides: list[Role]) -> list
     with run.locked("pdctl restart --force (one side)", [i.id for i in insts]) as got:
         reports = [restart_instance(run.ops, i) for i in insts]
         got.record(outcome(reports))
-    _warn("Warning: the pair is likely degraded now; run pdctl restart --both.")
+    warn("Warning: the pair is likely degraded now; run pdctl restart --both.")
     return reports
 
 
@@ -431,81 +396,6 @@ def doctor(
         click.secho(f"{f.severity.upper()} {f.id} [{f.where}]: {f.message}", fg=color)
         click.echo(f"    fix: {f.fix}")
     sys.exit(2 if errors else 1 if findings else 0)
-
-
-@click.command()
-@source_options
-@click.option("--pair", "pair_name", required=True, metavar="NAME", help="Pair NAME or HOST/NAME.")
-@click.option(
-    "--max-recoveries",
-    type=click.IntRange(min=1),
-    default=RateLimit.max_count,
-    show_default=True,
-    help="Recoveries of one pair allowed within --window.",
-)
-@click.option(
-    "--window",
-    default=RateLimit.window_s,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds.",
-)
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=default_state,
-    show_default=f"$PDCTL_RECOVER_STATE or {DEFAULT_STATE}",
-    help="Rate-limit state; its folder must be writable by this user only (created 0700).",
-)
-@lock_wait_option(LOCK_WAIT_S, store=True)
-@former_name("--lock-timeout", "--lock-wait", type=click.FloatRange(min=0))
-@fleet_lock_option
-def recover(
-    topology_path: Path,
-    inventory: Path,
-    profile: Path | None,
-    pair_name: str,
-    max_recoveries: int,
-    window: float,
-    state_path: Path,
-    lock_wait: float,
-    lock_timeout: float | None,
-    no_fleet_lock: bool,
-) -> None:
-    """Coordinated restart of a pair after one of its engines failed (run by systemd).
-
-    Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
-    restarts the whole pair (never the failed side alone), at most --max-recoveries times per
-    --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
-    If another restart holds the lock (this host's, or the fleet restart lock), or etcd
-    cannot serve (no quorum), it waits (--lock-wait), then recovers. While it waits, the
-    pair is taken out of every gateway that answers and both its sides are stopped, so no
-    request meets a half pair; `pdctl status` shows "recovery waiting" and why. After the
-    wait it exits 3 or 5 and systemd starts it again, for as long as it takes. An unreadable
-    state file is started afresh with a warning.
-
-    \b
-    Exit codes: 0 recovered; 2 bad input or an unsafe state folder; 3 the lock stayed
-    held; 4 rate-limited; 5 etcd cannot serve; 6 the restart failed (journal lines follow;
-    systemd tries again, within the rate limit).
-    """
-    if lock_timeout is not None:
-        deprecated("--lock-timeout", "--lock-wait")
-        lock_wait = lock_timeout
-    ops = _ops(topology_path, inventory, profile)
-    ops.fleet_lock = restart_lock(ops, no_fleet_lock, _warn)
-    (pair,) = ops.source.select((pair_name,), False)
-    limit = RateLimit(max_recoveries, window)
-    rep = run_recover(
-        ops,
-        pair,
-        limit,
-        RecoveryLog(state_path, warn=lambda line: _warn(f"Warning: {line}")),
-        lock_wait=lock_wait,
-    )
-    _print_reports([rep], "table")
-    sys.exit(exits.OK if rep.ok else exits.RESTART_FAILED)
 
 
 @click.group()

@@ -98,6 +98,15 @@ def lock_wait_option(default: float, store: bool = False) -> Callable[[F], F]:
     )
 
 
+def fleet_lock_option(f: F) -> F:
+    return click.option(
+        "--no-fleet-lock",
+        is_flag=True,
+        help="DANGEROUS: restart without the fleet restart lock (only this host's lock), when "
+        "etcd has no quorum. Restarts started elsewhere may then run at the same time.",
+    )(f)
+
+
 def former_name(old: str, new: str, **kw: Any) -> Callable[[F], F]:
     """`old`, what `new` was called before (`kw`: its type): hidden from --help, it still
     works, so scripts and playbooks keep running, and the command warns (`deprecated`)."""

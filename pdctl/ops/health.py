@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl import pdclient
 from pdctl.pdclient import CanaryResult
@@ -46,6 +45,10 @@ class EngineProbe:
 
 
 def _gauges(text: str) -> dict[str, list[float]]:
+    # Here, not at import: `pdctl recover`, whose start-up counts towards a crash's time to
+    # serving again, never parses /metrics.
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, list[float]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -70,6 +73,16 @@ def readiness(url: str, timeout: float = 3.0) -> tuple[str, str]:
     if r.status_code == 503 and requests.get(f"{url}/ping", timeout=timeout).status_code == 200:
         return PAUSED, "/ready"
     return _answer(r.status_code), "/ready"
+
+
+def ready_probe(url: str, timeout: float = 3.0) -> EngineProbe:
+    """The engine's readiness alone (`readiness`), without its /metrics: what a restart's
+    health wait polls."""
+    try:
+        health, path = readiness(url, timeout)
+    except requests.RequestException as e:
+        return EngineProbe(url, f"unreachable ({type(e).__name__})")
+    return EngineProbe(url, health, ready_path=path)
 
 
 def probe_engine(url: str, timeout: float = 3.0) -> EngineProbe:
@@ -138,6 +151,7 @@ def abort_all(url: str, timeout: float = ABORT_TIMEOUT_S) -> bool:
 
 class Engines(Protocol):
     def probe(self, url: str) -> EngineProbe: ...
+    def ready(self, url: str) -> EngineProbe: ...
     def in_flight(self, url: str) -> int | None: ...
     def abort_all(self, url: str) -> bool: ...
 
@@ -147,6 +161,9 @@ class HttpEngines:
 
     def probe(self, url: str) -> EngineProbe:
         return probe_engine(url)
+
+    def ready(self, url: str) -> EngineProbe:
+        return ready_probe(url)
 
     def in_flight(self, url: str) -> int | None:
         return in_flight(url)

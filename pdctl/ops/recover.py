@@ -32,7 +32,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops import lock
 from pdctl.ops.context import Ops, to_stderr
 from pdctl.ops.report import Report
-from pdctl.ops.restart import Reach, abort_held, outcome, restart_pair, stop_pair
+from pdctl.ops.restart import Reach, drop, outcome, restart_pair, stop_pair
 from pdctl.ops.source import Pair
 
 DEFAULT_STATE = Path(names.RECOVER_STATE)
@@ -212,13 +212,7 @@ class Containment:
             return
         self.done = True
         ops, pair = self.ops, self.pair
-        urls = [i.url for i in pair.instances]
-        for gw in Reach(ops, pair).gateways():
-            try:
-                gw.remove(urls)
-            except PdctlError as e:
-                ops.say(f"{pair.id}: cannot take it out of gateway {gw.url} ({e})")
-        abort_held(ops, pair, urls)
+        drop(ops, pair, Reach(ops, pair))
         try:
             stop_pair(ops, pair)
         except PdctlError as e:

@@ -10,6 +10,7 @@ never meet it; rolling restarts stop at the first failed pair.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -27,11 +28,15 @@ from pdctl.ops.report import PHASES as PHASES  # re-exported: restart.PHASES
 from pdctl.ops.report import Interrupted, Report, StepFailed
 from pdctl.ops.source import Pair
 from pdctl.ops.systemd import Systemd
-from pdctl.spec import Role
+from pdctl.roles import Role
 from pdctl.topology import TopologyInstance
 
 JOURNAL_LINES = 30
 PROGRESS_EVERY_S = 5.0
+# The health wait asks the engines' /ready this often (a flag check each: SGLang's
+# http_server.ready), and their units' state every `Timeouts.poll`: the pair goes on to its
+# canary within this of being ready.
+READY_POLL_S = 0.1
 
 
 @contextlib.contextmanager
@@ -112,18 +117,19 @@ def _instance_line(ops: Ops, sd: Systemd, inst: TopologyInstance, failure: str |
 
 def _wait_healthy(ops: Ops, pair: Pair) -> None:
     """Until every member takes work: the probe reads /ready (not starting, not paused), or
-    /health on an SGLang without it (health.readiness)."""
+    /health on an SGLang without it (health.readiness). A unit that failed or stopped while
+    starting ends the wait."""
     deadline = time.monotonic() + ops.timeouts.health
     t0 = last = time.monotonic()
+    units_seen = -math.inf  # at the first miss, then every poll
     while True:
-        probes = concurrently({i.name: partial(ops.engines.probe, i.url) for i in pair.instances})
+        probes = concurrently({i.name: partial(ops.engines.ready, i.url) for i in pair.instances})
         if all(p.healthy for p in probes.values()):
             return
-        for inst in pair.instances:
-            st = ops.systemd(inst.host).show(inst.unit)
-            if st.active in ("failed", "inactive"):
-                raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
         now = time.monotonic()
+        if now - units_seen >= ops.timeouts.poll:
+            units_seen = now
+            _check_started(ops, pair)
         if now >= deadline:
             waiting = ", ".join(f"{k} {p.health}" for k, p in probes.items() if not p.healthy)
             raise StepFailed("health", f"not healthy after {ops.timeouts.health:.0f}s: {waiting}")
@@ -131,7 +137,14 @@ def _wait_healthy(ops: Ops, pair: Pair) -> None:
             last = now
             states = ", ".join(f"{k} {p.health}" for k, p in probes.items())
             ops.say(f"  {pair.id}: waiting for health: {states} [{now - t0:.0f}s]")
-        time.sleep(ops.timeouts.poll)
+        time.sleep(min(READY_POLL_S, ops.timeouts.poll))
+
+
+def _check_started(ops: Ops, pair: Pair) -> None:
+    for inst in pair.instances:
+        st = ops.systemd(inst.host).show(inst.unit)
+        if st.active in ("failed", "inactive"):
+            raise StepFailed("health", f"{inst.unit} is {st.active} ({st.sub}) while starting")
 
 
 def _first_canary(ops: Ops, pair: Pair) -> None:
@@ -155,10 +168,18 @@ def _first_canary(ops: Ops, pair: Pair) -> None:
 
 
 def _verify(ops: Ops, pair: Pair) -> None:
-    """`verify_canaries` requests per leg must all pass: a degraded pair fails only a share."""
-    res = ops.canaries.group(pair.canary_legs(), ops.verify_canaries)
-    if not res.ok:
-        raise StepFailed("verify", f"{res.failed}/{res.sent} requests failed: {res.error}")
+    """`verify_canaries` requests per leg must all pass: a degraded pair fails only a share.
+    Sent at once, not one after another: each is a request of its own down the pair's PD
+    path (its own bootstrap room), and a degraded pair fails a share of them in any order;
+    the step then takes one request's time, which a recovery's time to serving again pays."""
+    legs = pair.canary_legs()
+    sent = concurrently(
+        {n: partial(ops.canaries.group, legs, 1) for n in range(ops.verify_canaries)}
+    ).values()
+    if failed := sum(r.failed for r in sent):
+        error = next(r.error for r in sent if r.error)
+        total = sum(r.sent for r in sent)
+        raise StepFailed("verify", f"{failed}/{total} requests failed: {error}")
 
 
 def _leg(pair: Pair, prefill: TopologyInstance, decode: TopologyInstance) -> str:
@@ -212,19 +233,44 @@ class Reach:
     def gateways(self) -> list[gateway.Gateway]:
         """Every gateway but those gone."""
         if self.gone is None:
-            self.gone = set()
-            without = self._keyless()
-            keyless = {gw.url: gw for gw in self.ops.gateways if gw.url in without}
-            there = concurrently(
-                {u: partial(gw.reachable, GONE_CONNECT_S) for u, gw in keyless.items()}
-            )
-            for url in (u for u, ok in there.items() if ok):
-                self.ops.say(
-                    f"  {self.pair.id}: WARNING: gateway {url} answers, but its host holds no "
-                    f"key in etcd: is pdstack-gateway-lease running on {self.host[url]}?"
-                )
-            self._forget([u for u, ok in there.items() if not ok])
+            self.each(_no_call)
+        assert self.gone is not None
         return [gw for gw in self.ops.gateways if gw.url not in self.gone]
+
+    def each(self, call: Callable[[gateway.Gateway], None]) -> None:
+        """`call` at every gateway but those gone, all at once. At the first contact a
+        gateway whose host holds no key is first given GONE_CONNECT_S to take a connection,
+        in its own thread, so that the others' calls do not wait for it; one that takes none
+        is gone and not called."""
+        keyless = self._first_contact()
+
+        def there(gw: gateway.Gateway) -> bool:
+            if gw.url in keyless and not self._takes_connection(gw):
+                return False
+            call(gw)
+            return True
+
+        assert self.gone is not None
+        gws = [gw for gw in self.ops.gateways if gw.url not in self.gone]
+        called = concurrently({gw.url: partial(there, gw) for gw in gws})
+        self._forget([u for u, ok in called.items() if not ok])
+
+    def _first_contact(self) -> set[str]:
+        """The gateways (URLs) to try briefly first: those whose host holds no key, at the
+        first contact; none after it."""
+        if self.gone is not None:
+            return set()
+        self.gone = set()
+        return self._keyless()
+
+    def _takes_connection(self, gw: gateway.Gateway) -> bool:
+        if not gw.reachable(GONE_CONNECT_S):
+            return False
+        self.ops.say(
+            f"  {self.pair.id}: WARNING: gateway {gw.url} answers, but its host holds no key "
+            f"in etcd: is pdstack-gateway-lease running on {self.host[gw.url]}?"
+        )
+        return True
 
     def silent(self, urls: list[str]) -> list[str]:
         """Of `urls` (gateways that took no connection), those gone now; remembered."""
@@ -256,6 +302,10 @@ class Reach:
                 "going on without it for this restart (it registers every pair when it comes "
                 "back)"
             )
+
+
+def _no_call(_: gateway.Gateway) -> None:
+    return None
 
 
 def _reachable(reach: Reach, phase: str, required: bool) -> list[gateway.Gateway]:
@@ -306,15 +356,21 @@ def register_pair(ops: Ops, pair: Pair, required: bool = True, reach: Reach | No
     concurrently({gw.url: partial(register, gw) for gw in gws})
 
 
+# The register step reads each gateway's /workers this often while it waits (for the drained
+# entries to go, then for the new ones to be ready): the pair serves again within this of
+# the gateway adding it.
+REGISTER_POLL_S = 0.05
+
+
 def _register_at(gw: gateway.Gateway, pair: Pair, t: float) -> None:
     urls = [i.url for i in pair.instances]
     # smg answers 409 while the drained entries are still being removed.
-    if not gw.wait(gateway.settled(urls, pair.id), t):
+    if not gw.wait(gateway.settled(urls, pair.id), t, REGISTER_POLL_S):
         raise StepFailed(
             "register", f"gateway {gw.url} still lists the drained workers after {t:.0f}s"
         )
     gw.register(registrations([pair]))
-    if not gw.wait(gateway.ready(urls), t):
+    if not gw.wait(gateway.ready(urls), t, REGISTER_POLL_S):
         raise StepFailed("register", f"gateway {gw.url} did not mark both ready within {t:.0f}s")
 
 
@@ -362,24 +418,21 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
     in flight; a recovery does not: one side is dead, and what the live side holds depends
     on it (a room its dead decode never claimed waits on a 0.5.23 prefill until the
     bootstrap timeout, 300 s, and on 0.5.17 for ever: docs/sim.md)."""
+    if not planned:
+        drop(ops, pair, reach)
+        return
     urls = [i.url for i in pair.instances]
     deadline = time.monotonic() + ops.timeouts.drain
     try:
         # Every gateway must answer before any stops routing: a gateway left out would keep
         # sending requests to engines about to stop.
-        gws = _reachable(reach, "drain", planned)
+        gws = _reachable(reach, "drain", required=True)
         concurrently({gw.url: partial(gw.remove, urls) for gw in gws})
-        if not planned:
-            abort_held(ops, pair, urls)
-            return
         waited = concurrently(
             {gw.url: partial(gw.wait, gateway.drained(urls), ops.timeouts.drain) for gw in gws}
         )
     except gateway.GatewayError as e:
-        if planned:
-            raise StepFailed("drain", f"{e}; nothing was stopped") from None
-        ops.say(f"  {pair.id}: cannot drain ({e}); going on")
-        return
+        raise StepFailed("drain", f"{e}; nothing was stopped") from None
     # smg's `load` stays 0 for streamed requests, so the gateways' word is not enough: the
     # engines' own count, within what is left of the same window.
     left = deadline - time.monotonic()
@@ -390,6 +443,26 @@ def _drain(ops: Ops, pair: Pair, planned: bool, reach: Reach) -> None:
             f"  {pair.id}: requests still in flight after {ops.timeouts.drain:.0f}s{held}; "
             "stopping anyway (SIGTERM lets engines finish them within TimeoutStopSec)"
         )
+
+
+def drop(ops: Ops, pair: Pair, reach: Reach) -> None:
+    """A recovery's drain (and a waiting recovery's containment): the pair out of every
+    gateway that answers, each on its own (none waits for another to answer first, nor for a
+    lost host's connection attempt: Reach.each), then the live side's requests ended
+    (abort_held). A gateway that does not answer is named and skipped."""
+    urls, silent = [i.url for i in pair.instances], []
+
+    def out_of(gw: gateway.Gateway) -> None:
+        try:
+            gw.remove(urls)
+        except gateway.GatewayError as e:
+            if isinstance(e, gateway.GatewayUnreachable):
+                silent.append(gw.url)
+            ops.say(f"  {pair.id}: cannot drain ({e}); going on")
+
+    reach.each(out_of)
+    reach.silent(silent)
+    abort_held(ops, pair, urls)
 
 
 def abort_held(ops: Ops, pair: Pair, urls: list[str]) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pdctl import pdclient, topology
 from pdctl.errors import PdctlError
-from pdctl.spec import Deployment, load_deployment
 from pdctl.topology import Topology, TopologyGroup, TopologyInstance, TopologyPair
+
+if TYPE_CHECKING:  # on a host, from the topology file, no profile model is needed
+    from pdctl.spec import Deployment
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ def controller_topology(dep: Deployment) -> Topology:
 def load(topology_path: Path, inventory: Path | None, profile: Path | None) -> Source:
     """From -i/-p when given, else the topology file."""
     if inventory is not None:
+        from pdctl.spec import load_deployment
+
         dep = load_deployment(inventory, profile)
         return Source(controller_topology(dep), dep)
     if not topology_path.exists():

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pdctl.roles import Role as Role  # pdctl.spec exports it
 from pdctl.spec.text import arg_problem, env_key_problem, host_problem, value_problem
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -78,11 +79,6 @@ Args = Annotated[list[Arg], AfterValidator(_starts_with_flag)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class EngineKind(StrEnum):

@@ -165,8 +165,13 @@ class Listing(FakeGateway):
 
 
 class Unreachable(FakeGateway):
+    """Answers no call with its worker list (GatewayAdmin.remove reads the list first)."""
+
     def workers(self) -> list[GatewayWorker]:
         raise gateway.GatewayError(f"gateway {self.url}: ConnectionError: refused")
+
+    def remove(self, urls: Iterable[str]) -> None:
+        self.workers()
 
 
 class Silent(FakeGateway):
@@ -238,6 +243,9 @@ class FakeEngines:
     def probe(self, url: str) -> EngineProbe:
         self.probed.append(url)
         return self.probe_of(url)
+
+    def ready(self, url: str) -> EngineProbe:
+        return self.probe(url)
 
     def in_flight(self, url: str) -> int | None:
         return self.held(url)

@@ -73,3 +73,22 @@ def test_help_lists_commands_in_the_registrys_order_with_the_exit_codes(
     docs = docs.split("\n#", 1)[0]
     table = [int(c) for c in re.findall(r"^\| (\d+) \| ", docs, re.M)]
     assert table == list(exits.MEANINGS)
+
+
+# What `pdctl recover` must not pay for: systemd starts it after every engine crash, and its
+# start-up counts towards the time to serving again (benchmarks/recovery_phases.py). The
+# profile models (pdctl.spec), the other ops commands' rendering (rich) and checks (lint),
+# the Prometheus parser.
+NOT_FOR_RECOVER = ("pdctl.spec", "pdctl.lint", "pdctl.ops.status", "rich", "prometheus_client")
+
+
+def test_recover_imports_only_its_code_path() -> None:
+    code = (
+        "import sys\n"
+        "from pdctl.cli import cli\n"
+        "cli.get_command(None, 'recover')\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.startswith({NOT_FOR_RECOVER!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

@@ -27,6 +27,7 @@ RUNTIME = [
     # pdctl.cli loads its commands lazily: check each command module itself.
     "pdctl.cli.spec_commands",
     "pdctl.cli.ops_commands",
+    "pdctl.cli.recover_command",
     "pdctl.cli.bench_commands",
     "pdctl.cli.analyze_commands",
     "pdctl.cli.capacity_commands",

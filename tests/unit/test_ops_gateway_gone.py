@@ -5,13 +5,23 @@ at each step); one whose host holds its key blocks when it does not answer."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
+
 import pytest
 
 from pdctl.coord.lock import Holder
 from pdctl.ops import restart
 from pdctl.ops.context import Ops
 from pdctl.ops.recover import Containment
-from tests.unit.ops_fakes import FakeGateway, FakeKeys, FakeSystemd, Silent, fake_ops
+from tests.unit.ops_fakes import (
+    FakeEngines,
+    FakeGateway,
+    FakeKeys,
+    FakeSystemd,
+    Silent,
+    fake_ops,
+)
 
 GONE = "http://gw2:8000"
 
@@ -106,6 +116,32 @@ def test_each_pairs_restart_reads_the_keys_afresh() -> None:
         "add http://10.0.0.1:30010 pairing node-a/pd1",
         "add http://10.0.0.1:30011 pairing node-a/pd1",
     ]
+
+
+def test_a_recoverys_drain_does_not_wait_for_a_lost_gateways_connection_attempt() -> None:
+    """The gateway that answers takes the pair out while the keyless one is still being
+    tried (each in its own thread); the live side's requests are ended after both."""
+    removed = threading.Event()
+
+    class Watched(FakeGateway):
+        def remove(self, urls: Iterable[str]) -> None:
+            super().remove(urls)
+            removed.set()
+
+    class Trying(Silent):
+        def reachable(self, connect_s: float) -> bool:
+            self.calls.append(f"removed elsewhere meanwhile: {removed.wait(5)}")
+            return False
+
+    sd, first, dead, said = FakeSystemd(), Watched("http://gw1:8000"), Trying(GONE), []
+    ops = fake_ops(sd, first, dead)
+    ops.store, ops.say = FakeKeys({"node-a"}), said.append
+    assert isinstance(ops.engines, FakeEngines)
+    rep = restart.restart_pair(ops, ops.source.pairs()[0], planned=False)
+    assert rep.ok, rep.error
+    assert dead.calls == ["removed elsewhere meanwhile: True"]
+    assert len(_gone_lines(said)) == 1
+    assert ops.engines.aborted == ["http://10.0.0.1:30000", "http://10.0.0.1:30001"]
 
 
 def test_a_waiting_recovery_contains_its_pair_without_contacting_a_gone_gateway() -> None:

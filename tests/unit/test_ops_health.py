@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pdctl.ops import restart
-from pdctl.ops.health import EngineProbe, HttpEngines, probe_engine
+from pdctl.ops.health import EngineProbe, HttpEngines, probe_engine, ready_probe
 from pdctl.ops.report import StepFailed
 from pdctl.pdclient import pair_canary
 from tests.unit.ops_fakes import (
@@ -33,6 +33,20 @@ def test_an_engine_answering_html_is_probed_without_a_crash(
     inst = pair.prefills[0].model_copy(update={"url": engine.url})
     dec = pair.decodes[0].model_copy(update={"url": engine.url})
     restart._wait_healthy(ops, replace(pair, prefills=(inst,), decodes=(dec,)))
+
+
+def test_the_health_wait_reads_readiness_and_never_metrics(fake_http: Callable[..., Any]) -> None:
+    """/ready is a flag check; /metrics is a page to fetch and parse, polled for nothing."""
+    engine = fake_http({"/ready": (200, b""), "/metrics": (200, b"")})
+    ops = fake_ops(FakeSystemd(), FakeGateway(), engines=HttpEngines())
+    pair = ops.source.pairs()[0]
+    inst = pair.prefills[0].model_copy(update={"url": engine.url})
+    dec = pair.decodes[0].model_copy(update={"url": engine.url})
+    restart._wait_healthy(ops, replace(pair, prefills=(inst,), decodes=(dec,)))
+    assert engine.seen == [("GET", "/ready")] * 2
+    assert ready_probe(fake_http({"/ready": (503, b""), "/ping": (503, b"")}).url).health == (
+        "HTTP 503"
+    )
 
 
 @pytest.mark.parametrize("body", [b"5", b'["text"]', b"<html>"])

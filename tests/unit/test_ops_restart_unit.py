@@ -4,6 +4,8 @@ Ctrl-C. tests/integration/test_ops_restart.py runs it against real engines and s
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -16,8 +18,8 @@ from pdctl.coord.restarts import Phases
 from pdctl.errors import PdctlError
 from pdctl.ops import finish, gateway, restart
 from pdctl.ops.gateway import GatewayWorker
-from pdctl.ops.health import EngineProbe
-from pdctl.pdclient import CanaryResult
+from pdctl.ops.health import EngineProbe, Leg
+from pdctl.pdclient import CANARIES_VERIFY, CanaryResult
 from tests.unit.ops_fakes import (
     FakeCanaries,
     FakeEngines,
@@ -312,17 +314,35 @@ def test_register_waits_bounded_for_a_gateway_that_does_not_answer() -> None:
 
 
 def test_a_degraded_pair_fails_verification_after_a_lucky_first_canary() -> None:
+    """The first canary passes; 3 of the 5 verify requests (sent at once, one each) fail."""
     sd, gw = FakeSystemd(), FakeGateway()
+    answered = itertools.count()
 
     def half(count: int) -> CanaryResult:
-        if count == 1:
+        assert count == 1
+        if next(answered) % 2 == 0:  # the first canary, then the 2nd and 4th verify request
             return CanaryResult(True, 1, 0, 0.01)
-        return CanaryResult(False, count, 3, 0.01, "decode answered HTTP 500")
+        return CanaryResult(False, 1, 1, None, "decode answered HTTP 500")
 
     ops = fake_ops(sd, gw, canaries=FakeCanaries(half))
     (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
     assert not rep.ok and (rep.error or "").startswith("verify: 3/5 requests failed")
     assert not any(c.startswith("add") for c in gw.calls)
+
+
+def test_the_verify_requests_go_at_once() -> None:
+    """Each of the 5 waits until all 5 are under way: sent one after another, the first
+    would wait alone and the restart fail."""
+    together = threading.Barrier(CANARIES_VERIFY, timeout=5)
+
+    class Together(FakeCanaries):
+        def group(self, legs: list[Leg], count: int) -> CanaryResult:
+            together.wait()
+            return super().group(legs, count)
+
+    ops = fake_ops(FakeSystemd(), FakeGateway(), canaries=Together())
+    (rep,) = restart.restart_pairs(ops, ops.source.pairs()[:1])
+    assert rep.ok, rep.error
 
 
 def test_router_restart_waits_for_readiness_and_touches_no_engine() -> None:
