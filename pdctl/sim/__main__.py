@@ -8,14 +8,14 @@ import signal
 import sys
 
 from .args import SimConfig, resolve
-from .logs import configure, rank_prefix
-from .nixl_conn import SIM_PROCESS_DEFAULTS
 from .procs import Tree, launch
-from .server import running
 
 
 async def serve(cfg: SimConfig, tree: Tree) -> int:
     """Serve until SIGTERM's drain ends (exit 0, as SGLang 0.5.20 and later exit) or SIGINT."""
+    from .logs import configure, rank_prefix
+    from .server import running
+
     a = cfg.args
     log = configure(
         a.log_level,
@@ -37,11 +37,15 @@ async def serve(cfg: SimConfig, tree: Tree) -> int:
 
 
 def main() -> None:
+    cfg = resolve(sys.argv[1:], os.environ)
+    # The children are forked before the server's modules are imported (and before any thread
+    # or event loop): the pages the server later writes are then not shared copy-on-write.
+    tree = launch(cfg.args.tp_size, cfg.args.pp_size)
+    from .nixl_conn import SIM_PROCESS_DEFAULTS
+
     # Here, not where NIXL is loaded: in-process servers (tests) keep their host's environment.
     for name, value in SIM_PROCESS_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    cfg = resolve(sys.argv[1:], os.environ)
-    tree = launch(cfg.args.tp_size, cfg.args.pp_size)  # before the event loop and any thread
     sys.exit(asyncio.run(serve(cfg, tree)))
 
 
