@@ -14,7 +14,7 @@
   `ShutdownReq` to every scheduler (`scheduler.py` `handle_shutdown` ends its loop), a wait of
   up to `_SCHEDULER_EXIT_TIMEOUT_SECS` (15 s) for them, then `kill_process_tree(include_parent=
   False)`: SIGKILL to what is left (the detokenizer), reaped.
-- `Tree.kill`: `kill_process_tree` of the whole tree, the SIGQUIT handler's path.
+The SIGQUIT handler's `kill_process_tree` of the whole tree is `server.SimServer.sigquit`.
 """
 
 from __future__ import annotations

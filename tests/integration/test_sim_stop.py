@@ -15,7 +15,7 @@ import requests
 
 from pdctl.testing.stack import SimProc, wait_until
 
-TIMEOUT = 30
+TIMEOUT = 120  # a loaded 2-core machine decodes slowly
 
 
 def children(pid: int) -> dict[int, str]:
@@ -99,8 +99,8 @@ def test_sigterm_to_the_server_drains_in_flight_and_new_requests_then_exits_zero
     sim = sim_factory("null", env={"PDSIM_DRAIN_CHECK_S": "5"}).wait_healthy()
     assert sim.proc is not None
     kids = children(sim.proc.pid)
-    first = Stream(sim.url, 3000)
-    wait_until(first.started, TIMEOUT, "first token")
+    streams = [Stream(sim.url, 1000) for _ in range(4)]
+    wait_until(lambda: all(s.started() for s in streams), TIMEOUT, "first tokens")
     sim.proc.send_signal(signal.SIGTERM)
     wait_until(
         lambda: requests.get(f"{sim.url}/health", timeout=2).status_code == 503,
@@ -110,12 +110,15 @@ def test_sigterm_to_the_server_drains_in_flight_and_new_requests_then_exits_zero
     )
     assert requests.get(f"{sim.url}/ready", timeout=2).status_code == 503
     late = Stream(sim.url, 500)
-    assert first.finished(3000) and late.finished(500)
+    lost = [s for s in streams if not s.finished(1000)]
+    print(f"SIGTERM to the main process: {len(lost)} of {len(streams)} in flight lost")
+    assert not lost and late.finished(500)
     assert sim.proc.wait(TIMEOUT) == 0
     assert not any(alive(pid) for pid in kids)
     log = sim.log_text()
     assert "Draining requests and shutting down..." in log
-    assert "Gracefully exiting... Remaining number of requests 1." in log
+    assert "Health check request received during shutdown. Returning 503." in log
+    assert "Gracefully exiting... Remaining number of requests 5." in log
     assert "Gracefully exiting... Remaining number of requests 0." in log
     assert "crashed" not in log
 
@@ -127,14 +130,16 @@ def test_sigterm_to_every_process_cuts_the_request_and_ends_in_sigkill(
     within a second, SIGQUIT kills the tree: the stream ends short, status 9/KILL."""
     sim = sim_factory("null").wait_healthy()
     assert sim.proc is not None
-    stream = Stream(sim.url, 3000)
-    wait_until(stream.started, TIMEOUT, "first token")
+    streams = [Stream(sim.url, 1000) for _ in range(4)]
+    wait_until(lambda: all(s.started() for s in streams), TIMEOUT, "first tokens")
     for pid in [*children(sim.proc.pid), sim.proc.pid]:
         os.kill(pid, signal.SIGTERM)
     started = time.monotonic()
     assert sim.proc.wait(TIMEOUT) == -signal.SIGKILL
-    assert time.monotonic() - started < 3
-    assert not stream.finished(3000)
+    assert time.monotonic() - started < 10  # SubprocessWatchdog looks every second
+    lost = [s for s in streams if not s.finished(1000)]
+    print(f"SIGTERM to every process: {len(lost)} of {len(streams)} in flight lost")
+    assert len(lost) == len(streams)
     assert "Subprocess scheduler_0 (pid=" in sim.log_text()
     assert "crashed with exit code -15. Triggering SIGQUIT for cleanup..." in sim.log_text()
 
@@ -150,5 +155,5 @@ def test_an_idle_engine_stops_at_the_next_drain_check(
     sim.proc.send_signal(signal.SIGTERM)
     started = time.monotonic()
     assert sim.proc.wait(TIMEOUT) == 0
-    assert time.monotonic() - started < 5 + 1.5
+    assert time.monotonic() - started < 5 + 3
     assert "Schedulers still alive" not in sim.log_text()
