@@ -157,3 +157,19 @@ def test_an_idle_engine_stops_at_the_next_drain_check(
     assert sim.proc.wait(TIMEOUT) == 0
     assert time.monotonic() - started < 5 + 3
     assert "Schedulers still alive" not in sim.log_text()
+
+
+def test_sgl_force_shutdown_ends_without_waiting_for_requests(
+    sim_factory: Callable[..., SimProc],
+) -> None:
+    """sigterm_watchdog with SGL_FORCE_SHUTDOWN=1: no drain, the request in flight is lost."""
+    sim = sim_factory("null", env={"SGL_FORCE_SHUTDOWN": "1"}).wait_healthy()
+    assert sim.proc is not None
+    stream = Stream(sim.url, 5000)
+    wait_until(stream.started, TIMEOUT, "first token")
+    sim.proc.send_signal(signal.SIGTERM)
+    assert sim.proc.wait(TIMEOUT) == 0
+    assert not stream.finished(5000)
+    log = sim.log_text()
+    assert "Signal SIGTERM received while force shutdown flag set. Force exiting." in log
+    assert "Gracefully exiting..." not in log
