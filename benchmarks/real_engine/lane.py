@@ -49,8 +49,8 @@ TIMEOUTS = Timeouts(drain=30, health=STARTUP_S, canary=120, register=60, poll=0.
 
 class EngineProc(SimProc):
     """A real engine as its unit runs it: its own process group (the main process, the
-    scheduler, the detokenizer, a resource tracker), stopped as KillMode=control-group stops
-    a unit: SIGTERM to every process, SIGKILL to those left after the grace."""
+    scheduler, the detokenizer, a resource tracker), stopped as KillMode=mixed stops a unit:
+    SIGTERM to the main process, SIGKILL to every process left after the grace."""
 
     started_at: float = 0.0
 
@@ -67,11 +67,12 @@ class EngineProc(SimProc):
         if self.proc is None:
             return
         pgid = self.proc.pid  # a session leader's group id is its PID
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pgid, signal.SIGTERM)
+        if not _group_gone(self.proc, grace):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            if _group_gone(self.proc, wait):
-                break
+                os.killpg(pgid, signal.SIGKILL)
+            _group_gone(self.proc, 10.0)
 
 
 def _group_gone(leader: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -7,14 +7,15 @@ import os
 import signal
 import sys
 
-from .args import resolve
-from .logs import configure, rank_prefix
-from .nixl_conn import SIM_PROCESS_DEFAULTS
-from .server import running
+from .args import SimConfig, resolve
+from .procs import Tree, launch
 
 
-async def serve(argv: list[str]) -> int:
-    cfg = resolve(argv, os.environ)
+async def serve(cfg: SimConfig, tree: Tree) -> int:
+    """Serve until SIGTERM's drain ends (exit 0, as SGLang 0.5.20 and later exit) or SIGINT."""
+    from .logs import configure, rank_prefix
+    from .server import running
+
     a = cfg.args
     log = configure(
         a.log_level,
@@ -24,21 +25,28 @@ async def serve(argv: list[str]) -> int:
         log.warning(warning)
     if cfg.unknown:
         log.warning("pdctl.sim ignores arguments it does not model: %s", " ".join(cfg.unknown))
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with running(cfg, log):
-        await stop.wait()
-        log.info("Received sigterm: shutting down gracefully.")
+    async with running(cfg, log) as server:
+        server.tree = tree
+        server.spawn(server.watch_children())
+        drained = server.spawn(server.sigterm_watchdog())
+        loop.add_signal_handler(signal.SIGTERM, server.sigterm)
+        loop.add_signal_handler(signal.SIGINT, drained.cancel)
+        await asyncio.gather(drained, return_exceptions=True)
     return 0
 
 
 def main() -> None:
+    cfg = resolve(sys.argv[1:], os.environ)
+    # The children are forked before the server's modules are imported (and before any thread
+    # or event loop): the pages the server later writes are then not shared copy-on-write.
+    tree = launch(cfg.args.tp_size, cfg.args.pp_size)
+    from .nixl_conn import SIM_PROCESS_DEFAULTS
+
     # Here, not where NIXL is loaded: in-process servers (tests) keep their host's environment.
     for name, value in SIM_PROCESS_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    sys.exit(asyncio.run(serve(sys.argv[1:])))
+    sys.exit(asyncio.run(serve(cfg, tree)))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ PDSIM_SEED (--random-seed or 0), PDSIM_KV_TRANSFER_SCALE (1/64: the share of a r
 bytes the nixl backend really moves through NIXL), PDSIM_DEGRADED (off | on: the modelled
 lone-restart failure NIXL over host memory cannot show, docs/sim.md),
 PDSIM_DEGRADED_FAIL_RATIO (0.5), PDSIM_DEGRADED_MODE (fail | hang), PDSIM_TIME_SCALE (1.0
-wall seconds per simulated second), PDSIM_SHUTDOWN_TIMEOUT_S (30), PDSIM_SPEC_ACCEPT_LEN
+wall seconds per simulated second), PDSIM_DRAIN_CHECK_S (5: SIGTERM's drain checks the
+requests left this often, as sigterm_watchdog does), PDSIM_SPEC_ACCEPT_LEN
 (mean tokens per request per decode step with --speculative-algorithm; halfway between 1 and
 the draft tokens) and PDSIM_PAIR_PARTNER (a decode's own prefills as bootstrap host:port,
 comma-separated: its pair's one, its group's every one; unset = no cross-group accounting).
@@ -25,7 +26,8 @@ SGLang's own variables are read as SGLang reads them: SGLANG_DISAGGREGATION_BOOT
 (300), SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300), SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
 (5, at least 2), SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1), and the test hook
 SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB (0: a prefill server retries the first prefill
-of a request whose rid hashes below it, scheduler_prefill.py).
+of a request whose rid hashes below it, scheduler_prefill.py), SGL_FORCE_SHUTDOWN (false: SIGTERM
+ends the engine without waiting for its requests, tokenizer_manager.py sigterm_watchdog).
 """
 
 from __future__ import annotations
@@ -209,11 +211,12 @@ class Knobs:
     degraded_fail_ratio: float = 0.5
     degraded_mode: str = "fail"
     time_scale: float = 1.0
-    shutdown_timeout_s: float = 30.0
+    drain_check_s: float = 5.0
     spec_accept_len: float | None = None  # with --speculative-algorithm; see resolve()
     pair_partners: frozenset[str] = frozenset()
     # SGLang's own variables
     force_prefill_retry_prob: float = 0.0
+    force_shutdown: bool = False
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
@@ -265,7 +268,7 @@ class Knobs:
                 env, "PDSIM_DEGRADED_MODE", d.degraded_mode, ("fail", "hang")
             ),
             time_scale=scale,
-            shutdown_timeout_s=_env_float(env, "PDSIM_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
+            drain_check_s=_env_float(env, "PDSIM_DRAIN_CHECK_S", d.drain_check_s),
             spec_accept_len=(
                 _env_float(env, "PDSIM_SPEC_ACCEPT_LEN", 0.0)
                 if env.get("PDSIM_SPEC_ACCEPT_LEN")
@@ -277,6 +280,8 @@ class Knobs:
             force_prefill_retry_prob=_env_float(
                 env, "SGLANG_TEST_FORCE_OPTIMISTIC_PREFILL_RETRY_PROB", d.force_prefill_retry_prob
             ),
+            # get_bool_env_var: "true" or "1", any case
+            force_shutdown=env.get("SGL_FORCE_SHUTDOWN", "false").lower() in ("true", "1"),
             bootstrap_timeout_s=_env_float(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", d.bootstrap_timeout_s
             ),

@@ -38,7 +38,10 @@ class InfoRoutes:
         generate, which waits like any request while generation is paused (so a paused
         server answers 503 after the timeout). A timeout marks the server unhealthy (/ready
         and /ping 503) until a check passes again."""
-        if self.server.status in ("starting", "stopping"):
+        if self.server.status == "stopping":
+            self.server.log.info("Health check request received during shutdown. Returning 503.")
+            return web.Response(status=503)
+        if self.server.status == "starting":
             return web.Response(status=503)
         # A 1-token generate with a fake bootstrap host: the peer is never contacted.
         req = self.server.tm.new_req(

@@ -36,6 +36,7 @@ from .metrics import NoMetrics, SimMetrics, Startup
 from .mode import DisaggregationMode
 from .nixl_conn import NixlKV, NixlKVReceiver, NixlKVSender
 from .prefill import PrefillLeg
+from .procs import WATCHDOG_INTERVAL_S, Tree
 from .scheduler import Scheduler
 from .scheduler_decode import DecodeScheduler
 from .scheduler_prefill import PrefillScheduler
@@ -56,6 +57,11 @@ class SimServer:
         # unhealthy (a /health that timed out; the next one that passes sets it up again),
         # stopping (SIGTERM).
         self.status = "starting"
+        # The health check had failed when SIGTERM came (server_status UnHealthy): the drain
+        # then ends at once.
+        self.unhealthy_at_sigterm = False
+        # The schedulers and detokenizer `python -m pdctl.sim` forked (none in-process).
+        self.tree: Tree | None = None
         # The nixl backend's agent comes up first: a missing package or a UCX variable the
         # library refuses ends the start-up with one line (SystemExit), never a fallback.
         self.nixl = NixlKV(cfg.kv_slot_bytes, os.environ, log) if cfg.uses_nixl else None
@@ -82,7 +88,7 @@ class SimServer:
             self.engine = self.decode_engine = DecodeScheduler(cfg, self.metrics, log)
         else:
             self.engine = Scheduler(cfg, self.metrics, log)
-        self.tm = TokenizerManager(cfg, log, self.engine, self.metrics, self.spawn, self._status)
+        self.tm = TokenizerManager(cfg, log, self.engine, self.metrics, self.spawn)
         self.tm.prefill_leg = prefill_leg
         info = InfoRoutes(self)
         # HTTP metrics are recorded with --enable-metrics only.
@@ -110,9 +116,6 @@ class SimServer:
         r.add_post("/v1/chat/completions", OpenAIServingChat(self.tm).handle)
         if cfg.args.enable_metrics:
             r.add_get("/metrics", info.metrics_endpoint)
-
-    def _status(self) -> str:
-        return self.status
 
     def _kv_sender(self) -> KVSender:
         if self.nixl is not None:
@@ -228,33 +231,99 @@ class SimServer:
 
     def crash(self, error: str) -> NoReturn:
         """An exception out of the scheduler's event loop (`error`: its type and message):
-        run_scheduler_process logs it and sends SIGQUIT to the HTTP server, whose handler
-        (tokenizer_manager.py running_phase_sigquit_handler) kills the process tree, itself
-        last with SIGKILL (utils/common.py kill_process_tree). In-flight requests get no
-        answer; systemd sees status=9/KILL."""
-        pid = os.getpid()
+        run_scheduler_process logs it and sends SIGQUIT to the HTTP server."""
         self.log.error(
             "Scheduler hit an exception: Traceback (most recent call last):\n"
             '  File "sglang/srt/disaggregation/common/conn.py", in try_ensure_parallel_info\n%s',
             error,
         )
+        self.sigquit()
+
+    def sigquit(self) -> NoReturn:
+        """The SIGQUIT a failed child sends (tokenizer_manager.py
+        running_phase_sigquit_handler): kill the process tree, children first, itself last
+        with SIGKILL (utils/common.py kill_process_tree). In-flight requests get no answer;
+        systemd sees status=9/KILL."""
+        pid = os.getpid()
         self.log.error(
             "SIGQUIT received. signum=%d, frame=None. It usually means one child failed.",
             signal.SIGQUIT,
         )
         self.log.info("kill_process_tree called: parent_pid=%d, include_parent=True, pid=%d",
                       pid, pid)  # fmt: skip
+        for child in self.tree.children if self.tree is not None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
         logging.shutdown()
         os.kill(pid, signal.SIGKILL)
         os._exit(0)  # kill_process_tree's sys.exit(0), never reached
 
-    async def shutdown(self) -> None:
-        """SIGTERM: refuse new work (health 503), let in-flight requests finish, abort the rest."""
+    async def watch_children(self) -> None:
+        """utils/watchdog.py SubprocessWatchdog: a child that ended with a non-zero status
+        (a SIGTERM sent to the whole cgroup kills the schedulers at once) takes the engine
+        down through SIGQUIT within a second; the drain stops this watch first."""
+        assert self.tree is not None
+        while (crashed := self.tree.crashed()) is None:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        self.log.error(
+            "Subprocess %s (pid=%d) crashed with exit code %d. Triggering SIGQUIT for cleanup...",
+            crashed.watch_name,
+            crashed.pid,
+            crashed.status,
+        )
+        self.sigquit()
+
+    def sigterm(self) -> None:
+        """tokenizer_manager.py SignalHandler.sigterm_handler: mark the engine as exiting
+        (/health, /ready and /ping answer 503 from now on); requests, new ones included, are
+        still served. Before start-up ends no handler is installed yet (SGLang starts its
+        HTTP server only once the schedulers are ready): SIGTERM's default action."""
+        if self.status == "starting":
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self.log.warning(
+            "SIGTERM received. signum=%d frame=None. Draining requests and shutting down...",
+            signal.SIGTERM,
+        )
+        self.unhealthy_at_sigterm = self.status == "unhealthy"
         self.status = "stopping"
-        clock = self.engine.clock
-        deadline = clock.now() + self.cfg.knobs.shutdown_timeout_s
-        while self.tm.inflight and clock.now() < deadline:
-            await asyncio.sleep(0.05)
+
+    async def sigterm_watchdog(self) -> None:
+        """tokenizer_manager.py sigterm_watchdog: look for the SIGTERM every 5 s (from the
+        engine's start, so the drain begins 0-5 s after the signal), then every 5 s until no
+        request is left (without a bound: the unit's TimeoutStopSec is the only one), unless
+        the health check had failed or SGL_FORCE_SHUTDOWN is set; then the ShutdownReq, the
+        wait for the schedulers and SIGKILL of the other children (procs.Tree.shutdown).
+        Returns when the engine should exit (0, as 0.5.20 and later do)."""
+        clock, every = self.engine.clock, self.cfg.knobs.drain_check_s
+        while self.status != "stopping":
+            await clock.sleep(every)
+        while True:
+            if self.unhealthy_at_sigterm:
+                self.log.error("Signal SIGTERM received while health check failed. Force exiting.")
+                break
+            if self.cfg.knobs.force_shutdown:
+                self.log.error(
+                    "Signal SIGTERM received while force shutdown flag set. Force exiting."
+                )
+                break
+            rids = [req.rid for req in self.tm.inflight]
+            self.log.info(
+                "Gracefully exiting... Remaining number of requests %d. "
+                "Remaining requests remaining_rids=%r.",
+                len(rids),
+                rids,
+            )
+            if not rids:
+                break
+            await clock.sleep(every)
+        if self.tree is not None:
+            self.tree.shutdown(self.log)
+
+    async def shutdown(self) -> None:
+        """The HTTP server's end (after the drain, or an in-process server's teardown): the
+        requests still held end with an abort."""
+        self.status = "stopping"
         for req in list(self.tm.inflight):
             self.engine.abort(req, "The server is shutting down.", HTTPStatus.SERVICE_UNAVAILABLE)
         await asyncio.sleep(0.05)

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
-
 from .args import SimConfig
 from .decode import DecodeLeg
 from .metrics import SimMetrics
@@ -53,11 +51,9 @@ class TokenizerManager:
         engine: Scheduler,
         metrics: SimMetrics,
         spawn: Callable[[Awaitable[Any]], object],
-        status: Callable[[], str],
     ) -> None:
         self.cfg, self.log, self.engine, self.metrics = cfg, log, engine, metrics
         self.spawn = spawn
-        self.status = status
         self.prefill_leg: PrefillLeg | None = None
         self.decode_leg: DecodeLeg | None = None
         self.inflight: set[Req] = set()
@@ -177,11 +173,10 @@ class TokenizerManager:
             self._unpaused.set()
 
     async def start(self, p: Parsed) -> list[Req]:
-        """Validate and dispatch the request's n samples."""
+        """Validate and dispatch the request's n samples; also while SIGTERM's drain runs
+        (generate_request does not look at gracefully_exit: the drain waits for them too)."""
         await self.wait_unpaused()
         self._validate(p)
-        if self.status() == "stopping":
-            raise web.HTTPServiceUnavailable()
         reqs = [self.new_req(p, index=i) for i in range(p.sampling.n)]
         for req in reqs:
             need = req.prompt_tokens + req.max_new_tokens

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import requests
 import yaml
 from fixtures_site import (
+    API_KEY,
     PDCTL,
     SIM_PROFILE,
     Site,
@@ -32,7 +35,7 @@ from fixtures_site import (
 )
 
 from pdctl.ops.report import PHASES
-from pdctl.testing.stack import flowed
+from pdctl.testing.stack import Outcome, flowed, served_model, stream_chat
 
 if TYPE_CHECKING:
     from conftest import TestHost
@@ -194,6 +197,66 @@ def test_a_restart_killed_half_way_is_finished_by_the_timer(ops_site: Site) -> N
     finish, lost = json.loads(out)["restarts"]
     assert (finish["command"], finish["result"]) == (f"pdctl finish {host.name}/pd0", "ok")
     assert lost["result"] == "lost"
+
+
+def _timed_ssh(host: TestHost, command: str) -> float:
+    """Seconds `command` took on the host."""
+    out = host.ssh(f"s=$(date +%s.%N); {command}; e=$(date +%s.%N); echo $s $e", check=True)
+    start, end = out.stdout.split()[-2:]
+    return float(end) - float(start)
+
+
+def test_systemctl_stop_of_a_loaded_pair_finishes_its_requests_and_starts_no_recovery(
+    ops_site: Site,
+) -> None:
+    """A host shutdown's stop (no gateway drain first): KillMode=mixed sends SIGTERM to each
+    engine's main process only, which serves its requests to the end within TimeoutStopSec,
+    then exits 0, so OnFailure= starts no recovery. A planned restart of the idle pair then
+    pays at most sigterm_watchdog's 5 s check per stop, no scheduler wait."""
+    host = ops_site.host
+    url = ops_site.deployment()["gateway"]["url"]
+    units = ["pdstack-pd0-prefill.service", "pdstack-pd0-decode.service"]
+    stop = f"systemctl stop pdstack-pd0.target {' '.join(units)}"
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {API_KEY}"
+    model = served_model(url, session.headers)
+    outcomes: list[Outcome] = []
+
+    def one() -> None:  # about 11 s of decode at the sim's 18 ms a step
+        outcomes.append(stream_chat(session, url, model, 600, 120))
+
+    since = host.ssh("date '+%Y-%m-%d %H:%M:%S'", check=True).stdout.strip()
+    clients = [threading.Thread(target=one) for _ in range(4)]
+    for c in clients:
+        c.start()
+    time.sleep(3)  # the four are decoding: none ends before 8 s more
+    stopped_in = _timed_ssh(host, stop)
+    for c in clients:
+        c.join(120)
+    failed = [o.failure for o in outcomes if not o.ok]
+    print(f"systemctl stop of the loaded pair: {stopped_in:.1f}s, {len(failed)} of 4 lost")
+    assert len(outcomes) == 4 and not failed, failed
+    assert stopped_in > 3  # it waited for them
+    state = host.ssh(f"systemctl show -p Result -p ActiveState {' '.join(units)}", check=True)
+    assert sorted(state.stdout.split()) == ["ActiveState=inactive"] * 2 + ["Result=success"] * 2
+    recover = host.ssh(
+        f"journalctl -u pdstack-recover@pd0.service --since '{since}' -o cat", check=True
+    ).stdout
+    assert "Start" not in recover, recover
+
+    code, _, err = pdctl(host, "restart --both --pair pd0 --yes")
+    assert code == 0, err
+    wait_for(lambda: status(host)["healthy"], 120, "the pair back after its stop")
+    idle_stop = _timed_ssh(host, stop)
+    restarted = time.monotonic()
+    code, _, err = pdctl(host, "restart --both --pair pd0 --yes")
+    assert code == 0, err
+    print(
+        f"idle pair: systemctl stop {idle_stop:.1f}s; pdctl restart --both of the stopped pair "
+        f"{time.monotonic() - restarted:.1f}s"
+    )
+    assert idle_stop < 5 + 3  # one drain check and the children's exit, no 15 s wait
+    assert status(host)["healthy"]
 
 
 def test_restart_all_of_two_pairs_under_load_fails_no_request(

@@ -486,14 +486,13 @@ def test_recover_without_etcd_contains_its_pair_then_recovers_once_etcd_is_back(
     assert collect(ops, 1).healthy
 
 
-# The prefill's graceful stop waits up to 300 simulated seconds (15 s at FAST_SIM_ENV's time
-# scale) for a request whose decode leg never comes, longer than a new decode takes to come
-# up (as the sim's 30 s do on a host, at time scale 1). The decode's heartbeat (every 20 s
-# here, dropped after two misses) never sees the prefill's swap, as SGLang's 5 s do not on a
-# host where the new prefill answers within a second or two of the old one's exit.
+# The prefill's graceful stop waits for a request whose decode leg never comes until its
+# bootstrap timeout ends it, 300 simulated seconds (15 s at FAST_SIM_ENV's time scale):
+# longer than a new decode takes to come up. The decode's heartbeat (every 20 s here, dropped
+# after two misses) never sees the prefill's swap, as SGLang's 5 s do not on a host where the
+# new prefill answers within a second or two of the old one's exit.
 SLOW_STOP = {
-    "PDSIM_SHUTDOWN_TIMEOUT_S": "300",
-    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "600",
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "300",
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "400",
 }
 

@@ -369,32 +369,6 @@ def test_bad_input_status_passes_through_gateway(pd_stack: PDStack) -> None:
     assert "maximum context length of 8192 tokens" in r.text
 
 
-def test_sigterm_finishes_inflight_work_and_exits_zero(
-    sim_factory: Callable[..., SimProc],
-) -> None:
-    sim = sim_factory("null", env={"PDSIM_SHUTDOWN_TIMEOUT_S": "600"}).wait_healthy()
-    resp = requests.post(
-        f"{sim.url}/v1/completions",
-        stream=True,
-        timeout=TIMEOUT,
-        json={"prompt": "x", "max_tokens": 1000, "stream": True},
-    )
-    lines = resp.iter_lines(decode_unicode=True)
-    next(line for line in lines if line.startswith("data: "))
-    assert sim.proc is not None
-    sim.proc.send_signal(signal.SIGTERM)
-    wait_until(
-        lambda: requests.get(f"{sim.url}/health", timeout=2).status_code == 503,
-        TIMEOUT,
-        "health 503 while stopping",
-        step=0.02,
-    )
-    rest = [line for line in lines if line.startswith("data: ")]
-    assert rest[-1] == "data: [DONE]"
-    assert '"finish_reason":"length"' in rest[-2]
-    assert sim.proc.wait(TIMEOUT) == 0
-
-
 def test_eager_batch_can_crash_like_the_seeds_oom(sim_factory: Callable[..., SimProc]) -> None:
     sim = sim_factory(
         "null", extra=("--cuda-graph-max-bs-decode", "2"), env={"PDSIM_EAGER_OOM": "1"}

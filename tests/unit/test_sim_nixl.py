@@ -20,7 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.render import environment
+from pdctl.sim.args import SimConfig
 from pdctl.sim.nixl_conn import TransferError
+from pdctl.sim.procs import Tree
 from pdctl.sim.server import SimServer
 from pdctl.spec import Deployment
 from pdctl.testing.stack import SimProc, free_port, in_process, pd_generate
@@ -321,14 +323,15 @@ def test_the_sim_process_starts_ucx_without_memory_hooks_unless_its_env_file_say
 
     seen: dict[str, str | None] = {}
 
-    async def serve(argv: list[str]) -> int:
+    async def serve(cfg: SimConfig, tree: Tree) -> int:
         seen.update({k: os.environ.get(k) for k in ("UCX_MEM_EVENTS", "OPENBLAS_NUM_THREADS")})
         return 0
 
     monkeypatch.setattr(entry, "serve", serve)
+    monkeypatch.setattr(entry, "launch", lambda tp_size, pp_size: Tree())  # no children here
     # A copy: main() sets the process's variables, which must not reach this worker's others.
     monkeypatch.setattr(os, "environ", {"OPENBLAS_NUM_THREADS": "4"})
-    monkeypatch.setattr(sys, "argv", ["pdctl.sim"])
+    monkeypatch.setattr(sys, "argv", ["pdctl.sim", "--model-path", "/m"])
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     assert stopped.value.code == 0
