@@ -52,6 +52,8 @@ def test_one_handler_rolls_the_changed_groups_through_one_pdctl_roll() -> None:
     assert "/bin/pdctl" in role_vars["_pdstack_engine_roll_pdctl"]
     assert calls["run_once"] is True and "throttle" not in calls
     assert calls["delegate_to"] == "{{ _pdstack_engine_roll_on }}"
+    # --check lists the groups (the debug task above) and restarts none.
+    assert calls["when"].endswith(" and not ansible_check_mode")
     # The plan says every field pdctl roll reads, the lock wait the role's; pdctl roll always
     # takes the fleet restart lock in etcd (the store play runs before the engines).
     plan = role_vars["_pdstack_engine_roll_plan"]

@@ -282,6 +282,8 @@ def test_the_plays_failure_is_the_message_of_pdctls_result(tmp_path: Path) -> No
             "stdout": site_roll.refused(["g1"], LockHeld("held")).model_dump_json(),
         },
         "no result": {"rc": 1, "stdout": ""},
+        # Skipped (--check, or no group runs): what the command module answers in check mode.
+        "skipped": {"rc": 0, "stdout": "", "skipped": True, "changed": False},
     }
     got = {}
     for case, rolled in cases.items():
@@ -298,3 +300,4 @@ def test_the_plays_failure_is_the_message_of_pdctls_result(tmp_path: Path) -> No
     assert got["untouched"]["message"].startswith("pdctl roll failed (exit 3): held; untouched: g1")
     assert got["no result"]["fails"] is True and got["no result"]["changed"] is False
     assert got["no result"]["message"].startswith("pdctl roll ended (exit 1) without its result")
+    assert got["skipped"]["fails"] is False
