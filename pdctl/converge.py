@@ -1,6 +1,7 @@
 """Decisions the roles take from what a converge run found: which pairs restart and why, the
 firewall's sources, whether a unit runs old code, which ports clash; and the few values the
-roles derive from their settings (the roll's options, a wait's tries, the PKI folder).
+roles derive from their settings or read back (the roll's groups, `pdctl roll`'s result, a
+wait's tries, the PKI folder).
 
 The roles pass their registered results in through filter_plugins/pdstack.py; the logic is
 Python here rather than Jinja in vars files, so it has unit tests and types. Plain data in and
@@ -17,7 +18,6 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 # A registered loop result: {"results": [{"changed": bool, "item": ..., ...}, ...]}; the list
 # is what the roles pass.
@@ -138,15 +138,6 @@ def controller_address(ssh_client: str) -> list[str]:
     return ssh_client.split()[:1]
 
 
-def roll_args(max_unavailable: int | str) -> list[str]:
-    """pdctl restart's roll options for the role's pdstack_engine_roll_max_unavailable: none
-    for 1 (one at a time, no floor, as always); else K, and --include-drained (a changed pair
-    left out of the gateways by an earlier failure is restarted, first, as the plain roll
-    does)."""
-    k = str(max_unavailable)
-    return [] if k == "1" else ["--max-unavailable", k, "--include-drained"]
-
-
 def roll_groups(per_host: Iterable[Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """site.yml's one fleet roll: each host's running changed groups (running_pairs, hosts in
     inventory order), once each by id, with `hosts`: every host that listed it (a group with
@@ -173,23 +164,25 @@ def roll_runs_on(groups: Iterable[Mapping[str, Any]]) -> str:
     return hosts[0] if len(hosts) == 1 else "localhost"
 
 
-def roll_engines(
-    groups: Iterable[Mapping[str, Any]], hosts: Mapping[str, Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """The engines of a roll's `groups` (roll_groups), {id, url, address, port} each: those
-    the deployment's `hosts` (by name: {instances: [{inst: {id, pair, url}}]}) put on each
-    group's hosts under the group's id (`HOST/NAME`; a group across hosts: `NAME`)."""
-    out = []
-    for g in groups:
-        for host in g["hosts"]:
-            for i in hosts[host]["instances"]:
-                if g["id"] in (f"{host}/{i['inst']['pair']}", i["inst"]["pair"]):
-                    url = urlsplit(i["inst"]["url"])
-                    out.append(
-                        {"id": i["inst"]["id"], "url": i["inst"]["url"]}
-                        | {"address": url.hostname, "port": url.port}
-                    )
-    return out
+def roll_result(stdout: str, rc: int) -> dict[str, Any]:
+    """`pdctl roll`'s result (pdctl.ops.site_roll.Result, JSON on its stdout); one that says
+    why there is none when pdctl ended without writing it (it failed to start, or a bug: its
+    traceback is on its stderr)."""
+    try:
+        result = json.loads(stdout)
+    except ValueError:
+        result = None
+    if isinstance(result, dict) and {"ok", "message", "groups"} <= result.keys():
+        return result
+    return {
+        "ok": False,
+        "exit": rc,
+        "message": (
+            f"pdctl roll ended (exit {rc}) without its result; its stderr says why "
+            "(ansible-playbook -v shows it). pdctl status shows the groups."
+        ),
+        "groups": [],
+    }
 
 
 # ssh's own options that have a config-file keyword (`ssh -F`'s file is included).
@@ -344,11 +337,10 @@ FILTERS = {
     "pdstack_listen_ports": listen_ports,
     "pdstack_port_clashes": port_clashes,
     "pdstack_controller_address": controller_address,
-    "pdstack_roll_args": roll_args,
     "pdstack_roll_groups": roll_groups,
     "pdstack_roll_hosts": roll_hosts,
     "pdstack_roll_runs_on": roll_runs_on,
-    "pdstack_roll_engines": roll_engines,
+    "pdstack_roll_result": roll_result,
     "pdstack_ssh_config": ssh_config,
     "pdstack_ready_retries": ready_retries,
     "pdstack_pki_dir": pki_dir,

@@ -40,7 +40,8 @@ from pdctl.ops.restart import (
     register_gateways,
     restart_gateways,
     restart_instance,
-    restart_pairs,
+    roll_held,
+    roll_order,
 )
 from pdctl.ops.status import collect
 from pdctl.pdclient import CANARIES_DOCTOR, CANARIES_STATUS
@@ -339,19 +340,14 @@ def _restart_groups(
 ) -> list[Report]:
     """--both: the chosen groups whole, one at a time, or up to K at once above the floor
     (`budget`; groups already out of the gateways first with `include_drained`)."""
-    if budget.min_serving is not None:
-        chosen = roll.prepare(run.ops, chosen, budget.min_serving, include_drained)
+    chosen = roll_order(run.ops, chosen, budget, include_drained)
     for line in plan_lines(run.ops, chosen, budget):
         click.echo(line, err=True)
     run.confirm(
         [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
         f"Restart {len(chosen)} pair(s) as above?",
     )
-    ids = [p.id for p in chosen]
-    with run.locked(f"pdctl restart --both {' '.join(ids)}", ids) as got:
-        reports = restart_pairs(run.ops, chosen, got.lost, budget, got.phases)
-        got.record(outcome(reports))
-    return reports
+    return roll_held(run.ops, chosen, budget, run.locked, "pdctl restart --both")
 
 
 def _confirm(yes: bool, targets: list[str], question: str) -> None:

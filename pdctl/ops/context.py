@@ -116,14 +116,17 @@ def restart_lock(ops: Ops, off: bool, warn: Callable[[str], None]) -> RestartLoc
     return ops.fleet_lock
 
 
-def real_ops(source: Source, timeouts: Timeouts | None = None) -> Ops:
-    """Ops against real hosts: local systemctl here, ssh elsewhere."""
+def real_ops(
+    source: Source, timeouts: Timeouts | None = None, ssh_config: str | None = None
+) -> Ops:
+    """Ops against real hosts: local systemctl here, ssh elsewhere (with the `ssh_config`
+    file, default $PDCTL_SSH_CONFIG: systemd.ssh_config)."""
     addresses = host_addresses(source)
     cache: dict[str, Systemd] = {}
 
     def systemd_for(host: str) -> Systemd:
         if host not in cache:
-            cache[host] = for_host(host, addresses.get(host, host))
+            cache[host] = for_host(host, addresses.get(host, host), ssh_config)
         return cache[host]
 
     key = api_key()

@@ -64,5 +64,6 @@ class Report:
     ok: bool = True
     lines: list[str] = field(default_factory=list)  # per instance: "OK: ..." / "FAILED: ..."
     error: str | None = None
+    phase: str | None = None  # the last step it began: where a failed restart stopped
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
     journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> last lines

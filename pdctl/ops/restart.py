@@ -13,6 +13,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -24,6 +25,7 @@ from pdctl.errors import PdctlError
 from pdctl.ops import gateway, pending, roll
 from pdctl.ops.context import Ops
 from pdctl.ops.health import concurrently
+from pdctl.ops.lock import Acquired
 from pdctl.ops.report import PHASES as PHASES  # re-exported: restart.PHASES
 from pdctl.ops.report import Interrupted, Report, StepFailed
 from pdctl.ops.source import Pair
@@ -614,6 +616,7 @@ def restart_pair(
         raise Interrupted(pair.id, phase, recorded=phases is not None) from None
     else:
         unfinished = False
+    rep.phase = phase
     if phases is not None and not unfinished:
         _ended(ops, phases, pair)
     if rep.ok:
@@ -663,6 +666,34 @@ def restart_pairs(
     the pairs not started are left alone, and so they are once `lock_lost` gives a reason
     (the fleet restart lock is another's now)."""
     return roll.run(ops, pairs, restart_pair, budget, lock_lost, phases)
+
+
+def roll_order(
+    ops: Ops, chosen: list[Pair], budget: roll.Budget, include_drained: bool
+) -> list[Pair]:
+    """The groups in the order they roll: as chosen, or with a capacity floor in the roll's
+    order after its checks against the gateways' view (roll.prepare: PdctlError before
+    anything stops)."""
+    if budget.min_serving is None:
+        return chosen
+    return roll.prepare(ops, chosen, budget.min_serving, include_drained)
+
+
+# The restart lock for a command line (what the history and a refused restarter show) and
+# its targets: `pdctl restart`'s, or `pdctl roll`'s own host lock file.
+Held = Callable[[str, list[str]], AbstractContextManager[Acquired]]
+
+
+def roll_held(
+    ops: Ops, chosen: list[Pair], budget: roll.Budget, held: Held, what: str
+) -> list[Report]:
+    """Roll `chosen` (restart_pairs) under the restart lock `held` gives for `what` and the
+    groups' ids, and record what it did in the fleet's history."""
+    ids = [p.id for p in chosen]
+    with held(f"{what} {' '.join(ids)}", ids) as got:
+        reports = restart_pairs(ops, chosen, got.lost, budget, got.phases)
+        got.record(outcome(reports))
+    return reports
 
 
 def outcome(reports: list[Report]) -> Outcome:

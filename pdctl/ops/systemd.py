@@ -194,8 +194,9 @@ def ssh_config(peer_config: str = names.PEER_SSH_CONFIG) -> str | None:
     return peer_config if os.path.exists(peer_config) else None
 
 
-def for_host(host: str, address: str) -> Systemctl:
+def for_host(host: str, address: str, config: str | None = None) -> Systemctl:
+    """systemctl for `host`: here, or over ssh with the `config` file (default: ssh_config)."""
     user = os.environ.get("PDCTL_SSH_USER", "root")
-    config = ssh_config()
+    config = config or ssh_config()
     ssh = (*SSH, "-F", config) if config else tuple(SSH)
     return Systemctl(host, None if is_local(host, address) else f"{user}@{address}", ssh=ssh)

@@ -245,7 +245,7 @@ ROLL_K = 2
 # then the one roll of every host's changed pairs (from the controller).
 ROLL_CHANGES = [
     "pdstack_engine : Write the engine units",
-    "pdstack_engine : Restart changed PD pairs one at a time (drain, restart, canary, register)",
+    "pdstack_engine : Roll the changed groups (drain, restart, canary, register)",
 ]
 
 

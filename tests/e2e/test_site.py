@@ -307,8 +307,7 @@ def test_a_changed_profile_restarts_the_pair_and_removes_dropped_pairs(
         "pdstack_engine : Stop the engines of pairs that left the profile",
         "pdstack_engine : Remove the files of pairs that left the profile",
         "pdstack_engine : Write the engine environment files",
-        "pdstack_engine : Restart changed PD pairs one at a time"
-        " (drain, restart, canary, register)",
+        "pdstack_engine : Roll the changed groups (drain, restart, canary, register)",
     ]
     left = site.host.ssh("ls /etc/systemd/system /etc/pdstack | grep old; pgrep -x sleep").stdout
     assert left == ""

@@ -51,7 +51,7 @@ def roll_site(
     first = site.run()
     first.assert_ok()
     # A fresh host: every pair is only started, nothing goes through a restart.
-    assert "Restart changed PD pairs" not in " ".join(first.changed_tasks()), first.output[-3000:]
+    assert "Roll the changed groups" not in " ".join(first.changed_tasks()), first.output[-3000:]
     wait_ready(site.deployment()["gateway"]["url"])
     return site
 

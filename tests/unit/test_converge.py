@@ -240,8 +240,6 @@ def test_no_jinja_statements_in_the_roles_yaml() -> None:
 
 
 def test_the_derived_settings_of_the_roles() -> None:
-    assert converge.roll_args(1) == converge.roll_args("1") == []
-    assert converge.roll_args("25%") == ["--max-unavailable", "25%", "--include-drained"]
     # The wait stays within its timeout: whole tries, rounded up.
     each = {"timeout": 5, "delay": 5}
     assert [converge.ready_retries(t, each) for t in (0, "10", 11, 900)] == [0, 1, 2, 90]

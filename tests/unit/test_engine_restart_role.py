@@ -1,7 +1,8 @@
-"""roles/pdstack_engine: a changed pair restarts through `pdctl restart --both`, one pair at a
-time, a fresh pair is only started, --check lists what would restart and why, and
-restart_on_change=false writes "restart pending" markers. The role's expressions are evaluated
-by real Ansible on localhost against registered results as the tasks produce them."""
+"""roles/pdstack_engine: changed groups restart through one `pdctl roll` for the play (the
+steps of `pdctl restart --both`), a fresh group is only started, --check lists what would
+restart and why, and restart_on_change=false writes "restart pending" markers. The role's
+expressions are evaluated by real Ansible on localhost against registered results as the tasks
+produce them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from pdctl import names
+from pdctl.ops import site_roll
 from tests.conftest import ROOT, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_engine"
@@ -22,33 +24,48 @@ def _handlers() -> list[dict[str, Any]]:
     return yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
 
 
-def _handler(prefix: str) -> dict[str, Any]:
-    (h,) = [h for h in _handlers() if h["name"].startswith(prefix)]
-    return h
+def _roll_tasks() -> list[dict[str, Any]]:
+    return yaml.safe_load((ROLE / "tasks" / "roll.yml").read_text())
 
 
-def test_no_handler_restarts_a_unit_behind_the_gateways_back() -> None:
-    for h in _handlers():
-        sd = h.get("ansible.builtin.systemd_service", {})
+def _roll_task(prefix: str) -> dict[str, Any]:
+    (t,) = [t for t in _roll_tasks() if t["name"].startswith(prefix)]
+    return t
+
+
+def test_one_handler_rolls_the_changed_groups_through_one_pdctl_roll() -> None:
+    # One handler for the roll: the role's tasks/roll.yml, on every file change.
+    (rolls,) = [h for h in _handlers() if "listen" in h]
+    assert rolls["ansible.builtin.include_tasks"] == "roll.yml"
+    assert set(rolls["listen"]) == {"pdstack engine files changed", "pdstack venv changed"}
+    for t in _handlers() + _roll_tasks():
+        sd = t.get("ansible.builtin.systemd_service", {})
         # the engine firewall is the one unit a handler may reload; no engine or pair unit
         if sd.get("name") != "{{ _pdstack_engine_firewall_unit }}":
-            assert "state" not in sd, f"{h['name']} changes a unit's state directly"
-    restart = _handler("Restart changed PD pairs")
-    argv = restart["ansible.builtin.command"]["argv"]
-    assert "[_pdstack_engine_roll_pdctl, 'restart', '--both', '--yes'" in argv
-    assert (
-        "/bin/pdctl"
-        in yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_pdctl"]
-    )
-    # One roll for the play's hosts (pdctl: one group at a time, or K fleet-wide).
-    assert restart["run_once"] is True and "throttle" not in restart
-    assert restart["delegate_to"] == "{{ _pdstack_engine_roll_on }}"
-    # Always through the fleet restart lock in etcd (the store play runs before the engines),
-    # waited for.
-    assert "'--lock-wait', pdstack_engine_restart_lock_wait" in argv
-    assert "--no-fleet-lock" not in argv
+            assert "state" not in sd, f"{t['name']} changes a unit's state directly"
+    # One pdctl call, run once for the play's hosts, with its plan on stdin.
+    (calls,) = [t for t in _roll_tasks() if "pdctl" in str(t.get("ansible.builtin.command"))]
+    command = calls["ansible.builtin.command"]
+    assert command["argv"].startswith("{{ [_pdstack_engine_roll_pdctl, 'roll', '--plan', '-']")
+    assert command["stdin"] == "{{ _pdstack_engine_roll_plan | to_json }}"
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    assert "/bin/pdctl" in role_vars["_pdstack_engine_roll_pdctl"]
+    assert calls["run_once"] is True and "throttle" not in calls
+    assert calls["delegate_to"] == "{{ _pdstack_engine_roll_on }}"
+    # --check lists the groups (the debug task above) and restarts none.
+    assert calls["when"].endswith(" and not ansible_check_mode")
+    # The plan says every field pdctl roll reads, the lock wait the role's; pdctl roll always
+    # takes the fleet restart lock in etcd (the store play runs before the engines).
+    plan = role_vars["_pdstack_engine_roll_plan"]
+    assert set(plan) == set(site_roll.Plan.model_fields)
+    assert plan["lock_wait"] == "{{ pdstack_engine_restart_lock_wait | float }}"
+    assert "fleet-lock" not in str(_roll_tasks()) + str(plan)
     assert not [h for h in _handlers() if "gateway.lock" in str(h)]
-    assert _handler("Stop at the first pair")["any_errors_fatal"] is True
+    # The play stops on the first failure with the message of pdctl's own result.
+    stop = _roll_task("Stop at the first group")
+    assert stop["any_errors_fatal"] is True and stop["run_once"] is True
+    assert stop["ansible.builtin.fail"]["msg"] == "{{ _pdstack_engine_roll_result.message }}"
+    assert "stderr" not in str(_roll_tasks()) + role_vars["_pdstack_engine_roll_result"]
 
 
 def test_every_file_task_notifies_the_restart_path() -> None:
@@ -173,19 +190,20 @@ def _for_each(template: str, values: list[Any]) -> str:
     return "[" + ", ".join(f"({e})" for e in each) + "]"
 
 
-def test_the_roll_passes_max_unavailable_to_pdctl_only_above_one(tmp_path: Path) -> None:
-    template = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_args"]
+def test_the_plan_hands_max_unavailable_to_pdctl_as_given(tmp_path: Path) -> None:
+    """An integer from -e or the inventory arrives as pdctl's text: 1 rolls without a floor,
+    25% is a share of the fleet's groups (site_roll.budget)."""
+    plan = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_pdstack_engine_roll_plan"]
     got = role_expression(
-        tmp_path, ROLE / "vars" / "main.yml", {}, _for_each(template, [1, "1", 2, "25%"])
+        tmp_path,
+        ROLE / "vars" / "main.yml",
+        {},
+        _for_each(plan["max_unavailable"], [1, "1", 2, "25%"]),
     )
-    assert got == [
-        [],  # as always: one at a time, no floor
-        [],
-        ["--max-unavailable", "2", "--include-drained"],
-        ["--max-unavailable", "25%", "--include-drained"],
-    ]
-    restart = _handler("Restart changed PD pairs")
-    assert "+ _pdstack_engine_roll_args" in restart["ansible.builtin.command"]["argv"]
+    assert got == ["1", "1", "2", "25%"]
+    budgets = [site_roll.budget(site_roll.Plan(groups=["g"], max_unavailable=k), 8) for k in got]
+    assert [b.max_out for b, _ in budgets] == [1, 1, 2, 2]
+    assert [b.min_serving for b, _ in budgets] == [None, None, 6, 6]
 
 
 def test_preflight_refuses_a_roll_budget_pdctl_would_refuse(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""site.yml's one roll for the play (roles/pdstack_engine/handlers/main.yml): the groups every
-host hands in, once each by id; where pdctl runs it (their host, else the controller); the
-engines the controller must reach first; and the ssh settings pdctl gets from the inventory
-(pdctl.converge)."""
+"""site.yml's one roll for the play (roles/pdstack_engine/tasks/roll.yml): the groups every
+host hands in, once each by id; where `pdctl roll` runs (their host, else the controller); its
+plan with the ssh settings pdctl gets from the inventory (pdctl.converge); and the play's
+failure, the message of pdctl's own result."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import pytest
 import yaml
 
 from pdctl import converge, names
+from pdctl.ops import site_roll
+from pdctl.ops.lock import LockHeld
+from pdctl.ops.report import Report
 from tests.conftest import ROOT, require_path, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_engine"
@@ -38,29 +41,6 @@ def test_every_hosts_groups_roll_once_each_in_inventory_order() -> None:
     one = converge.roll_groups([_mine("h2", "pd0", "pd1")])
     assert converge.roll_runs_on(one) == "h2"  # one host: there, as before
     assert converge.roll_groups([[], []]) == []
-
-
-def test_the_controller_checks_each_engine_of_the_roll() -> None:
-    def inst(host: str, pair: str, role: str, port: int) -> dict[str, object]:
-        url = f"http://{host}.example:{port}"
-        return {"inst": {"id": f"{host}/{pair}-{role}", "pair": pair, "url": url}}
-
-    hosts = {
-        h: {"instances": [inst(h, p, r, 30000 + 10 * n + m) for n, p in enumerate(["pd0", "pd1"])
-                          for m, r in enumerate(["prefill", "decode"])]}
-        for h in ("h1", "h2")
-    }  # fmt: skip
-    roll = [{"id": "h1/pd1", "hosts": ["h1"]}, {"id": "h2/pd0", "hosts": ["h2"]}]
-    assert converge.roll_engines(roll, hosts) == [
-        {"id": "h1/pd1-prefill", "url": "http://h1.example:30010"}
-        | {"address": "h1.example", "port": 30010},
-        {"id": "h1/pd1-decode", "url": "http://h1.example:30011"}
-        | {"address": "h1.example", "port": 30011},
-        {"id": "h2/pd0-prefill", "url": "http://h2.example:30000"}
-        | {"address": "h2.example", "port": 30000},
-        {"id": "h2/pd0-decode", "url": "http://h2.example:30001"}
-        | {"address": "h2.example", "port": 30001},
-    ]
 
 
 DEPLOYMENT = {"gpu-1": {"address": "10.0.0.1"}, "gpu-2": {"address": "gpu-2.lan"}}
@@ -160,26 +140,28 @@ def test_ssh_settings_pdctl_cannot_use_are_refused_naming_the_host(
         converge.ssh_config([{"inventory_hostname": "gpu-1", **host}], DEPLOYMENT, True)
 
 
-def _handler(name: str) -> dict[str, Any]:
-    (handler,) = [
-        h for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text()) if h["name"] == name
+def _roll_task(prefix: str) -> dict[str, Any]:
+    (task,) = [
+        t
+        for t in yaml.safe_load((ROLE / "tasks" / "roll.yml").read_text())
+        if t["name"].startswith(prefix)
     ]
-    return handler
+    return task
 
 
-def _with_handler_vars(tmp_path: Path, **templates: str) -> Path:
-    """The role's vars file plus `templates` (a handler's fields) as variables: Ansible
-    templates them as the handler's task would."""
+def _with_task_vars(tmp_path: Path, **templates: str) -> Path:
+    """The role's vars file plus `templates` (a task's fields) as variables: Ansible
+    templates them as the task would."""
     variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text()) | templates
-    path = tmp_path / "vars_and_handler.yml"
+    path = tmp_path / "vars_and_task.yml"
     path.write_text(yaml.safe_dump(variables))
     return path
 
 
 def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: Path) -> None:
     """Through real Ansible and the role's vars: the hosts' handed-in groups make one roll;
-    on the controller the command is the playbook's own pdctl, `restart` with -i/-p, and pdctl
-    gets ssh settings built from the inventory's connection variables."""
+    on the controller the command is the playbook's own pdctl, `roll` with -i/-p, and its plan
+    carries the ssh settings built from the inventory's connection variables."""
     inventory = (
         "localhost ansible_host=127.0.0.1 ansible_user=root "
         "ansible_ssh_common_args='-F /srv/fleet/ssh_config'\n"
@@ -191,19 +173,16 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
             "layout": {"venv": names.VENV},
             "hosts": {"localhost": {"address": "127.0.0.1"}},
         },
-        "__pdstack_engine_roll_dir": {"path": "/tmp/x.pdstack-roll"},
         "pdstack_engine_restart_lock_wait": 600,
-        "pdstack_engine_roll_max_unavailable": "2",
+        "pdstack_engine_roll_max_unavailable": 2,
     }
-    restart = _handler("Restart changed PD pairs one at a time (drain, restart, canary, register)")
+    command = _roll_task("Roll the changed groups")["ansible.builtin.command"]
     got = role_expression(
         tmp_path,
-        _with_handler_vars(tmp_path, _argv=restart["ansible.builtin.command"]["argv"]),
+        _with_task_vars(tmp_path, _argv=command["argv"], _stdin=command["stdin"]),
         facts,
         "{'roll': _pdstack_engine_roll, 'on': _pdstack_engine_roll_on, 'argv': _argv, "
-        "'env': _pdstack_engine_roll_env, "
-        "'ssh': _pdstack_engine_roll_ssh_hosts | pdstack_ssh_config(_pdstack_engine_dep.hosts, "
-        "true)}",
+        "'stdin': _stdin, 'env': _pdstack_engine_roll_env}",
         inventory=inventory,
     )
     assert got["roll"] == [
@@ -211,70 +190,114 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
         {"id": "localhost/pd1", "hosts": ["localhost"]},
     ]
     assert got["on"] == "localhost"
-    assert got["argv"] == [
-        str(ROOT / ".venv" / "bin" / "pdctl"),
-        "restart",  # -i/-p are the command's options: after it
-        "--both",
-        "--yes",
-        "--lock-wait",
-        "600",
+    # The playbook's own pdctl (ansible_playbook_python is the venv's python, links resolved).
+    assert Path(got["argv"][0]).resolve() == (ROOT / ".venv" / "bin" / "pdctl").resolve()
+    assert got["argv"][1:] == [
+        "roll",  # -i/-p are the command's options: after it
+        "--plan",
+        "-",
         "-i",
         str(tmp_path / "hosts.ini"),
         "-p",
         "/srv/profile.yml",
-        "--max-unavailable",
-        "2",
-        "--include-drained",
-        "--pair=localhost/pd0",
-        "--pair=localhost/pd1",
     ]
-    assert got["env"] == {
-        "PDCTL_SSH_CONFIG": "/tmp/x.pdstack-roll/ssh_config",
-        "PDCTL_LOCK": "/tmp/x.pdstack-roll/restart.lock",
-        "PDSTACK_GATEWAY_API_KEY": "",
-    }
-    assert got["ssh"].splitlines() == [
+    plan = site_roll.Plan.model_validate_json(got["stdin"])  # what pdctl roll reads
+    assert plan.groups == ["localhost/pd0", "localhost/pd1"]
+    assert (plan.max_unavailable, plan.lock_wait) == ("2", 600.0)
+    assert plan.ssh_config is not None and plan.ssh_config.splitlines() == [
         "Host 127.0.0.1",
         "  HostName 127.0.0.1",
         "  User root",
         "  Include /srv/fleet/ssh_config",
+        # Ansible's own host key checking (this repo's ansible.cfg: off), as the role reads it.
+        "Host 127.0.0.1",
+        "  StrictHostKeyChecking no",
+        "  UserKnownHostsFile /dev/null",
     ]
+    assert got["env"] == {"PDSTACK_GATEWAY_API_KEY": ""}
     # pdctl takes that command line (its options parsed, up to loading the inventory).
     help_ = subprocess.run(
         [*got["argv"][:2], "--help"], text=True, capture_output=True, check=True
     ).stdout
-    assert all(opt in help_ for opt in ("-i,", "-p,", "--max-unavailable", "--lock-wait"))
+    assert all(opt in help_ for opt in ("-i,", "-p,", "--plan"))
 
 
-def test_the_plays_failure_names_the_failed_and_the_untouched_groups(tmp_path: Path) -> None:
-    """The failure handler's message keeps pdctl's lines about groups (of any host), its
-    errors and the untouched list, and drops the progress and journal lines."""
-    handler = _handler("Stop at the first pair that failed to restart")
-    assert handler["run_once"] is True and handler["any_errors_fatal"] is True
-    stderr = [
-        "roll: out h1/pd0, h2/pd0; done 0 of 4; left 2",
-        "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
-        "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service",
-        "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway)",
-        "g1: restarting pdstack-g1-prefill0.service + pdstack-g1-decode0.service",
-        "--- journalctl -u pdstack-pd0-prefill.service (last 30 lines)",
-        "  h2 sim[1]: boom",
-        "stopping the roll; untouched: h2/pd1, h3/pd0",
-    ]
+def test_on_the_groups_own_host_the_plan_has_no_ssh_settings(tmp_path: Path) -> None:
+    """All on host gpu-1 (handed in by it): the roll runs there, with the host's pdctl."""
     facts = {
-        "__pdstack_engine_restarted": {"rc": 1, "stderr_lines": stderr},
-        # A group across hosts in the roll: its lines start with its bare id.
-        "__pdstack_engine_roll_mine": [{"id": "g1", "pair": "g1", "host": "localhost"}],
+        "__pdstack_engine_roll_mine": _mine("gpu-1", "pd0"),
+        "__pdstack_deployment": {"profile": "/p.yml", "layout": {"venv": names.VENV}},
+        "pdstack_engine_restart_lock_wait": 0,
+        "pdstack_engine_roll_max_unavailable": "1",
     }
-    msg = handler["ansible.builtin.fail"]["msg"]
-    variables = _with_handler_vars(tmp_path, _message=msg, **handler["vars"])
-    got = role_expression(tmp_path, variables, facts, "_message")
-    assert got.startswith("pdctl restart failed (exit 1):"), got
-    assert (
-        "h1/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
-        "h2/pd0: restarting pdstack-pd0-prefill.service + pdstack-pd0-decode.service | "
-        "h2/pd0: health: not healthy after 600s (the pair stays out of the gateway) | "
-        "g1: restarting pdstack-g1-prefill0.service + pdstack-g1-decode0.service | "
-        "stopping the roll; untouched: h2/pd1, h3/pd0."
-    ) in got, got
-    assert "roll: out" not in got and "boom" not in got
+    got = role_expression(
+        tmp_path,
+        ROLE / "vars" / "main.yml",
+        facts,
+        "{'on': _pdstack_engine_roll_on, 'pdctl': _pdstack_engine_roll_pdctl, "
+        "'plan': _pdstack_engine_roll_plan}",
+    )
+    assert (got["on"], got["pdctl"]) == ("gpu-1", f"{names.VENV}/bin/pdctl")
+    assert got["plan"] == {
+        "groups": ["gpu-1/pd0"],
+        "max_unavailable": "1",
+        "lock_wait": 0.0,
+        "ssh_config": None,
+    }
+
+
+def _failed_result() -> site_roll.Result:
+    """pdctl roll's result for h2/pd0 failed at its health wait, h1/pd0 restarted before it
+    and g1 (a group across hosts) untouched."""
+    reports = [
+        Report("h1/pd0", phase="register", phases={"drain": 0.1, "register": 0.2}),
+        Report(
+            "h2/pd0",
+            ok=False,
+            error="health: not healthy after 600s (the pair stays out of the gateway)",
+            phase="health",
+            phases={"drain": 0.1, "stop": 1.0, "start": 0.1, "health": 600.0},
+            journal={"pdstack-pd0-decode.service": ["boom"]},
+        ),
+    ]
+    return site_roll.result(["h1/pd0", "h2/pd0", "g1"], reports)
+
+
+def test_the_plays_failure_is_the_message_of_pdctls_result(tmp_path: Path) -> None:
+    """The failure task's message is the result's, which names the failed group and how, and
+    the groups restarted and untouched, and leaves out the progress and journal lines."""
+    stop = _roll_task("Stop at the first group")
+    assert stop["run_once"] is True and stop["any_errors_fatal"] is True
+    result = _failed_result()
+    assert result.message == (
+        "pdctl roll failed (exit 1): h2/pd0: health: not healthy after 600s (the pair stays "
+        "out of the gateway); restarted: h1/pd0; untouched: g1. A failed group stays out of "
+        "the gateways and the groups after it were not restarted: pdctl status."
+    )
+    roll = _roll_task("Roll the changed groups")
+    cases = {
+        "failed": {"rc": 1, "stdout": result.model_dump_json(indent=2)},
+        "untouched": {
+            "rc": 3,
+            "stdout": site_roll.refused(["g1"], LockHeld("held")).model_dump_json(),
+        },
+        "no result": {"rc": 1, "stdout": ""},
+        # Skipped (--check, or no group runs): what the command module answers in check mode.
+        "skipped": {"rc": 0, "stdout": "", "skipped": True, "changed": False},
+    }
+    got = {}
+    for case, rolled in cases.items():
+        got[case] = role_expression(
+            tmp_path,
+            _with_task_vars(tmp_path, _message=stop["ansible.builtin.fail"]["msg"],
+                            _changed="{{ " + roll["changed_when"] + " }}",
+                            _fails="{{ " + stop["when"] + " }}"),
+            {"__pdstack_engine_rolled": rolled},
+            "{'message': _message, 'changed': _changed, 'fails': _fails}",
+        )  # fmt: skip
+    assert got["failed"] == {"message": result.message, "changed": True, "fails": True}
+    assert got["untouched"]["changed"] is False and got["untouched"]["fails"] is True
+    assert got["untouched"]["message"].startswith("pdctl roll failed (exit 3): held; untouched: g1")
+    assert got["no result"]["fails"] is True and got["no result"]["changed"] is False
+    assert got["no result"]["message"].startswith("pdctl roll ended (exit 1) without its result")
+    assert got["skipped"]["fails"] is False

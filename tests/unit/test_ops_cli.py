@@ -26,7 +26,7 @@ from pdctl.cli import ops_commands
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store
 from pdctl.lint import Finding, Severity
-from pdctl.ops import lock
+from pdctl.ops import lock, restart
 from pdctl.ops.context import Ops
 from pdctl.ops.health import EngineProbe
 from pdctl.ops.restart import Interrupted, Report
@@ -90,7 +90,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Calls]:
         c.singles.append(inst.id)
         return Report(inst.id, lines=[f"OK: {inst.id}"])
 
-    monkeypatch.setattr(ops_commands, "restart_pairs", pairs)
+    monkeypatch.setattr(restart, "restart_pairs", pairs)
     monkeypatch.setattr(ops_commands, "restart_gateways", router)
     monkeypatch.setattr(ops_commands, "restart_instance", single)
     yield c
@@ -210,7 +210,7 @@ def test_failed_pair_exits_1_with_the_journal(
             )
         ]
 
-    monkeypatch.setattr(ops_commands, "restart_pairs", failing)
+    monkeypatch.setattr(restart, "restart_pairs", failing)
     r = run("restart", "--both", "--pair", "pd0", "--yes", "--topology", str(topo_file))
     assert r.exit_code == 1
     assert "FAILED: node-a/pd0-decode" in r.stdout
@@ -456,7 +456,7 @@ def junk_stack(
     )
     path.write_text(topology.dump(topo.model_copy(update={"coord": etcd_coord})))
     sd = UpSystemd()
-    monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr: sd)
+    monkeypatch.setattr("pdctl.ops.context.for_host", lambda _host, _addr, _ssh: sd)
     return path, sd
 
 
@@ -518,7 +518,7 @@ def test_ctrl_c_mid_restart_names_the_drained_pair_and_the_way_back(
     def interrupted(_ops: Ops, chosen: list[Pair], *_: Any) -> list[Report]:
         raise Interrupted(chosen[0].id, "health")
 
-    monkeypatch.setattr(ops_commands, "restart_pairs", interrupted)
+    monkeypatch.setattr(restart, "restart_pairs", interrupted)
     r = run("restart", "--both", "--pair", "pd0", "--yes", "--topology", str(topo_file))
     _one_error_line(
         r,
@@ -779,7 +779,7 @@ def test_a_roll_budget_reaches_the_roll_with_its_plan(
         got.append(budget)
         return [Report(p.id) for p in chosen]
 
-    monkeypatch.setattr(ops_commands, "restart_pairs", pairs)
+    monkeypatch.setattr(restart, "restart_pairs", pairs)
     monkeypatch.setattr(ops_commands.roll, "prepare", lambda _o, chosen, *_: chosen[::-1])
     r = run(
         "restart", "--both", "--all", "--max-unavailable", "100%", "--yes",
