@@ -198,3 +198,15 @@ def test_in_lanes_the_plan_reaches_xdists_scheduler_and_the_run_records_its_dura
     assert {nice for m in lanes for _, nice in lanes[m] if m != "test_long"} == {LANE_NICE}
     recorded = json.loads((pytester.path / ".durations.json").read_text())
     assert set(recorded) == {f"{m}.py" for m in lanes}
+
+
+def test_every_test_module_has_a_basename_of_its_own() -> None:
+    """The test folders are not packages, so pytest imports a test module by its file name
+    (rootdir-based "prepend" import): two `test_X.py` in two folders stop the whole run's
+    collection with "import file mismatch" (tests/unit/test_site_roll.py beside the e2e one
+    did, in a fresh-clone run)."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a name"
+        seen[path.name] = path
+    assert "test_suite_lanes.py" in seen
