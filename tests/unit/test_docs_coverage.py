@@ -166,6 +166,14 @@ def test_every_relative_link_reaches_its_file_and_heading(page: Path) -> None:
     assert not broken
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_paragraph_is_written_twice_on_a_page(page: Path) -> None:
+    """A merge that keeps both sides of a docs conflict repeats whole paragraphs (once left
+    three copies of real-engine.md's bundle text where a list belonged)."""
+    paragraphs = [p.strip() for p in page.read_text().split("\n\n") if len(p.strip()) > 150]
+    assert [p[:80] for p, n in Counter(paragraphs).items() if n > 1] == []
+
+
 def _pdctl_commands() -> Iterator[tuple[str, click.Command]]:
     """Every command pdctl registers, a group's subcommands as `group sub`."""
     ctx = click.Context(cli, info_name="pdctl")
