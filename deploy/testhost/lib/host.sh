@@ -14,7 +14,7 @@ cmd_up() {
   local pristine; pristine=$(pristine_dir)
 
   exec 9>"$RUN_DIR/.lock"
-  flock -w 60 9 || die "timed out waiting for $RUN_DIR/.lock (another up/down running?)"
+  flock -w "$LOCK_TIMEOUT" 9 || die "timed out waiting for $RUN_DIR/.lock (another up/down running?)"
 
   local rd sd root; rd=$(rundir); sd=$(statedir); root=$(rootfs)
   if [[ -d $rd ]]; then
@@ -222,9 +222,10 @@ EOF
 cmd_down() {
   need_root; check_name; not_a_fleet
   mkdir -p "$RUN_DIR"
-  exec 9>"$RUN_DIR/.lock"
-  flock -w 60 9 || die "timed out waiting for $RUN_DIR/.lock (another up/down running?)"
   local t0; t0=$(now)
+  stop_host
+  exec 9>"$RUN_DIR/.lock"
+  flock -w "$LOCK_TIMEOUT" 9 || die "timed out waiting for $RUN_DIR/.lock (another up/down running?)"
   if [[ ! -d $(rundir) && ! -d $LIB_DIR/$NAME && ! -d $(statedir) ]]; then
     log "'$NAME' is not up; nothing to do"
     return 0
@@ -234,8 +235,11 @@ cmd_down() {
   exec 9>&-
 }
 
-teardown_locked() {
-  local rd np leader; rd=$(rundir)
+# Stop the host's container and wait for it (STOP_TIMEOUT, then SIGKILL). Needs no lock: it
+# touches this host's processes only, so 'down' runs it before taking $RUN_DIR/.lock and other
+# hosts' up/down do not wait out this host's stop.
+stop_host() {
+  local np leader
   np=$(read_state nspawn.pid); leader=$(read_state leader.pid)
   if pid_is_ours nspawn || pid_is_ours leader; then
     local deadline=$(( $(now) + STOP_TIMEOUT )) asked=""
@@ -270,6 +274,11 @@ teardown_locked() {
       sleep 0.2
     done
   fi
+}
+
+teardown_locked() {
+  local rd; rd=$(rundir)
+  stop_host
   # The veth goes with the namespace; remove it if something kept it.
   local link br d=$(( $(now) + 10 )); link=$(host_link); br=$(read_state bridge)
   while ip link show "$link" >/dev/null 2>&1 && (( $(now) < d )); do sleep 0.2; done
