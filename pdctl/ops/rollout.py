@@ -180,15 +180,11 @@ def _clear_pause(store: KV) -> None:
         store.delete_if_revision(PAUSE_KEY, entry.mod_revision)
 
 
-def _budget(ops: Ops, rec: Record) -> roll.Budget:
-    return roll.budget(rec.max_unavailable, None, len(ops.source.pairs()))
-
-
 def _restart(ops: Ops, rec: Record, ids: list[str], held: Held, verb: str) -> list[Report]:
-    """The groups' coordinated restart (K at a time above the floor), in the roll's order;
-    groups left out of the gateways by an earlier failure restart first."""
-    b = _budget(ops, rec)
-    chosen = restart.roll_order(ops, _pairs(ops, ids), b, include_drained=True)
+    """The groups' coordinated restart as site.yml's roll does it (roll.of_k: one at a time,
+    or K above the floor, groups left out of the gateways by an earlier failure first)."""
+    b, include_drained = roll.of_k(rec.max_unavailable, len(ops.source.pairs()))
+    chosen = restart.roll_order(ops, _pairs(ops, ids), b, include_drained)
     return restart.roll_held(ops, chosen, b, held, f"{WHAT} {verb} {rec.id}")
 
 

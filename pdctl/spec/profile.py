@@ -442,7 +442,7 @@ class Rollout(Strict):
     compared with the groups still on the release before, over the same soak window."""
 
     soak_s: float = Field(
-        default=300.0, ge=10, le=86400, description="Seconds a wave serves before its gate."
+        default=300.0, ge=1, le=86400, description="Seconds a wave serves before its gate."
     )
     max_ttft_p90_ratio: float = Field(
         default=1.2, ge=1.0, description="A new group's TTFT p90 over the old groups', at most."
