@@ -29,7 +29,7 @@ from pdctl.ops import gate, lock, release, restart, roll
 from pdctl.ops.context import Ops
 from pdctl.ops.health import concurrently
 from pdctl.ops.release import Release
-from pdctl.ops.report import Report
+from pdctl.ops.report import Interrupted, Report
 from pdctl.ops.rollout_state import (
     LIVE,
     Controller,
@@ -193,9 +193,19 @@ def _switch(
 ) -> list[Report]:
     """Write each group's release `to(id)` and restart the groups; the reports of those the
     roll began (a failure leaves the rest untouched: they still run what they ran)."""
-    for p in _pairs(ops, ids):
+    pairs = _pairs(ops, ids)
+    for p in pairs:
         release.write(ops, p, to(p.id), rec.decode_first)
-    reports = _restart(ops, rec, ids, held, "switch")
+    try:
+        reports = _restart(ops, rec, ids, held, "switch")
+    except Interrupted:
+        raise  # groups were restarting: their drop-ins stay as written (status shows them)
+    except PdctlError:
+        # Refused before any group stopped (the lock stayed held, the floor, etcd): the
+        # drop-ins say again what runs, so that a recovery meanwhile starts no group on `to`.
+        for p in pairs:
+            release.write(ops, p, rec.groups[p.id].now, rec.decode_first)
+        raise
     for r in reports:
         if r.ok:
             rec.groups[r.target].now = to(r.target)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.coord.lock import RestartLock
+from pdctl.coord.lock import Grant, RestartLock
 from pdctl.coord.store import Store
 from pdctl.errors import PdctlError
 from pdctl.ops import gate, lock, release
@@ -318,3 +318,23 @@ def test_a_rollout_whose_controller_died_is_resumed_from_its_record(
     assert done.state == "done"
     assert all(g.now == GOOD for g in done.groups.values())
     assert [j for j in fleet.jobs("node-b") if j[0] == "start"]  # wave 2 rolled
+
+
+def test_a_wave_refused_the_restart_lock_leaves_no_drop_in_and_resumes(fleet: Fleet) -> None:
+    """Another restart holds the fleet lock past --lock-wait: nothing restarted, and the
+    drop-ins say again what runs (a recovery meanwhile must not start the new release)."""
+    other = RestartLock(fleet.store, LOCK_TTL_S)
+    grant = other.acquire("pdctl restart --both --pair node-a/pd0")
+    assert isinstance(grant, Grant)
+    try:
+        with pytest.raises(lock.LockHeld) as e:
+            _start(fleet)
+    finally:
+        other.release(grant)
+    assert e.value.exit_code == 3
+    assert all(_dropins(fleet, h) == {} for h in HOSTS)
+    assert [j for h in HOSTS for j in fleet.jobs(h) if j[0] != "daemon-reload"] == []
+    rec = _record(fleet)
+    assert (rec.state, rec.waves[0].state) == ("running", "switching")
+    done = ro.resume(fleet.ops, fleet.store, fleet.settings, fleet.query, fleet.held)
+    assert done.state == "done" and all(g.now == GOOD for g in done.groups.values())
