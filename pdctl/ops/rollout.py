@@ -207,7 +207,7 @@ def _switch(
             release.write(ops, p, rec.groups[p.id].now, rec.decode_first)
         raise
     for r in reports:
-        if r.ok:
+        if r.ok or r.phases:  # restarted, or failed after its drain: it runs (or is out on) `to`
             rec.groups[r.target].now = to(r.target)
     return reports
 
@@ -218,8 +218,9 @@ def _failed(reports: list[Report]) -> str | None:
 
 
 def _roll_back(ops: Ops, records: Records, rec: Record, wave: Wave, why: str, held: Held) -> None:
-    """The wave's groups back to their release before (those the switch began: the others
-    never restarted), then the record says failed; RolloutFailed with `why`."""
+    """The wave's groups back to their release before (those the switch began, a group
+    whose restart failed included: it comes back on the old release; the others never
+    restarted), then the record says failed; RolloutFailed with `why`."""
     began = [g for g in wave.groups if rec.groups[g].now != rec.groups[g].before]
     for p in _pairs(ops, wave.groups):  # the drop-ins of all: untouched ones included
         release.write(ops, p, rec.groups[p.id].before, rec.decode_first)

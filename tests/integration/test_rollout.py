@@ -22,13 +22,14 @@ from pdctl.ops import gate, lock, release
 from pdctl.ops import rollout as ro
 from pdctl.ops.context import Ops
 from pdctl.ops.gateway import GatewayWorker
+from pdctl.ops.health import EngineProbe
 from pdctl.ops.release import Release
 from pdctl.ops.rollout_state import Controller, Record, RecordChanged, Records, RolloutRunning
 from pdctl.ops.source import Source
 from pdctl.spec.profile import Rollout
 from pdctl.testing.etcd import LOCK_TTL_S
 from pdctl.topology import TopologyCoord
-from tests.unit.ops_fakes import FakeSystemd, Listing, fake_ops, topo
+from tests.unit.ops_fakes import FakeEngines, FakeSystemd, Listing, fake_ops, topo
 
 GOOD = Release(env="/opt/pdstack/envs/sglang-good")
 BAD = Release(env="/opt/pdstack/envs/sglang-slow")
@@ -338,3 +339,23 @@ def test_a_wave_refused_the_restart_lock_leaves_no_drop_in_and_resumes(fleet: Fl
     assert (rec.state, rec.waves[0].state) == ("running", "switching")
     done = ro.resume(fleet.ops, fleet.store, fleet.settings, fleet.query, fleet.held)
     assert done.state == "done" and all(g.now == GOOD for g in done.groups.values())
+
+
+def test_a_wave_whose_restart_fails_comes_back_on_the_old_release(fleet: Fleet) -> None:
+    """Engines of the bad release never turn healthy: the wave's restart fails, and the
+    rollback restarts its groups (the failed ones included) on the release before."""
+    by_url = {i.url: i for i in fleet.ops.source.topology.instances}
+
+    def probe(url: str) -> EngineProbe:
+        r = release.read(fleet.ops, by_url[url])
+        return EngineProbe(url, "503" if r == BAD else "ok")
+
+    fleet.ops.engines = FakeEngines(probe_of=probe)
+    with pytest.raises(ro.RolloutFailed, match=r"wave 1 of 2 .*: restart failed: node-a/pd0: "):
+        _start(fleet, BAD)
+    rec = _record(fleet)
+    assert all(g.now is None for g in rec.groups.values())
+    assert "rolled back to the unit's defaults" in (rec.message or "")
+    starts = [j[1][0] for j in fleet.jobs("node-a") if j[0] == "start"]
+    assert sorted(starts[-2:]) == ["pdstack-pd0.target", "pdstack-pd1.target"]  # rollback
+    assert fleet.jobs("node-b") == []
