@@ -14,6 +14,8 @@ from pdctl.ops import rollout as ro
 from pdctl.ops.context import Ops
 from pdctl.ops.release import Release
 from pdctl.ops.systemd import Systemctl
+from pdctl.testing.localproc import LocalPair, LocalUnits
+from pdctl.testing.stack import SimProc
 from tests.unit.ops_fakes import FakeGateway, FakeSystemd, fake_ops, topo
 
 NEW = Release(env="/opt/pdstack/envs/sglang-0.5.24-9f3e1c2a", model="/var/lib/models/rev-2")
@@ -92,3 +94,21 @@ def test_local_write_file_makes_its_folder_and_replaces_the_file(tmp_path: Path)
     sd.write_file(str(path), "two\n")
     assert sd.read_file(str(path)) == "two\n"
     assert sorted(p.name for p in path.parent.iterdir()) == ["release.conf"]  # no .tmp left
+
+
+def test_local_units_start_what_the_release_drop_in_says_after_a_reload(tmp_path: Path) -> None:
+    """The rehearsal's systemd (pdctl.testing.localproc): a release's environment stands for
+    its settings, applied at daemon-reload as systemd applies a drop-in; none: the unit's own."""
+    sims = [SimProc.create(m, tmp_path, {"PDSIM_SEED": "1"}) for m in ("prefill", "decode")]
+    units = LocalUnits([LocalPair("pd0", *sims)])
+    units.environments[NEW.env] = {"PDSIM_TIME_SCALE": "1.5"}
+    unit = "pdstack-pd0-decode.service"
+    units.write_file(release.dropin(unit), release.text(NEW))
+    assert sims[1].env.get("PDSTACK_ENV") is None  # not before the reload
+    units.daemon_reload()
+    assert sims[1].env["PDSTACK_ENV"] == NEW.env and sims[1].env["PDSIM_TIME_SCALE"] == "1.5"
+    assert sims[1].env["PDSTACK_MODEL_PATH"] == NEW.model and sims[1].env["PDSIM_SEED"] == "1"
+    assert "PDSTACK_ENV" not in sims[0].env  # the prefill's drop-in was not written
+    units.remove_file(release.dropin(unit))
+    units.daemon_reload()
+    assert "PDSTACK_ENV" not in sims[1].env and "PDSIM_TIME_SCALE" not in sims[1].env
