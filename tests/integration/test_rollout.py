@@ -5,6 +5,7 @@ after the controller died, undo, and the refusals that change nothing."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl import topology
 from pdctl.coord.lock import Grant, RestartLock
 from pdctl.coord.store import Store
 from pdctl.errors import PdctlError
@@ -29,6 +31,7 @@ from pdctl.ops.source import Source
 from pdctl.spec.profile import Rollout
 from pdctl.testing.etcd import LOCK_TTL_S
 from pdctl.topology import TopologyCoord
+from tests.conftest import one_pair_topology, run_pdctl
 from tests.unit.ops_fakes import FakeEngines, FakeSystemd, Listing, fake_ops, topo
 
 GOOD = Release(env="/opt/pdstack/envs/sglang-good")
@@ -359,3 +362,32 @@ def test_a_wave_whose_restart_fails_comes_back_on_the_old_release(fleet: Fleet) 
     starts = [j[1][0] for j in fleet.jobs("node-a") if j[0] == "start"]
     assert sorted(starts[-2:]) == ["pdstack-pd0.target", "pdstack-pd1.target"]  # rollback
     assert fleet.jobs("node-b") == []
+
+
+def test_the_commands_show_the_record_and_refuse_in_one_line(
+    fleet: Fleet, etcd_coord: TopologyCoord, tmp_path: Path
+) -> None:
+    topo_file = tmp_path / "topology.yaml"
+    url = "http://127.0.0.1:9"
+    t = one_pair_topology(
+        "node-a", url, url, bootstrap_port=1, gateway_url=url, metrics_url=url + "/metrics"
+    )
+    topo_file.write_text(topology.dump(t.model_copy(update={"coord": etcd_coord})))
+    where = ("--topology", str(topo_file))
+    assert run_pdctl("rollout", "status", *where).stdout == "no rollout\n"
+    undo = "no rollout, and no group runs another release than it ran before"
+    for verb, why in (("pause", "no rollout"), ("resume", "no rollout"), ("undo", undo)):
+        refused = run_pdctl("rollout", verb, *where)
+        assert refused.exit_code == 2
+        assert refused.stderr == f"Error: nothing to {verb}: {why}; nothing was changed\n"
+    with pytest.raises(ro.RolloutFailed):
+        _start(fleet, BAD)
+    shown = json.loads(run_pdctl("rollout", "status", "--format", "json", *where).stdout)
+    assert shown["controller"] is None
+    assert shown["rollout"]["state"] == "failed"
+    assert shown["rollout"]["waves"][0]["verdict"][0].startswith("itl p90: node-a/pd0 15.0 ms")
+    table = run_pdctl("rollout", "status", *where).stdout.splitlines()
+    assert table[0].startswith("rollout r-")
+    assert ": failed, to /opt/pdstack/envs/sglang-slow, started " in table[0]
+    assert "  wave 1: rolled back: node-a/pd0, node-a/pd1" in table
+    assert "  node-a/pd0: now the unit's defaults (before: the unit's defaults)" in table
