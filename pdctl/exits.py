@@ -15,6 +15,9 @@ STORE_UNAVAILABLE = 5  # etcd cannot serve (no quorum, no member answers, TLS, o
 # crash is often transient (a peer still shutting down, a slow first KV path); retrying costs
 # clients nothing. FAILED stays for what pdctl did not expect (a traceback): not retried.
 RESTART_FAILED = 6
+# rollout: a wave's gate (or its restart) failed; its groups were rolled back to their release
+# before it, and the rollout stopped (pdctl rollout status says where).
+ROLLOUT_FAILED = 7
 INTERRUPTED = 130  # Ctrl-C during a restart (128 + SIGINT, what a shell reports)
 
 MEANINGS = {
@@ -25,6 +28,7 @@ MEANINGS = {
     RATE_LIMITED: "recover: too many recoveries of the pair within --window",
     STORE_UNAVAILABLE: "etcd cannot serve: no quorum, no member answers, TLS refused, no space",
     RESTART_FAILED: "recover: the restart failed (systemd tries again, within the rate limit)",
+    ROLLOUT_FAILED: "rollout: a wave failed its gate or restart; its groups were rolled back",
     INTERRUPTED: "Ctrl-C during a restart: the message names every group left out",
 }
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "history": ("pdctl.cli.lock_commands:history", "The fleet's restarts: who, what, how long"),
     "finish": ("pdctl.cli.finish_commands:finish", "Take up restarts a dead restarter left"),
     "recover": ("pdctl.cli.recover_command:recover", "A crashed group's restart (run by systemd)"),
+    "rollout": ("pdctl.cli.rollout_commands:rollout", "Move groups to a new release, gated"),
     "roll": ("pdctl.cli.roll_commands:roll", "site.yml's config-change roll: JSON in and out"),
     "lock": ("pdctl.cli.lock_commands:lock", "Show or break the fleet restart lock"),
     "gateway": ("pdctl.cli.ops_commands:gateway", "Register groups with the gateways"),

@@ -81,6 +81,12 @@ class KV(Protocol):
         transaction: False, and nothing written, when it does not."""
         ...
 
+    def put_if_revision(self, key: str, value: bytes, mod_revision: int) -> bool:
+        """Put `key` (no lease) only if it was last written at `mod_revision` (what the caller
+        read; 0: only if it does not exist), in one transaction: False, nothing written, when
+        another writer came first."""
+        ...
+
     def delete_if_revision(self, key: str, mod_revision: int) -> bool:
         """Delete `key` only if it was last written at `mod_revision` (what the caller read),
         in one transaction."""

@@ -257,6 +257,12 @@ class Store:
         same = {"key": k, "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}
         return self._txn(same, {"request_delete_range": {"key": k}})
 
+    def put_if_revision(self, key: str, value: bytes, mod_revision: int) -> bool:
+        k = _b64(self._key(key))
+        # etcd gives a key that does not exist mod revision 0, so 0 means "create".
+        same = {"key": k, "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}
+        return self._txn(same, {"request_put": {"key": k, "value": _b64(value)}})
+
     def put_if(self, key: str, value: bytes, guard: Guard) -> bool:
         put = {"request_put": {"key": _b64(self._key(key)), "value": _b64(value)}}
         return self._txn(self._held(guard), put)

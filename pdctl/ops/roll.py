@@ -93,6 +93,16 @@ def budget(k: str | None, min_serving: int | None, groups: int) -> Budget:
     return Budget(out, floor)
 
 
+def of_k(k: str, groups: int) -> tuple[Budget, bool]:
+    """The budget of a roll given K alone (site.yml's roll, a rollout's waves), and whether
+    chosen groups out of the gateways already restart (first): "1" rolls one at a time with
+    no floor, as always; K above the floor of all groups but K, taking up a group an earlier
+    failure left out."""
+    if k.strip() == "1":
+        return ONE, False
+    return budget(k, None, groups), True
+
+
 def plan_line(b: Budget) -> str:
     if b.min_serving is None:
         return (

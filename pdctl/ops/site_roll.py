@@ -79,12 +79,8 @@ class Unreachable(PdctlError):
 
 
 def budget(plan: Plan, groups: int) -> tuple[roll.Budget, bool]:
-    """The roll's budget over the fleet's `groups`, and whether chosen groups out of the
-    gateways already restart (first): 1 rolls one at a time with no floor, as always; K
-    above the floor of all groups but K, taking up a group an earlier failure left out."""
-    if plan.max_unavailable.strip() == "1":
-        return roll.ONE, False
-    return roll.budget(plan.max_unavailable, None, groups), True
+    """The roll's budget over the fleet's `groups` (roll.of_k)."""
+    return roll.of_k(plan.max_unavailable, groups)
 
 
 def check_reach(ops: Ops, chosen: list[Pair]) -> None:

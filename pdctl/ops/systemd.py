@@ -75,6 +75,8 @@ class Systemd(Protocol):
     def cmdline(self, pid: int) -> list[str]: ...
     def read_file(self, path: str) -> str | None: ...
     def remove_file(self, path: str) -> None: ...
+    def write_file(self, path: str, text: str) -> None: ...
+    def daemon_reload(self) -> None: ...
 
 
 class Systemctl:
@@ -91,11 +93,22 @@ class Systemctl:
         self.host, self.ssh_target, self.ssh = host, ssh_target, list(ssh)
         self.timeout, self.job_timeout = timeout, job_timeout
 
-    def _run(self, argv: list[str], timeout: float | None = None, check: bool = True) -> str:
+    def _run(
+        self,
+        argv: list[str],
+        timeout: float | None = None,
+        check: bool = True,
+        stdin: str | None = None,
+    ) -> str:
         full = [*self.ssh, self.ssh_target, shlex.join(argv)] if self.ssh_target else argv
         try:
             cp = subprocess.run(
-                full, capture_output=True, text=True, check=False, timeout=timeout or self.timeout
+                full,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=timeout or self.timeout,
+                input=stdin,
             )
         except subprocess.TimeoutExpired:
             raise HostError(
@@ -171,6 +184,15 @@ class Systemctl:
                 raise HostError(f"{self.host}: cannot remove {path}: {e.strerror}") from None
             return
         self._run(["rm", "-f", "--", path])
+
+    def write_file(self, path: str, text: str) -> None:
+        """A small file (root's, 0644), its folder made first; written beside it and renamed
+        over it, so that a reader (systemd's daemon-reload) never sees half of it."""
+        script = 'mkdir -p -- "$(dirname -- "$0")" && cat > "$0.tmp" && mv -f -- "$0.tmp" "$0"'
+        self._run(["sh", "-c", script, path], stdin=text)
+
+    def daemon_reload(self) -> None:
+        self._run(["systemctl", "daemon-reload"], timeout=self.job_timeout)
 
 
 def is_local(host: str, address: str) -> bool:

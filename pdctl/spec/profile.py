@@ -437,6 +437,35 @@ class Etcd(Strict):
         return self
 
 
+class Rollout(Strict):
+    """The gate after each wave of `pdctl rollout` (docs/rollout.md): the wave's groups are
+    compared with the groups still on the release before, over the same soak window."""
+
+    soak_s: float = Field(
+        default=300.0, ge=1, le=86400, description="Seconds a wave serves before its gate."
+    )
+    max_ttft_p90_ratio: float = Field(
+        default=1.2, ge=1.0, description="A new group's TTFT p90 over the old groups', at most."
+    )
+    max_itl_p90_ratio: float = Field(
+        default=1.2, ge=1.0, description="A new group's ITL p90 over the old groups', at most."
+    )
+    max_error_ratio_points: float = Field(
+        default=0.5,
+        ge=0,
+        le=100,
+        description="A new group's failed-request percentage above the old groups', at most.",
+    )
+    max_kv_transfer_failures: int = Field(
+        default=0, ge=0, description="KV transfer and bootstrap failures per new group, at most."
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        description="Requests each side must finish in the window for the gate to judge it.",
+    )
+
+
 class HostOverride(Strict):
     hardware: Hardware | None = None
     layout: Layout | None = None
@@ -473,6 +502,7 @@ class Profile(Strict):
     layout: Layout
     router: Router = Router()
     etcd: Etcd = Etcd()
+    rollout: Rollout = Rollout()
     hosts: dict[str, HostOverride] = Field(default_factory=dict)
     planner: Planner = Planner()
     sim: dict[SimKey, str | int | float] = Field(

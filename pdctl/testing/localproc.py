@@ -21,6 +21,7 @@ from pathlib import Path
 from pdctl import names
 from pdctl.coord.lock import RestartLock
 from pdctl.coord.store import Store
+from pdctl.ops import release
 from pdctl.ops.context import Ops, Timeouts
 from pdctl.ops.gateway import GatewayAdmin
 from pdctl.ops.restart import register_pair
@@ -122,6 +123,10 @@ class LocalUnits:
         self.stopping: dict[str, threading.Thread] = {}
         self.jobs: list[tuple[str, str]] = []  # (verb, unit), for tests to inspect
         self.files: dict[str, str] = {}  # the host's files pdctl reads (restart-pending markers)
+        self.base_env = {u: dict(sim.env) for u, sim in self.procs.items()}
+        # A release environment's path -> what running from it means for the sim (its PDSIM_*
+        # knobs): a "version" in the rehearsal is what its environment says it is.
+        self.environments: dict[str, dict[str, str]] = {}
 
     def _expand(self, units: tuple[str, ...]) -> list[str]:
         """The units named, a target as its two units; each once (one job per unit)."""
@@ -202,6 +207,22 @@ class LocalUnits:
 
     def remove_file(self, path: str) -> None:
         self.files.pop(path, None)
+
+    def write_file(self, path: str, text: str) -> None:
+        self.files[path] = text
+
+    def daemon_reload(self) -> None:
+        """As systemd: each unit's next start runs what its release drop-in says now (none:
+        the unit's own environment)."""
+        for unit, sim in self.procs.items():
+            env = dict(self.base_env[unit])
+            text = self.files.get(release.dropin(unit))
+            if text is not None:
+                r = release.parse(text, f"{self.host}:{release.dropin(unit)}")
+                env |= {release.ENV_VAR: r.env, **self.environments.get(r.env, {})}
+                if r.model is not None:
+                    env[release.MODEL_VAR] = r.model
+            sim.env = env
 
 
 def _instances(p: Local) -> list[TopologyInstance]:

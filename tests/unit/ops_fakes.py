@@ -104,6 +104,12 @@ class FakeSystemd:
     def remove_file(self, path: str) -> None:
         self.files.pop(path, None)
 
+    def write_file(self, path: str, text: str) -> None:
+        self.files[path] = text
+
+    def daemon_reload(self) -> None:
+        self.jobs.append(("daemon-reload", ()))
+
 
 class FakeGateway:
     """Lists nothing, takes every add and remove (recorded in `calls`), answers readiness from
