@@ -84,7 +84,8 @@ PAIRS = ("pd0", "pd1")
 @pytest.fixture(scope="module")
 def fleet_site(fleet: TestFleet) -> Iterator[Site]:
     print(f"fleet-up: {fleet.seconds:.0f}s")
-    yield Site(fleet, build_wheelhouse(FLEET_PROFILE, fleet.inventory), FLEET_PROFILE)
+    wheelhouse = build_wheelhouse(FLEET_PROFILE, fleet.inventory)
+    yield Site(fleet, wheelhouse, FLEET_PROFILE, finish_interval_s=30)
 
 
 def _served(url: str) -> float:

@@ -53,7 +53,7 @@ def ops_site(
     profile = yaml.safe_load(SIM_PROFILE.read_text())
     profile["sim"]["PDSIM_DEGRADED"] = "on"
     path = write_profile(tmp_path_factory.mktemp("ops") / "sim-degraded.yml", profile)
-    site = Site(host, build_wheelhouse(path, host.inventory), path)
+    site = Site(host, build_wheelhouse(path, host.inventory), path, finish_interval_s=30)
     site.run().assert_ok()
     wait_ready(site.deployment()["gateway"]["url"])
     return site
