@@ -96,7 +96,7 @@ def budget(k: str | None, min_serving: int | None, groups: int) -> Budget:
 def plan_line(b: Budget) -> str:
     if b.min_serving is None:
         return (
-            "Pairs restart one at a time; the others keep serving. "
+            "Groups restart one at a time; the others keep serving. "
             "The first failure stops the roll."
         )
     return (
