@@ -7,9 +7,9 @@ OK = 0
 FAILED = 1  # a group failed, a check found warnings or an unhealthy deployment; Ctrl-C at a prompt
 BAD_INPUT = 2  # bad input or refused before anything changed; doctor/validate: errors found
 LOCK_HELD = 3  # another restart held the restart lock past --lock-wait
-RATE_LIMITED = 4  # recover: too many recoveries of the pair within the window
+RATE_LIMITED = 4  # recover: too many recoveries of the group within the window
 STORE_UNAVAILABLE = 5  # etcd cannot serve (no quorum, no member answers, TLS, out of space)
-# recover: the pair's restart after the crash failed (it stays out of the gateway). systemd
+# recover: the group's restart after the crash failed (it stays out of the gateway). systemd
 # starts the recovery again (Restart=on-failure does not exclude it) as often as the rate
 # limit allows, then RATE_LIMITED leaves the unit failed for the alert. A failure right after a
 # crash is often transient (a peer still shutting down, a slow first KV path); retrying costs
@@ -25,7 +25,7 @@ MEANINGS = {
     FAILED: "a group failed (journal lines follow), or warnings / an unhealthy deployment",
     BAD_INPUT: "bad input or refused before anything changed; validate/doctor: errors found",
     LOCK_HELD: "another restart held the restart lock past --lock-wait",
-    RATE_LIMITED: "recover: too many recoveries of the pair within --window",
+    RATE_LIMITED: "recover: too many recoveries of the group within --window",
     STORE_UNAVAILABLE: "etcd cannot serve: no quorum, no member answers, TLS refused, no space",
     RESTART_FAILED: "recover: the restart failed (systemd tries again, within the rate limit)",
     ROLLOUT_FAILED: "rollout: a wave failed its gate or restart; its groups were rolled back",

@@ -6,14 +6,18 @@ derived from the collection and the previous run's durations: no list of modules
   `testhost` fixture of tests/e2e/conftest.py, directly or through another fixture such as
   `site`) is in one unit, `session-host`, run in one lane one module after another.
 - The units start longest first, by the durations the previous runs recorded (DURATIONS, else
-  the committed COMMITTED_DURATIONS); an e2e module not recorded yet counts as the median
-  recorded e2e module, so it starts with the e2e units.
+  the committed COMMITTED_DURATIONS), each as its nice-0 estimate (`Durations.at_nice0`); an
+  e2e module not recorded yet counts as the median recorded e2e module, so it starts with the
+  e2e units.
 - A lane binds a long unit only behind short work (`next_unit`, in tests/lanes_xdist.py).
 - The longest unit is the critical lane, at nice 0; every other unit runs at nice LANE_NICE.
+  Compared by the nice-0 estimates, the critical lane stays put: by the raw seconds, the unit
+  that ran at nice 0 looks shorter than the ones that waited at LANE_NICE, and the next run
+  would pick another one, which then looks shorter in turn.
 
-Each run in lanes writes LANES_LOG (every test phase's lane, start and stop); a passing
-`--dist loadscope` run of whole modules merges their spans from it into DURATIONS, which the
-next run schedules by.
+Each run in lanes writes LANES_LOG (every test phase's lane, start, stop and nice); a passing
+`--dist loadscope` run of whole modules merges their spans and nice levels from it into
+DURATIONS, which the next run schedules by.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ LONG_SHARE = 1 / 20
 # hosts it starts): the longest lane gets the CPU it waits for and the others fill what it
 # leaves. A lane gets less CPU, never a shorter wait: the tests wait for events, bounded.
 LANE_NICE = 5
+# A unit's seconds at nice 0 over its seconds at LANE_NICE in `make test` (5 lanes, 2 cores):
+# tests/e2e/test_fleet.py took 997.6 s at nice 0 (tests/durations.json of fb29cf1) and 1752.7 s
+# at nice 5 (of c9f735a), 0.57. One module's two runs, so a rough figure; it only has to rank the
+# units. A record at another level (a run under `nice`, a lane that could not go back to 0
+# without root) is scaled geometrically, as the kernel's weights are (`nice0_share`).
+NICE0_PER_LANE_NICE = 0.57
+# The durations file maps each module to its seconds, and this key (no module's path) each
+# module to the nice it ran at: a reader that knows no nice levels still finds plain seconds.
+NICE_KEY = "nice"
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,40 @@ def unit_of(module: Module) -> str:
     return SESSION_HOST_UNIT if module.uses_session_host else module.path
 
 
+def nice0_share(nice: int) -> float:
+    """A unit's seconds at nice 0 over its seconds at `nice`."""
+    return float(NICE0_PER_LANE_NICE ** (nice / LANE_NICE))
+
+
+@dataclass(frozen=True)
+class Durations:
+    """The recorded seconds per module and the nice each ran at (absent: not recorded, as in a
+    file written before the lane log had it; taken as nice 0, as the schedule then did)."""
+
+    seconds: dict[str, float]
+    nice: dict[str, int]
+
+    def at_nice0(self) -> dict[str, float]:
+        """Each module's seconds as if it had run at nice 0: what the schedule compares."""
+        return {m: s * nice0_share(self.nice.get(m, 0)) for m, s in self.seconds.items()}
+
+    def to_json(self) -> str:
+        nice = {m: n for m, n in sorted(self.nice.items()) if m in self.seconds}
+        return json.dumps({**dict(sorted(self.seconds.items())), NICE_KEY: nice}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Durations:
+        d = json.loads(text)
+        nice = d.pop(NICE_KEY, {})
+        return cls({m: float(s) for m, s in d.items()}, {m: int(n) for m, n in nice.items()})
+
+    def over(self, newer: Durations) -> Durations:
+        """These records with `newer`'s over them: a module `newer` records takes its nice from
+        `newer` alone (a level recorded with older seconds would scale the new ones)."""
+        nice = {m: n for m, n in self.nice.items() if m not in newer.seconds}
+        return Durations({**self.seconds, **newer.seconds}, {**nice, **newer.nice})
+
+
 def module_seconds(modules: list[Module], durations: dict[str, float]) -> dict[str, float]:
     """Each module's recorded seconds; an e2e module not recorded yet: the median recorded e2e
     module (it waits on test hosts for minutes); any other: 0 (it starts last, once)."""
@@ -100,7 +147,8 @@ def module_seconds(modules: list[Module], durations: dict[str, float]) -> dict[s
 
 def plan(modules: list[Module], durations: dict[str, float], workers: int) -> Plan:
     """The schedule of the collected `modules` (in collection order) from the recorded
-    `durations` (seconds per module) on `workers` lanes."""
+    `durations` (seconds per module, nice-0 estimates: `Durations.at_nice0`) on `workers`
+    lanes."""
     seconds = module_seconds(modules, durations)
     unit_seconds: dict[str, float] = defaultdict(float)
     units, e2e = {}, set()
@@ -140,22 +188,34 @@ def spans(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
     return {m: round(stop - start, 1) for m, (start, stop) in bounds.items()}
 
 
-def read_durations(*paths: Path) -> dict[str, float]:
-    """The recorded seconds per module, later files over earlier ones."""
-    found: dict[str, float] = {}
+def nices(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Each module's nice in a lane log: the highest its phases ran at (a unit's tests share
+    one); modules whose lines carry none (a log from before it was recorded) are left out."""
+    found: dict[str, int] = {}
+    for r in lines:
+        if "nice" in r:
+            m = module_of(r["nodeid"])
+            found[m] = max(found.get(m, r["nice"]), r["nice"])
+    return found
+
+
+def read_durations(*paths: Path) -> Durations:
+    """The recorded seconds and nice levels per module, later files over earlier ones."""
+    found = Durations({}, {})
     for path in paths:
         if path.is_file():
-            found.update(json.loads(path.read_text()))
+            found = found.over(Durations.from_json(path.read_text()))
     return found
 
 
 def record_durations(log: Path, into: Path, root: Path) -> None:
-    """Merge the spans of `log`'s modules into `into`; modules this run did not run keep their
-    last record, and modules whose file (under `root`) is gone are dropped."""
+    """Merge the spans of `log`'s modules, and the nice each ran at, into `into`; modules this
+    run did not run keep their last record, and modules whose file (under `root`) is gone are
+    dropped."""
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    merged = {**read_durations(into), **spans(lines)}
-    kept = {m: s for m, s in sorted(merged.items()) if (root / m).is_file()}
-    into.write_text(json.dumps(kept, indent=1) + "\n")
+    merged = read_durations(into).over(Durations(spans(lines), nices(lines)))
+    kept = Durations({m: s for m, s in merged.seconds.items() if (root / m).is_file()}, merged.nice)
+    into.write_text(kept.to_json() + "\n")
 
 
 # The hooks. The workers collect and derive the plan; the xdist controller, which sees node
@@ -194,8 +254,8 @@ def collected_modules(items: list[pytest.Item]) -> list[Module]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The units in start order (with `--no-loadscope-reorder` the lanes take them so)."""
     worker = workerinput(config)
-    durations = read_durations(config.rootpath / COMMITTED_DURATIONS, config.rootpath / DURATIONS)
-    lanes = plan(collected_modules(items), durations, worker.get("workercount", 1))
+    recorded = read_durations(config.rootpath / COMMITTED_DURATIONS, config.rootpath / DURATIONS)
+    lanes = plan(collected_modules(items), recorded.at_nice0(), worker.get("workercount", 1))
     config.stash[PLAN] = lanes
     rank = {u: i for i, u in enumerate(lanes.order)}
     items.sort(key=lambda item: rank[lanes.units[module_of(item.nodeid)]])
@@ -235,8 +295,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 class LaneLog:
-    """Every test phase's lane, start and stop, one JSON line each (a few hundred bytes per
-    test), for DURATIONS and benchmarks/suite_lanes.py; emptied when a run starts."""
+    """Every test phase's lane, start, stop and the nice its lane ran it at (as the kernel
+    has it: a lane that could not go back to 0 says so), one JSON line each (a few hundred
+    bytes per test), for DURATIONS and benchmarks/suite_lanes.py; emptied when a run starts."""
 
     def __init__(self, path: Path, worker: str | None) -> None:
         self.path = path
@@ -255,6 +316,7 @@ class LaneLog:
                 "start": report.start,
                 "stop": report.stop,
                 "outcome": report.outcome,
+                "nice": os.getpriority(os.PRIO_PROCESS, 0),
             }
             with self.path.open("a") as log:
                 log.write(json.dumps(line) + "\n")

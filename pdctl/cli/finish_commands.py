@@ -23,7 +23,7 @@ LOCK_WAIT_S = 60.0
     "--host",
     default=None,
     metavar="HOST",
-    help="Only pairs and groups with a member on HOST (the timer passes its own).",
+    help="Only groups with a member on HOST (the timer passes its own).",
 )
 @lock_wait_option(LOCK_WAIT_S)
 def finish(
@@ -36,17 +36,17 @@ def finish(
 ) -> None:
     """Finish or undo the restarts whose restarter died half-way.
 
-    Every restart records in etcd the step each of its pairs is in, conditional on holding
+    Every restart records in etcd the step each of its groups is in, conditional on holding
     the fleet restart lock. A record whose restarter no longer holds the lock (killed, its
     host lost or cut off, its lock broken) is abandoned; `pdctl status` shows it. This takes
-    the lock and takes each one up where it stopped: died draining, it is undone (the pair's
+    the lock and takes each one up where it stopped: died draining, it is undone (the group's
     canaries, then it is registered again: its engines never stopped); at the health wait or
     later, resumed from the health wait; stopping or starting, the whole coordinated restart
     runs, as a recovery (nothing waits for requests). pdstack-finish.timer runs it on every
     engine host (`--host` its own); an operator may run it at any time.
 
     \b
-    Exit codes: 0 nothing abandoned, or all finished; 1 a pair failed (it stays out of the
+    Exit codes: 0 nothing abandoned, or all finished; 1 a group failed (it stays out of the
     gateways; journal lines follow); 2 bad input; 3 a restart
     held the lock past --lock-wait; 5 etcd cannot serve (or the topology names none).
     \b

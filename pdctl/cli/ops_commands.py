@@ -55,7 +55,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 LONE_RESTART_REFUSAL = (
     "refusing to restart the {role} alone: with NIXL the surviving side keeps stale peer "
-    "metadata and the pair stays degraded (requests fail or hang until both restart; the "
+    "metadata and the group stays degraded (requests fail or hang until both restart; the "
     "seed's production incident). Use --both. --force restarts it alone anyway."
 )
 
@@ -84,7 +84,7 @@ def _ops(
     type=click.IntRange(min=1),
     default=CANARIES_STATUS,
     show_default=True,
-    help="Requests per pair canary (a degraded pair fails only a share).",
+    help="Requests per group canary (a degraded group fails only a share).",
 )
 def status(
     topology_path: Path,
@@ -94,17 +94,18 @@ def status(
     watch: float | None,
     canaries: int,
 ) -> None:
-    """Every host, pair, engine and gateway, and who holds the fleet restart lock.
+    """Every host, group, engine and gateway, and who holds the fleet restart lock.
 
     All probes run at once, each with its own timeout: the wall time is the slowest probe's,
-    not the sum. Grouped per host; per pair: the gateway's routing and a real request through
-    the pair's PD path, with its latency, and "restart pending" when site.yml changed its
+    not the sum. Grouped per host; per group: the gateway's routing and a real request through
+    its PD path, with its latency, and "restart pending" when site.yml changed its
     files without restarting it; per engine: unit state, PID, uptime, /health,
     running and queued requests, KV usage, CUDA graph or eager, generation tok/s and the
-    gateway's view. A group (layout.groups) is shown like a pair with its shape (group
-    2P1D) and its engines by member (prefill0, prefill1, decode0); in JSON its entry under
-    "pairs" lists them under "members". Lines fit the terminal (80 columns too): nothing is
-    cut, the rest of a line continues under it. Exit 0 when everything is healthy, 1 if not.
+    gateway's view. A group of layout.groups is shown with its shape (group 2P1D) and its
+    engines by member (prefill0, prefill1, decode0); in JSON its entry under "pairs" (the
+    key names every group) lists them under "members". Lines fit the terminal (80 columns
+    too): nothing is cut, the rest of a line continues under it. Exit 0 when everything is
+    healthy, 1 if not.
 
     \b
     Examples:
@@ -132,7 +133,7 @@ def status(
 @click.command()
 @source_options
 @format_option
-@click.option("--both", is_flag=True, help="Restart prefill and decode of each pair together.")
+@click.option("--both", is_flag=True, help="Restart prefill and decode of each group together.")
 @click.option("--prefill", is_flag=True, help="Prefill alone: refused without --force.")
 @click.option("--decode", is_flag=True, help="Decode alone: refused without --force.")
 @click.option(
@@ -142,16 +143,18 @@ def status(
 )
 @former_name("--router", "--gateways", is_flag=True)
 @click.option(
-    "--pair", "pairs", multiple=True, metavar="NAME", help="Pair NAME or HOST/NAME; repeatable."
+    "--pair", "pairs", multiple=True, metavar="NAME", help="Group NAME or HOST/NAME; repeatable."
 )
 @click.option(
     "--all",
     "all_pairs",
     is_flag=True,
-    help="Every pair, one at a time (or --max-unavailable at once).",
+    help="Every group, one at a time (or --max-unavailable at once).",
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--force", is_flag=True, help="Allow --prefill/--decode alone (degrades the pair).")
+@click.option(
+    "--force", is_flag=True, help="Allow --prefill/--decode alone (degrades their group)."
+)
 @click.option("--drain-timeout", type=float, default=Timeouts.drain, show_default=True)
 @click.option("--health-timeout", type=float, default=Timeouts.health, show_default=True)
 @click.option("--canary-timeout", type=float, default=Timeouts.canary, show_default=True)
@@ -211,12 +214,13 @@ def restart(
     floor_timeout: float,
     no_fleet_lock: bool,
 ) -> None:
-    """Restart PD pairs the safe way: drain, stop both, start both, verify, re-register.
+    """Restart PD groups the safe way: drain, stop all, start all, verify, re-register.
 
-    A pair is restarted as one: the gateway stops routing to it and in-flight requests finish
-    (bounded), both engines stop and start through the pair's systemd target, then /health on
-    both, canary requests through the pair's PD path, and only then the gateway routes to it
-    again. --all rolls pairs one at a time and stops at the first failure.
+    A group (a pair is a 1P1D group) is restarted as one: the gateway stops routing to it and
+    in-flight requests finish (bounded), its engines stop and start through the group's
+    systemd target, then /health on each, canary requests through its PD paths, and only then
+    the gateway routes to it again. --all rolls groups one at a time and stops at the first
+    failure.
 
     --max-unavailable K rolls up to K groups at once (never a group split), each through the
     same steps, under the one fleet lock. Before each group is drained, the gateways' own
@@ -236,10 +240,10 @@ def restart(
     restart is recorded in the fleet's history (pdctl history).
 
     \b
-    Exit codes: 0 done; 1 a pair failed (journal lines follow), or a roll's floor was not
+    Exit codes: 0 done; 1 a group failed (journal lines follow), or a roll's floor was not
     met within --floor-timeout; 2 bad input or refused;
     3 another restart holds the lock (after --lock-wait); 5 etcd cannot serve the fleet
-    restart lock; 130 interrupted (Ctrl-C): the message names every pair left out of the
+    restart lock; 130 interrupted (Ctrl-C): the message names every group left out of the
     gateway and the command that puts them back.
     \b
     Examples:
@@ -275,7 +279,7 @@ def _check_mode(both: bool, sides: list[Role], gateways: bool, force: bool, boun
     """One mode per restart; a side alone only with --force; a roll's bounds only for groups."""
     if sum([both, bool(sides), gateways]) != 1:
         raise PdctlError(
-            "say what to restart: --both (pairs), --gateways, or --prefill/--decode with --force"
+            "say what to restart: --both (groups), --gateways, or --prefill/--decode with --force"
         )
     if sides and not force:
         raise PdctlError(LONE_RESTART_REFUSAL.format(role=" and ".join(sides)))
@@ -322,16 +326,16 @@ def _restart_gateways(run: _Restart) -> list[Report]:
 
 
 def _restart_sides(run: _Restart, chosen: list[Pair], sides: list[Role]) -> list[Report]:
-    """--prefill/--decode --force: those engines alone, leaving their pairs degraded."""
+    """--prefill/--decode --force: those engines alone, leaving their groups degraded."""
     insts = [i for p in chosen for s in sides for i in p.instances if i.role is s]
     run.confirm(
         [f"{i.id} ({i.unit})" for i in insts],
-        "Restart these ALONE? The pairs will be degraded until both restart.",
+        "Restart these ALONE? Their groups will be degraded until both restart.",
     )
     with run.locked("pdctl restart --force (one side)", [i.id for i in insts]) as got:
         reports = [restart_instance(run.ops, i) for i in insts]
         got.record(outcome(reports))
-    warn("Warning: the pair is likely degraded now; run pdctl restart --both.")
+    warn("Warning: the group is likely degraded now; run pdctl restart --both.")
     return reports
 
 
@@ -345,7 +349,7 @@ def _restart_groups(
         click.echo(line, err=True)
     run.confirm(
         [f"{p.id}: {' + '.join(i.unit for i in p.instances)}" for p in chosen],
-        f"Restart {len(chosen)} pair(s) as above?",
+        f"Restart {len(chosen)} group(s) as above?",
     )
     return roll_held(run.ops, chosen, budget, run.locked, "pdctl restart --both")
 
@@ -366,15 +370,15 @@ def _confirm(yes: bool, targets: list[str], question: str) -> None:
     type=click.IntRange(min=1),
     default=CANARIES_DOCTOR,
     show_default=True,
-    help="Requests per pair canary; a degraded pair fails a share of them.",
+    help="Requests per group canary; a degraded group fails a share of them.",
 )
 def doctor(
     topology_path: Path, inventory: Path, profile: Path | None, fmt: str, canaries: int
 ) -> None:
     """Find what is wrong with the running deployment, and what to run about it.
 
-    `pdctl validate` (with -i/-p) plus live checks: degraded pairs (canary fails while both
-    sides answer /health), members the gateway holds under another pair's or group's pairing
+    `pdctl validate` (with -i/-p) plus live checks: degraded groups (canary fails while every
+    member answers /health), members the gateway holds under another group's pairing
     protocol or none, eager decode batches, KV held while idle, flags of the running
     processes differing from the rendered ones (drift), failed or restarting units, restarts
     abandoned half-way (pdctl finish).
@@ -424,17 +428,17 @@ def register(
     hosts: tuple[str, ...],
     timeout: float,
 ) -> None:
-    """Register every pair with the gateways, each pair bound by its id.
+    """Register every group with the gateways, each group bound by its id.
 
     smg starts with no workers; the gateway unit runs this after every start
-    (ExecStartPost=), so each pair's prefill and decode carry the pair's id as pairing
-    protocol and smg never combines one pair's prefill with another pair's decode.
+    (ExecStartPost=), so each group's prefills and decodes carry the group's id as pairing
+    protocol and smg never combines one group's prefill with another group's decode.
 
     It does not wait for the engines: smg adds each worker once its engine answers. Safe to
-    run again: workers a gateway holds are left alone; one held without its pair's protocol
+    run again: workers a gateway holds are left alone; one held without its group's protocol
     is reported "unbound" (pdctl restart --both --pair NAME rebinds it without failing
     requests), one being drained "draining" (a restart is under way). A worker whose URL is
-    no instance of the topology (its pair left the profile) is removed and listed.
+    no instance of the topology (its group left the profile) is removed and listed.
 
     \b
     Exit codes: 0 done; 1 a gateway did not answer within --timeout; 2 bad input.

@@ -1,7 +1,7 @@
-"""`pdctl recover`: the coordinated restart of a crashed pair, run by the engine units'
-OnFailure= (pdstack-recover@PAIR.service).
+"""`pdctl recover`: the coordinated restart of a crashed group, run by the engine units'
+OnFailure= (pdstack-recover@GROUP.service).
 
-A module of its own: its start-up counts towards the time from the crash to the pair serving
+A module of its own: its start-up counts towards the time from the crash to the group serving
 again (benchmarks/recovery_phases.py), so it imports the recovery's code path and nothing of
 the other ops commands (status, doctor and their rendering).
 """
@@ -36,13 +36,13 @@ from pdctl.ops.recover import recover as run_recover
 
 @click.command()
 @source_options
-@click.option("--pair", "pair_name", required=True, metavar="NAME", help="Pair NAME or HOST/NAME.")
+@click.option("--pair", "pair_name", required=True, metavar="NAME", help="Group NAME or HOST/NAME.")
 @click.option(
     "--max-recoveries",
     type=click.IntRange(min=1),
     default=RateLimit.max_count,
     show_default=True,
-    help="Recoveries of one pair allowed within --window.",
+    help="Recoveries of one group allowed within --window.",
 )
 @click.option(
     "--window",
@@ -74,15 +74,15 @@ def recover(
     lock_timeout: float | None,
     no_fleet_lock: bool,
 ) -> None:
-    """Coordinated restart of a pair after one of its engines failed (run by systemd).
+    """Coordinated restart of a group after one of its engines failed (run by systemd).
 
-    Each engine unit has OnFailure=pdstack-recover@PAIR.service, which runs this. It
-    restarts the whole pair (never the failed side alone), at most --max-recoveries times per
+    Each engine unit has OnFailure=pdstack-recover@GROUP.service, which runs this. It
+    restarts the whole group (never the failed engine alone), at most --max-recoveries times per
     --window: past that it exits 4 and leaves the failed unit failed, so the alert fires.
     If another restart holds the lock (this host's, or the fleet restart lock), or etcd
     cannot serve (no quorum), it waits (--lock-wait), then recovers. While it waits, the
-    pair is taken out of every gateway that answers and both its sides are stopped, so no
-    request meets a half pair; `pdctl status` shows "recovery waiting" and why. After the
+    group is taken out of every gateway that answers and all its engines are stopped, so no
+    request meets a half group; `pdctl status` shows "recovery waiting" and why. After the
     wait it exits 3 or 5 and systemd starts it again, for as long as it takes. An unreadable
     state file is started afresh with a warning.
 

@@ -7,13 +7,16 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
 from pdctl.cli.options import deployment_options, format_option, instance_option
-from pdctl.lint import lint, report
+from pdctl.errors import PdctlError
+from pdctl.lint import Finding, lint, report
 from pdctl.plan import TIGHT_MARGIN_GIB, InstancePlan, Verdict, plan_instance
 from pdctl.render import render_instance, router_args
 from pdctl.spec import Deployment, Instance, load_deployment
@@ -90,7 +93,8 @@ def render(inventory: Path, profile: Path | None, fmt: str, only: tuple[str, ...
     default=Path("monitoring"),
     show_default=True,
     help="The monitoring pack --target-version checks: DIR/rules/*.yml and "
-    "DIR/dashboards/**/*.json (python -m monitoring.build --out DIR, or the committed build).",
+    "DIR/dashboards/**/*.json (python -m monitoring.build --out DIR, or the committed build); "
+    "refused without --target-version.",
 )
 def validate(
     inventory: Path,
@@ -103,7 +107,7 @@ def validate(
     """Lint the deployment for the pitfalls that broke PD serving before.
 
     Reads the inventory and the profile, then checks the layout (GPUs, TP, NUMA, ports), that
-    each prefill/decode pair agrees on its KV handover (and, with several pairs,
+    the prefills and decodes of each group agree on their KV handover (and, with several pairs,
     that the gateway keeps requests inside pairs), CUDA-graph sizes against max running
     requests, the per-GPU memory budget (see `pdctl plan`), RDMA NIC settings, every launch
     flag against the pinned sglang's own parser, and model-family pitfalls. Each finding says
@@ -111,13 +115,15 @@ def validate(
 
     With --target-version, also every launch flag against that version's parser (a removed or
     renamed flag is an error naming the closest option) and every sglang:* series the pack's
-    rules (error) and dashboards (warning) read against the families it emits.
+    rules (error) and dashboards (warning) read against the families it emits. Input that
+    cannot be read (inventory, profile, a file of the pack) is one line, or with --format json
+    one object {"error", "exit_code", ...} on stdout.
 
     \b
     Exit codes:
       0  no errors (warnings are printed but pass)
       1  warnings only, and --strict was given
-      2  errors, the inventory/profile cannot be read, or no lists for --target-version
+      2  errors, unreadable input, no lists for --target-version, or --monitoring without it
     \b
     Examples:
       pdctl validate
@@ -125,19 +131,20 @@ def validate(
       pdctl validate --target-version 0.5.17
       pdctl validate --format json | jq '.findings[].id'
     """
-    dep = load_deployment(inventory, profile)
-    findings = lint(dep)
-    if target_version is not None:
-        from pdctl.lint.target import check_target  # only here: plain validate stays light
-
-        findings += check_target(dep, target_version, pack)
+    try:
+        dep, findings = _validated(inventory, profile, target_version, pack)
+    except PdctlError as e:
+        if fmt != "json":
+            raise
+        # Scripts read stdout as JSON whatever happened: the error as an object, not a line.
+        error = {"error": str(e), "exit_code": e.exit_code}
+        click.echo(json.dumps(_sources(inventory, profile, target_version) | error, indent=2))
+        sys.exit(e.exit_code)
     counts = report.summary(dep, findings, strict)
     code = counts["exit_code"]
     if fmt == "json":
         out = {
-            "inventory": str(dep.inventory_path),
-            "profile": str(dep.profile_path),
-            "target_version": target_version,
+            **_sources(dep.inventory_path, dep.profile_path, target_version),
             "findings": [asdict(f) for f in findings],
             "summary": counts,
         }
@@ -145,6 +152,35 @@ def validate(
     else:
         report.print_findings(dep, findings, counts, Console())
     sys.exit(code)
+
+
+def _validated(
+    inventory: Path, profile: Path | None, target_version: str | None, pack: Path
+) -> tuple[Deployment, list[Finding]]:
+    """The deployment and its findings; PdctlError for input that cannot be read, and for
+    --monitoring without --target-version (the pack would silently go unchecked)."""
+    ctx = click.get_current_context()
+    if target_version is None and ctx.get_parameter_source("pack") is not ParameterSource.DEFAULT:
+        raise PdctlError(
+            "--monitoring names the pack --target-version checks: give --target-version "
+            "VERSION too, or leave --monitoring out"
+        )
+    dep = load_deployment(inventory, profile)
+    findings = lint(dep)
+    if target_version is not None:
+        from pdctl.lint.target import check_target  # only here: plain validate stays light
+
+        findings += check_target(dep, target_version, pack)
+    return dep, findings
+
+
+def _sources(inventory: Path, profile: Path | None, target_version: str | None) -> dict[str, Any]:
+    """What validate's JSON says it read: the same keys for findings and for an error."""
+    return {
+        "inventory": str(inventory),
+        "profile": None if profile is None else str(profile),
+        "target_version": target_version,
+    }
 
 
 @click.command()

@@ -133,7 +133,7 @@ class PdCollector(Collector):
         ok = self.refresh()
         members = GaugeMetricFamily(
             "pdstack_group_members",
-            "Members the topology gives each role of a pair or group on this host.",
+            "Members the topology gives each role of a group on this host.",
             labels=["pair", "role"],
         )
         for (pair, role), count in sorted(self.targets.members.items()):
@@ -205,7 +205,7 @@ class PdCollector(Collector):
         results, runs, failures = self.canary.snapshot()
         ok = GaugeMetricFamily(
             "pdstack_pair_canary_success",
-            "1 when the last canary generate through the pair succeeded.",
+            "1 when the last canary generate through the group succeeded.",
             labels=["pair"],
         )
         took = GaugeMetricFamily(

@@ -76,7 +76,7 @@ def _listen(address: str, port: int, registry: CollectorRegistry) -> WSGIServer:
     default=15.0,
     show_default=True,
     type=float,
-    help="Seconds between canary generates through each pair.",
+    help="Seconds between canary generates through each group.",
 )
 @click.option("--canary-timeout", default=10.0, show_default=True, type=float)
 @click.option(

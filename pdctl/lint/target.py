@@ -20,8 +20,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pdctl.errors import PdctlError
 from pdctl.lint.finding import Finding, Problem, Severity, merged
 from pdctl.lint.flags import (
@@ -35,6 +33,7 @@ from pdctl.lint.flags import (
 )
 from pdctl.promql import metric_names, name_regexes
 from pdctl.spec import Deployment
+from pdctl.spec.load import read_yaml
 
 METRICS_GENERATOR = "scripts/sglang-metrics.py"
 # The series Prometheus stores for one family of each type (a counter's name carries _total).
@@ -53,6 +52,16 @@ RENAME_CUTOFF = 0.8
 
 class NoTargetList(PdctlError):
     """The target version has no flag or metric list in this pdctl: nothing can be checked."""
+
+
+class PackUnreadable(PdctlError):
+    """A file of the monitoring pack is no rules file or dashboard: nothing is checked."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"{path}: {why}: the monitoring pack is not checked (--monitoring DIR: a pack as "
+            "python -m monitoring.build --out DIR writes it)"
+        )
 
 
 @cache
@@ -112,10 +121,34 @@ class Query:
     expr: str
 
 
-def _rule_queries(path: Path) -> Iterator[Query]:
-    for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
-        for r in group.get("rules", []):
-            yield Query("rule", f"{path.name}: {r.get('alert') or r.get('record')}", r["expr"])
+def _rule_queries(path: Path) -> list[Query]:
+    """The rules file's expressions. Malformed YAML is read_yaml's one-line SpecError; a file
+    shaped otherwise than groups of rules that each have an expr, PackUnreadable."""
+    data = read_yaml(path)
+    try:
+        return [
+            Query("rule", f"{path.name}: {r.get('alert') or r.get('record')}", r["expr"])
+            for group in (data or {}).get("groups", [])
+            for r in group.get("rules", [])
+        ]
+    except (AttributeError, KeyError, TypeError):
+        raise PackUnreadable(
+            path, "not a Prometheus rules file (groups of rules with expr)"
+        ) from None
+
+
+def _dashboard_queries(path: Path) -> list[Query]:
+    """The dashboard's expressions; PackUnreadable for a file that is no JSON or no dashboard."""
+    try:
+        board = json.loads(path.read_bytes())
+    except OSError as e:
+        raise PackUnreadable(path, f"cannot read: {e.strerror}") from None
+    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError of non-UTF-8 bytes
+        raise PackUnreadable(path, f"not JSON ({e})") from None
+    try:
+        return list(_panel_queries(board.get("uid", path.stem), board))
+    except (AttributeError, KeyError, TypeError):
+        raise PackUnreadable(path, "not a Grafana dashboard (panels with targets)") from None
 
 
 def _panel_queries(uid: str, node: Any) -> Iterator[Query]:
@@ -130,12 +163,12 @@ def _panel_queries(uid: str, node: Any) -> Iterator[Query]:
 
 def pack_queries(pack: Path) -> list[Query]:
     """The expressions of a monitoring pack as `python -m monitoring.build --out DIR` writes it
-    (DIR/rules/*.yml, DIR/dashboards/*.json) or as committed (monitoring/dashboards/json/)."""
-    queries = [q for path in sorted(pack.glob("rules/*.yml")) for q in _rule_queries(path)]
-    for path in sorted(pack.glob("dashboards/**/*.json")):
-        board = json.loads(path.read_text())
-        queries += _panel_queries(board.get("uid", path.stem), board)
-    return queries
+    (DIR/rules/*.yml, DIR/dashboards/*.json) or as committed (monitoring/dashboards/json/).
+    A file that cannot be read as what its place says: one line naming it (PackUnreadable, or
+    read_yaml's SpecError), never a traceback."""
+    rules = [q for path in sorted(pack.glob("rules/*.yml")) for q in _rule_queries(path)]
+    boards = sorted(pack.glob("dashboards/**/*.json"))
+    return rules + [q for path in boards for q in _dashboard_queries(path)]
 
 
 def _unemitted(expr: str, emitted: frozenset[str]) -> list[str]:

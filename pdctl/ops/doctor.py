@@ -104,7 +104,7 @@ def pair_findings(s: Status) -> list[Finding]:
                 _error(
                     "live-pair-down",
                     p.id,
-                    f"pair canary fails and {', '.join(down)} "
+                    f"group canary fails and {', '.join(down)} "
                     f"does not answer /ready: {p.canary.error}",
                     f"pdctl restart --both --pair {p.id}",
                 )
@@ -114,7 +114,7 @@ def pair_findings(s: Status) -> list[Finding]:
                 _error(
                     "live-degraded-pair",
                     p.id,
-                    f"degraded pair: {p.canary.failed}/{p.canary.sent} canary requests failed "
+                    f"degraded group: {p.canary.failed}/{p.canary.sent} canary requests failed "
                     f"while both sides answer /ready ({p.canary.error}); typical after one side "
                     "restarted alone",
                     f"run pdctl restart --both --pair {p.id}",
@@ -197,7 +197,7 @@ def kv_findings(s: Status) -> list[Finding]:
             i.instance.id,
             f"KV usage {i.probe.token_usage:.0%} with no running or queued request: KV "
             "held by orphaned requests (prefill keeps it until the bootstrap timeout)",
-            "check the journal for transfer failures; restart the pair if it stays up",
+            "check the journal for transfer failures; restart its group if it stays up",
         )
         for i in s.instances
         if i.probe.running == 0
@@ -279,7 +279,7 @@ def drift_findings(ops: Ops, s: Status) -> list[Finding]:
                     "live-drift",
                     i.instance.id,
                     f"PID {i.unit.main_pid} runs with flags differing from {source}: {shown}",
-                    "run site.yml (restarts changed pairs together)",
+                    "run site.yml (restarts changed groups whole)",
                 )
             )
     return out
@@ -319,7 +319,7 @@ def lock_findings(ops: Ops, s: Status) -> list[Finding]:
                 r.host,
                 f"{r.host} PID {r.pid} {r.command} lost the fleet restart lock before it "
                 "finished (its lease expired: killed, paused or cut off)",
-                "pdctl status for pairs it left drained; pdctl restart --both puts them back",
+                "pdctl status for groups it left drained; pdctl restart --both puts them back",
             )
         ]
     return []

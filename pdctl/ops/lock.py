@@ -297,7 +297,7 @@ def _start_history(
     say(
         f"WARNING: the last holder of the fleet restart lock, {took_over}, lost it before "
         "it finished (its lease expired: killed, paused or cut off). Check what it left "
-        "behind (pdctl status: drained pairs; pdctl history)"
+        "behind (pdctl status: drained groups; pdctl history)"
     )
     return rec, took_over
 

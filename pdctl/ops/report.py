@@ -40,7 +40,7 @@ class Interrupted(PdctlError):
         if not more:
             finisher = _FINISHER.format(what="its restart", it="it") if recorded else ""
             super().__init__(
-                f"interrupted during {phase} of pair {pair}: it {_state(phase)}; pdctl status "
+                f"interrupted during {phase} of group {pair}: it {_state(phase)}; pdctl status "
                 f"shows it.{finisher} Put it back with: pdctl restart --both --pair {pair}"
             )
             return

@@ -56,12 +56,13 @@ def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> l
     each = "each gateway" if len(ops.gateways) > 1 else "the gateway"
     out: list[str] = []
     for n, p in enumerate(pairs, 1):
-        kind, members = ("group", "all") if len(p.instances) > 2 else ("pair", "both")
-        paths = "every prefill and decode" if kind == "group" else "this pair's PD path"
+        one_leg = len(p.instances) == 2  # a pair: 1P1D, one PD path
+        members = "both" if one_leg else "all"
+        paths = "this group's PD path" if one_leg else "every prefill and decode"
         # Across hosts each host's stop returns once its own members are down.
         down = "" if len(p.hosts) > 1 else f" (returns once {members} engines are down)"
         out += [
-            f"{n}. {kind} {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
+            f"{n}. group {p.id} ({p.spec.target}): {' + '.join(i.url for i in p.instances)}",
             f"   drain     remove {members} from {each} ({gw}), wait <= {t.drain:.0f}s for "
             "in-flight requests",
             *(
@@ -73,7 +74,7 @@ def plan_lines(ops: Ops, pairs: list[Pair], budget: roll.Budget = roll.ONE) -> l
             + (f" on {', '.join(p.hosts)} (once every member is down)" if len(p.hosts) > 1 else ""),
             f"   health    wait <= {t.health:.0f}s for /health on {members}",
             f"   canary    a request through {paths} (retried until it passes)",
-            f"   verify    {ops.verify_canaries} more{' each' if kind == 'group' else ''}; "
+            f"   verify    {ops.verify_canaries} more{'' if one_leg else ' each'}; "
             "every one must pass",
             f"   register  add {members} back to {each}, bound to each other (pairing "
             f"protocol {p.id}), wait until it routes to them",
@@ -301,7 +302,7 @@ class Reach:
             self.ops.say(
                 f"  {self.pair.id}: WARNING: gateway {url} is gone (no key of its host in etcd: "
                 f"{self.host[url]} is lost or its gateway stopped, and it takes no connection); "
-                "going on without it for this restart (it registers every pair when it comes "
+                "going on without it for this restart (it registers every group when it comes "
                 "back)"
             )
 
@@ -349,9 +350,9 @@ def register_pair(ops: Ops, pair: Pair, required: bool = True, reach: Reach | No
         except gateway.GatewayUnreachable as e:
             raise WentAway(
                 "register",
-                f"{e}: it went away during the register; the pair is left for pdctl finish "
-                "(it registers the pair at every gateway that answers; a gateway that starts "
-                "registers every pair itself)",
+                f"{e}: it went away during the register; the group is left for pdctl finish "
+                "(it registers the group at every gateway that answers; a gateway that starts "
+                "registers every group itself)",
             ) from None
 
     gws = _reachable(reach or Reach(ops, pair), "register", required)
@@ -610,7 +611,7 @@ def restart_pair(
         # restarter that holds it now.
         drained = isinstance(e, StepFailed) and e.phase == "drain"
         if not (drained or isinstance(e, WentAway)):
-            rep.error += " (the pair stays out of the gateway)"
+            rep.error += " (the group stays out of the gateway)"
         unfinished = drained or isinstance(e, (LockLost, WentAway))
     except KeyboardInterrupt:
         raise Interrupted(pair.id, phase, recorded=phases is not None) from None
@@ -649,7 +650,7 @@ def _ended(ops: Ops, phases: Phases, pair: Pair) -> None:
         phases.done(pair.id)
     except StoreUnavailable as e:
         ops.say(
-            f"  {pair.id}: its restart record stays in etcd ({e}); pdctl finish takes the pair "
+            f"  {pair.id}: its restart record stays in etcd ({e}); pdctl finish takes the group "
             "up again from its last phase"
         )
 

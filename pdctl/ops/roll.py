@@ -106,7 +106,7 @@ def of_k(k: str, groups: int) -> tuple[Budget, bool]:
 def plan_line(b: Budget) -> str:
     if b.min_serving is None:
         return (
-            "Pairs restart one at a time; the others keep serving. "
+            "Groups restart one at a time; the others keep serving. "
             "The first failure stops the roll."
         )
     return (

@@ -87,15 +87,15 @@ class Source:
             return pairs
         valid = ", ".join(p.id for p in pairs)
         if not names:
-            raise PdctlError(f"name a pair with --pair NAME, or use --all (pairs: {valid})")
+            raise PdctlError(f"name a group with --pair NAME, or use --all (groups: {valid})")
         chosen: list[Pair] = []
         for name in names:
             hits = [p for p in pairs if p.names(name)]
             if not hits:
-                raise PdctlError(f"unknown pair {name!r}; valid pairs: {valid}")
+                raise PdctlError(f"unknown group {name!r}; valid groups: {valid}")
             if len(hits) > 1:
                 raise PdctlError(
-                    f"pair name {name!r} is on several hosts; use one of: "
+                    f"group name {name!r} is on several hosts; use one of: "
                     + ", ".join(p.id for p in hits)
                 )
             chosen += [h for h in hits if h not in chosen]

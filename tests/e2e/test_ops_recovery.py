@@ -109,7 +109,7 @@ def test_lone_decode_restart_is_degraded_until_restart_both(ops_site: Site) -> N
     assert not p["canary"]["ok"], s  # both answer /health, the PD path is broken
     code, out, _ = pdctl(host, f"doctor {CANARIES}")
     assert code == 2
-    assert f"ERROR live-degraded-pair [{pair}]: degraded pair" in out
+    assert f"ERROR live-degraded-pair [{pair}]: degraded group" in out
     assert f"fix: run pdctl restart --both --pair {pair}" in out
 
     code, out, err = pdctl(host, "restart --both --pair pd0 --yes")

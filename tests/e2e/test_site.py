@@ -304,8 +304,8 @@ def test_a_changed_profile_restarts_the_pair_and_removes_dropped_pairs(
     run = site.run(profile=changed)
     run.assert_ok()
     assert run.changed_tasks() == [
-        "pdstack_engine : Stop the engines of pairs that left the profile",
-        "pdstack_engine : Remove the files of pairs that left the profile",
+        "pdstack_engine : Stop the engines of groups that left the profile",
+        "pdstack_engine : Remove the files of groups that left the profile",
         "pdstack_engine : Write the engine environment files",
         "pdstack_engine : Roll the changed groups (drain, restart, canary, register)",
     ]

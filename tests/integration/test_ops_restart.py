@@ -405,7 +405,7 @@ def test_an_interrupted_restart_leaves_the_pair_drained_until_restart_both(
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("pdctl.ops.restart._first_canary", ctrl_c)  # ^C once both are healthy
-        with pytest.raises(Interrupted, match=f"during canary of pair {pd0.id}: it is out of"):
+        with pytest.raises(Interrupted, match=f"during canary of group {pd0.id}: it is out of"):
             restart_pair(ops, pd0)
     s = collect(ops, 1)
     assert {p.id: p.gateway for p in s.pairs} == {pd0.id: "drained", pd1.id: "routed"}

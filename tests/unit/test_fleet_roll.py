@@ -254,7 +254,7 @@ def _failed_result() -> site_roll.Result:
         Report(
             "h2/pd0",
             ok=False,
-            error="health: not healthy after 600s (the pair stays out of the gateway)",
+            error="health: not healthy after 600s (the group stays out of the gateway)",
             phase="health",
             phases={"drain": 0.1, "stop": 1.0, "start": 0.1, "health": 600.0},
             journal={"pdstack-pd0-decode.service": ["boom"]},
@@ -270,7 +270,7 @@ def test_the_plays_failure_is_the_message_of_pdctls_result(tmp_path: Path) -> No
     assert stop["run_once"] is True and stop["any_errors_fatal"] is True
     result = _failed_result()
     assert result.message == (
-        "pdctl roll failed (exit 1): h2/pd0: health: not healthy after 600s (the pair stays "
+        "pdctl roll failed (exit 1): h2/pd0: health: not healthy after 600s (the group stays "
         "out of the gateway); restarted: h1/pd0; untouched: g1. A failed group stays out of "
         "the gateways and the groups after it were not restarted: pdctl status."
     )

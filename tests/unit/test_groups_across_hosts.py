@@ -107,7 +107,7 @@ def test_restart_and_recovery_name_it_by_its_id_or_from_any_of_its_hosts(
     # The recovery unit on each host names it HOST/g1 (recover@.service.j2).
     for host in HOSTS:
         assert source.select((f"{host}/g1",), False) == [g1]
-    with pytest.raises(Exception, match="unknown pair 'node-4/g1'"):
+    with pytest.raises(Exception, match="unknown group 'node-4/g1'"):
         source.select(("node-4/g1",), False)
     assert restart.registrations([g1])[0].pairing == "g1"
 

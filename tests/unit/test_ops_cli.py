@@ -110,7 +110,7 @@ def test_decode_alone_with_force_restarts_only_that_side(topo_file: Path, calls:
     )
     assert r.exit_code == 0, r.stderr
     assert calls.singles == ["node-a/pd0-decode"]
-    assert "pair is likely degraded" in r.stderr
+    assert "group is likely degraded" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_restart_both_confirms_listing_the_targets(
         "pdstack-pd1-decode.service on node-a (returns once both engines are down)"
     ) in r.stderr
     if input is not None:
-        assert "Restart 1 pair(s) as above? [y/N]" in r.stderr
+        assert "Restart 1 group(s) as above? [y/N]" in r.stderr
     if code == 0:
         assert "OK: node-a/pd1-prefill" in r.stdout and "OK: node-a/pd1-decode" in r.stdout
     else:
@@ -167,8 +167,8 @@ def test_former_option_names_are_hidden(command: str, former: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--both", "--pair", "pd9"], "unknown pair 'pd9'; valid pairs: node-a/pd0, node-a/pd1"),
-        (["--both"], "name a pair with --pair NAME, or use --all"),
+        (["--both", "--pair", "pd9"], "unknown group 'pd9'; valid groups: node-a/pd0, node-a/pd1"),
+        (["--both"], "name a group with --pair NAME, or use --all"),
         (["--pair", "pd0"], "say what to restart: --both"),
         (["--both", "--gateways", "--all"], "say what to restart"),
     ],
@@ -321,7 +321,7 @@ def test_doctor_exit_codes_and_fix_lines(
             "live-degraded-pair",
             Severity.ERROR,
             "node-a/pd0",
-            "degraded pair: ...",
+            "degraded group: ...",
             "run pdctl restart --both --pair node-a/pd0",
         )
     ]
@@ -523,7 +523,7 @@ def test_ctrl_c_mid_restart_names_the_drained_pair_and_the_way_back(
     _one_error_line(
         r,
         130,
-        "interrupted during health of pair node-a/pd0",
+        "interrupted during health of group node-a/pd0",
         "out of the gateway (drained)",
         "Put it back with: pdctl restart --both --pair node-a/pd0",
     )
@@ -787,5 +787,5 @@ def test_a_roll_budget_reaches_the_roll_with_its_plan(
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
     assert got == [ops_commands.roll.Budget(2, 0)]
-    assert "1. pair node-a/pd1" in r.stderr  # in the roll's order
+    assert "1. group node-a/pd1" in r.stderr  # in the roll's order
     assert "Groups restart at most 2 at a time" in r.stderr

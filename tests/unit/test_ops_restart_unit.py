@@ -34,13 +34,13 @@ from tests.unit.ops_fakes import (
 def test_plan_lines_name_every_step() -> None:
     ops = fake_ops(FakeSystemd(), FakeGateway())
     text = "\n".join(restart.plan_lines(ops, ops.source.pairs()))
-    assert "1. pair node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
+    assert "1. group node-a/pd0 (pdstack-pd0.target): http://10.0.0.1:30000 + " in text
     assert (
         "systemctl stop pdstack-pd1.target pdstack-pd1-prefill.service "
         "pdstack-pd1-decode.service on node-a (returns once both engines are down)"
     ) in text
     assert "verify    5 more; every one must pass" in text
-    assert "Pairs restart one at a time" in text
+    assert "Groups restart one at a time" in text
 
 
 def test_a_unit_failing_to_start_stops_the_roll() -> None:
@@ -96,13 +96,13 @@ def test_a_roll_stops_before_its_next_pair_once_the_fleet_lock_is_lost() -> None
 
 def test_a_restart_that_loses_the_fleet_lock_mid_pair_stops_before_its_next_step() -> None:
     """Paused past the ttl between stop and start: it never starts the pair another holder
-    may be restarting now, and says the pair stays out of the gateway."""
+    may be restarting now, and says the group stays out of the gateway."""
     sd, gw = FakeSystemd(), FakeGateway()
     ops = fake_ops(sd, gw)
     reasons = iter([None, None, LOST])  # drain, stop, then lost before start
     rep = restart.restart_pair(ops, ops.source.pairs()[0], lock_lost=lambda: next(reasons))
     assert not rep.ok and (rep.error or "").startswith("start: stopped before it: this restart")
-    assert "(the pair stays out of the gateway)" in (rep.error or "")
+    assert "(the group stays out of the gateway)" in (rep.error or "")
     assert [v for v, _ in sd.jobs] == ["stop"]
     assert list(rep.phases) == ["drain", "stop"]
 
@@ -373,7 +373,7 @@ def test_ctrl_c_during_a_restart_names_the_pair_and_the_phase() -> None:
     with pytest.raises(restart.Interrupted) as e:
         restart.restart_pairs(ops, ops.source.pairs())
     msg = str(e.value)
-    assert msg.startswith("interrupted during start of pair node-a/pd0: it is out of the gateway")
+    assert msg.startswith("interrupted during start of group node-a/pd0: it is out of the gateway")
     assert "engines may be stopped or starting" in msg
     assert msg.endswith("Put it back with: pdctl restart --both --pair node-a/pd0")
     assert e.value.exit_code == 130
@@ -451,7 +451,7 @@ def test_a_gateway_killed_during_the_register_leaves_the_pair_for_pdctl_finish()
     rep = restart.restart_pair(ops, pair, phases=cast(Phases, records))
     assert not rep.ok and (rep.error or "").startswith(
         "register: gateway http://gw1:8000: ConnectionError: reset: it went away during the "
-        "register; the pair is left for pdctl finish"
+        "register; the group is left for pdctl finish"
     )
     assert "stays out of the gateway" not in (rep.error or "")
     assert [v for v, _ in sd.jobs if v != "reset-failed"] == ["stop", "start"]

@@ -85,7 +85,7 @@ def test_a_held_lock_leaves_every_group_untouched_and_names_the_holder(tmp_path:
 @pytest.mark.parametrize(
     ("plan", "error"),
     [
-        ({"groups": ["node-a/pd9"]}, "unknown pair 'node-a/pd9'"),
+        ({"groups": ["node-a/pd9"]}, "unknown group 'node-a/pd9'"),
         ({"groups": IDS, "max_unavailable": "4"}, "more than the fleet's 3 groups"),
     ],
 )

@@ -13,12 +13,16 @@ import pytest
 from tests.conftest import ROOT, benchmark
 from tests.lanes import (
     LANE_NICE,
+    NICE0_PER_LANE_NICE,
     SESSION_HOST_UNIT,
+    Durations,
     Module,
     Plan,
     collected_modules,
     next_unit,
+    nices,
     plan,
+    read_durations,
     record_durations,
     spans,
 )
@@ -26,8 +30,11 @@ from tests.lanes import (
 pytest_plugins = ["pytester"]
 
 
-def _line(worker: str, nodeid: str, when: str, start: float, stop: float) -> dict[str, object]:
-    return {"worker": worker, "nodeid": nodeid, "when": when, "start": start, "stop": stop}
+def _line(
+    worker: str, nodeid: str, when: str, start: float, stop: float, nice: int | None = None
+) -> dict[str, object]:
+    line = {"worker": worker, "nodeid": nodeid, "when": when, "start": start, "stop": stop}
+    return line if nice is None else {**line, "nice": nice}
 
 
 def test_a_modules_phases_merge_into_one_span_per_lane_in_start_order() -> None:
@@ -56,10 +63,68 @@ def test_a_run_merges_its_modules_durations_over_the_last_record(tmp_path: Path)
     record = tmp_path / "durations.json"
     record.write_text(json.dumps({here: 5.0, other: 7.0, "tests/unit/test_gone.py": 3.0}))
     log = tmp_path / "lanes.jsonl"
-    log.write_text(json.dumps(_line("gw0", f"{here}::test_x", "call", 10.0, 12.5)) + "\n")
+    log.write_text(json.dumps(_line("gw0", f"{here}::test_x", "call", 10.0, 12.5, 5)) + "\n")
     record_durations(log, record, ROOT)
-    # This run's module updated, the one it did not run kept, the deleted one dropped.
-    assert json.loads(record.read_text()) == {here: 2.5, other: 7.0}
+    # This run's module updated, the one it did not run kept, the deleted one dropped; the
+    # nice this run's module ran at beside the seconds, under a key that is no module.
+    assert json.loads(record.read_text()) == {here: 2.5, other: 7.0, "nice": {here: 5}}
+
+
+def test_a_modules_nice_is_the_highest_its_phases_ran_at_and_old_lines_have_none() -> None:
+    lines = [
+        _line("gw0", "tests/a.py::test_one", "setup", 100.0, 101.0, 0),
+        _line("gw0", "tests/a.py::test_one", "call", 101.0, 140.0, 5),
+        _line("gw1", "tests/b.py::test_x", "call", 110.0, 130.0, 0),
+        _line("gw2", "tests/c.py::test_z", "call", 150.0, 155.0),  # a log from before nice
+    ]
+    assert nices(lines) == {"tests/a.py": 5, "tests/b.py": 0}
+
+
+def test_a_record_keeps_each_modules_nice_until_that_module_is_recorded_again(
+    tmp_path: Path,
+) -> None:
+    here, other = "tests/unit/test_suite_lanes.py", "tests/unit/test_lint.py"
+    record = tmp_path / "durations.json"
+    record.write_text(json.dumps({here: 9.0, other: 7.0, "nice": {here: 5, other: 0}}))
+    log = tmp_path / "lanes.jsonl"
+    # A log written before rows carried their nice: the new seconds' level is unknown.
+    log.write_text(json.dumps(_line("gw0", f"{here}::test_x", "call", 10.0, 12.0)) + "\n")
+    record_durations(log, record, ROOT)
+    recorded = read_durations(record)
+    assert recorded == Durations({here: 2.0, other: 7.0}, {other: 0})
+
+
+def test_a_durations_file_without_nice_levels_reads_as_nice_0_and_the_new_one_reads_old(
+    tmp_path: Path,
+) -> None:
+    """Backward compatible both ways: a file of plain seconds (before nice was recorded) is
+    scheduled as it was, unscaled; a file with nice levels still maps each module to plain
+    seconds for a reader that knows no nice (an older checkout's tests/lanes.py)."""
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps({"e2e/fleet.py": 1752.7, "e2e/site.py": 864.2}))
+    assert read_durations(old).at_nice0() == {"e2e/fleet.py": 1752.7, "e2e/site.py": 864.2}
+    new.write_text(Durations({"e2e/fleet.py": 1752.7}, {"e2e/fleet.py": LANE_NICE}).to_json())
+    assert json.loads(new.read_text())["e2e/fleet.py"] == 1752.7
+    # Later files over earlier ones, each module's level from the file its seconds came from.
+    both = read_durations(new, old)
+    assert both == Durations({"e2e/fleet.py": 1752.7, "e2e/site.py": 864.2}, {})
+    assert read_durations(old, new).at_nice0()["e2e/fleet.py"] == 1752.7 * NICE0_PER_LANE_NICE
+
+
+def test_a_unit_that_waited_at_lane_nice_is_compared_by_its_nice0_estimate() -> None:
+    """The critical lane stays put from run to run. tests/durations.json's case: the fleet
+    took 1752.7 s at nice 5 beside the session host's 864.2 s at nice 0; the fleet then runs
+    at nice 0 (about 1000 s) and the session host at nice 5 (about 864.2 / 0.57 s): by the raw
+    seconds the next run would make the session host critical again, and so on."""
+    modules = [FLEET, SITE]
+    first = Durations({FLEET.path: 1752.7, SITE.path: 864.2}, {FLEET.path: LANE_NICE, SITE.path: 0})
+    assert plan(modules, first.at_nice0(), workers=2).critical == FLEET.path
+    then = Durations({FLEET.path: 998.0, SITE.path: 1516.1}, {FLEET.path: 0, SITE.path: LANE_NICE})
+    assert plan(modules, then.at_nice0(), workers=2).critical == FLEET.path
+    assert plan(modules, then.seconds, workers=2).critical == SESSION_HOST_UNIT  # unscaled
+    # A level other than 0 and LANE_NICE scales geometrically: twice LANE_NICE, the share twice.
+    twice = Durations({FLEET.path: 100.0}, {FLEET.path: 2 * LANE_NICE}).at_nice0()
+    assert twice[FLEET.path] == pytest.approx(100.0 * NICE0_PER_LANE_NICE**2)
 
 
 def test_the_session_hosts_users_are_one_unit_through_any_fixture(
@@ -197,7 +262,12 @@ def test_in_lanes_the_plan_reaches_xdists_scheduler_and_the_run_records_its_dura
     assert {nice for _, nice in lanes["test_long"]} == {0}
     assert {nice for m in lanes for _, nice in lanes[m] if m != "test_long"} == {LANE_NICE}
     recorded = json.loads((pytester.path / ".durations.json").read_text())
-    assert set(recorded) == {f"{m}.py" for m in lanes}
+    assert set(recorded) == {f"{m}.py" for m in lanes} | {"nice"}
+    # Each lane log row says the nice its test ran at; the record keeps it per module.
+    logged = [json.loads(x) for x in (pytester.path / ".lanes.jsonl").read_text().splitlines()]
+    seen = {(r["nodeid"].split(".py")[0], r["nice"]) for r in logged if r["when"] == "call"}
+    assert seen == {(m, nice) for m in lanes for _, nice in lanes[m]}
+    assert recorded["nice"] == {f"{m}.py": 0 if m == "test_long" else LANE_NICE for m in lanes}
 
 
 def test_every_test_module_has_a_basename_of_its_own() -> None:

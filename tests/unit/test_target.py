@@ -156,13 +156,114 @@ def test_cli_refuses_a_removed_flag_with_the_lint_exit_code(
 ) -> None:
     profile = _on_0_5_17(shipped, {"engine.decode.extra_args": ["--nsa-decode-backend", "x"]})
     inventory = write_deployment(profile)
-    args = ["validate", "-i", str(inventory), "--monitoring", str(ROOT / "monitoring")]
-    assert pdctl(*args).exit_code == exits.OK
-    run = pdctl(*args, "--target-version", "0.5.23", "--format", "json")
+    assert pdctl("validate", "-i", str(inventory)).exit_code == exits.OK
+    pack = ["--monitoring", str(ROOT / "monitoring")]
+    run = pdctl(
+        "validate", "-i", str(inventory), *pack, "--target-version", "0.5.23", "--format", "json"
+    )
     assert run.exit_code == exits.BAD_INPUT
     out = json.loads(run.stdout)
     assert out["target_version"] == "0.5.23"
     assert [f["id"] for f in out["findings"]] == ["target-flag-refused"]
+
+
+# Pack files that are no rules file or dashboard, and what the one line says of each.
+BROKEN_PACK_FILES = {
+    "malformed rules YAML": ("rules/pdstack.rules.yml", "groups: [\n", "malformed YAML"),
+    "rules without expr": (
+        "rules/pdstack.rules.yml",
+        "groups: [{name: g, rules: [{record: r}]}]\n",
+        "not a Prometheus rules file",
+    ),
+    "rules not a mapping": ("rules/pdstack.rules.yml", "- 1\n- 2\n", "not a Prometheus rules"),
+    "dashboard not JSON": ("dashboards/b.json", "{", "not JSON (Expecting"),
+    "dashboard not UTF-8": ("dashboards/b.json", b"\xff\xfe{}", "not JSON ("),
+    "dashboard a list": ("dashboards/b.json", "[1]", "not a Grafana dashboard"),
+}
+
+
+def _broken_pack(root: Path, name: str) -> tuple[Path, Path, str]:
+    """A pack with one file broken as BROKEN_PACK_FILES[name] says: (pack, that file, its
+    one line's words)."""
+    rel, text, words = BROKEN_PACK_FILES[name]
+    pack = write_pack(root, {"r:ok": "sum(sglang:num_running_reqs)"}, {"Running": "up"})
+    broken = pack / rel
+    if isinstance(text, bytes):
+        broken.write_bytes(text)
+    else:
+        broken.write_text(text)
+    return pack, broken, words
+
+
+@pytest.mark.parametrize("name", BROKEN_PACK_FILES)
+def test_cli_broken_pack_file_is_one_line_naming_it(
+    name: str,
+    pdctl: Callable[..., Any],
+    write_deployment: Callable[..., Path],
+    shipped: Shipped,
+    tmp_path: Path,
+) -> None:
+    inventory = write_deployment(shipped("reference"))
+    pack, broken, words = _broken_pack(tmp_path / "pack", name)
+    run = pdctl(
+        "validate", "-i", str(inventory), "--target-version", "0.5.23", "--monitoring", str(pack)
+    )
+    assert run.exit_code == exits.BAD_INPUT
+    assert run.stdout == ""
+    (line,) = run.stderr.splitlines()
+    assert line.startswith(f"Error: {broken}: ")
+    assert words in line
+
+
+def test_cli_monitoring_without_target_version_is_refused(
+    pdctl: Callable[..., Any], write_deployment: Callable[..., Path], shipped: Shipped
+) -> None:
+    """Refused, not ignored: the pack named would otherwise go unchecked without a word."""
+    inventory = write_deployment(shipped("reference"))
+    run = pdctl("validate", "-i", str(inventory), "--monitoring", str(ROOT / "monitoring"))
+    assert run.exit_code == exits.BAD_INPUT
+    assert run.stdout == ""
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("Error: --monitoring names the pack --target-version checks")
+    # The default pack is what --target-version alone checks; no --monitoring, no refusal.
+    assert pdctl("validate", "-i", str(inventory), "--target-version", "0.5.23").exit_code == 0
+
+
+@pytest.mark.parametrize("unreadable", ["inventory", "profile", "pack", "monitoring alone"])
+def test_cli_unreadable_input_with_format_json_is_a_json_error(
+    unreadable: str,
+    pdctl: Callable[..., Any],
+    write_deployment: Callable[..., Path],
+    shipped: Shipped,
+    tmp_path: Path,
+) -> None:
+    """stdout stays JSON for scripts whatever failed: an object with the error's one line and
+    the exit code, the sources it was given, and nothing on stderr."""
+    inventory = write_deployment(shipped("reference"))
+    args = ["validate", "-i", str(inventory), "--format", "json"]
+    expected = {
+        "inventory": f"{inventory}: inventory not found",
+        "profile": "malformed YAML",
+        "pack": "malformed YAML",
+        "monitoring alone": "--monitoring names the pack",
+    }[unreadable]
+    if unreadable == "inventory":
+        inventory.unlink()
+    elif unreadable == "profile":
+        (inventory.parent / "profile.yml").write_text("engine: [\n")
+    elif unreadable == "pack":
+        pack, _, _ = _broken_pack(tmp_path / "pack", "malformed rules YAML")
+        args += ["--target-version", "0.5.23", "--monitoring", str(pack)]
+    else:
+        args += ["--monitoring", str(ROOT / "monitoring")]
+    run = pdctl(*args)
+    assert run.exit_code == exits.BAD_INPUT
+    assert run.stderr == ""
+    out = json.loads(run.stdout)
+    assert expected in out["error"] and "\n" not in out["error"]
+    assert out["exit_code"] == exits.BAD_INPUT
+    assert out["inventory"] == str(inventory)
+    assert out["target_version"] == ("0.5.23" if unreadable == "pack" else None)
 
 
 def test_static_metric_list_holds_every_family_the_collectors_create() -> None:
