@@ -120,11 +120,14 @@ def test_every_unit_active_and_verified(site: Site) -> None:
 
 
 def test_installed_units_are_what_pdctl_renders(site: Site) -> None:
-    """One renderer: the unit site.yml installed is `pdctl render`'s, header aside."""
+    """One renderer: the unit site.yml installed is `pdctl render`'s, header aside, with the
+    engine environment's slot filled in with the one the role built (docs/environments.md)."""
     dep = load_deployment(site.host.inventory, site.profile)
     for inst in dep.instances:
         installed = site.host.ssh(f"cat /etc/systemd/system/{inst.unit}", check=True).stdout
-        rendered = render_instance(inst, dep).unit
+        env = re.search(rf"{names.ENVS_DIR}/sglang-[^/]+(?=/bin/python )", installed)
+        assert env, installed
+        rendered = names.fill_envs(render_instance(inst, dep).unit, {"engine": env[0]})
 
         def body(text: str) -> str:
             return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
