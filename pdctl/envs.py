@@ -27,6 +27,10 @@ from pathlib import Path
 # One pip run per list: [extra pip arguments (--no-deps), requirement, ...]. pip's own
 # metadata files differ between two installs of the same wheel; scripts carry the venv's path.
 PIP_METADATA = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
+# A venv's seed (ensurepip) and its installer: an older venv keeps whatever version it was
+# created with while that satisfies its packages, where a new one installs the wheelhouse's.
+# Never what a unit runs, so not part of what "the same content" compares.
+SEED = {"pip", "setuptools", "wheel"}
 MANIFEST = ".pdstack-env.json"  # what went in, written into each environment
 BUILD_PREFIX = ".build-"  # an environment being built; never referenced by a unit
 HASH_CHARS = 12
@@ -76,9 +80,12 @@ def distributions(env: Path) -> dict[str, str]:
     """What an environment holds: per installed distribution (its dist-info name, with the
     version), the sha256 of its RECORD's lines for files inside site-packages other than pip's
     install metadata. Scripts (paths outside site-packages, which carry the venv's path in their
-    shebang) and byte code are left out: two installs of the same wheels give the same."""
+    shebang), byte code and the venv's seed packages (SEED) are left out: two installs of the
+    same wheels give the same."""
     out: dict[str, str] = {}
     for record in sorted(env.glob("lib/python*/site-packages/*.dist-info/RECORD")):
+        if record.parent.name.split("-", 1)[0].lower() in SEED:
+            continue
         lines = []
         for line in record.read_text().splitlines():
             path = line.rsplit(",", 2)[0]

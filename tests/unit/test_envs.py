@@ -69,9 +69,13 @@ def _fake_env(root: Path, dists: dict[str, list[str]], venv_path: str = "") -> P
 def test_same_content_ignores_install_metadata_and_allows_an_old_superset(tmp_path: Path) -> None:
     pdctl = ["pdctl/__init__.py,sha256=abc,10"]
     old = _fake_env(
-        tmp_path / "venv", {"pdctl-0.1.0": pdctl, "smg-1.13.0": ["smg/a.py,sha256=s,1"]}
+        tmp_path / "venv",
+        {"pdctl-0.1.0": pdctl, "smg-1.13.0": ["smg/a.py,sha256=s,1"], "setuptools-65.5.0": []},
     )
-    new = _fake_env(tmp_path / "pdctl-0.1.0-x", {"pdctl-0.1.0": pdctl})
+    # The seed setuptools the old venv was made with is no content a unit runs.
+    new = _fake_env(
+        tmp_path / "pdctl-0.1.0-x", {"pdctl-0.1.0": pdctl, "setuptools-84.2.1": ["a,sha256=x,1"]}
+    )
     assert envs.same_content(old, new)  # the single venv held every role's packages
     assert not envs.same_content(new, old)  # smg is not in the new one
     changed = _fake_env(
