@@ -218,6 +218,15 @@ def test_build_renames_a_complete_environment_into_place_once(tmp_path: Path) ->
     with pytest.raises(subprocess.CalledProcessError):
         envs.build(envs_dir, "t-1.0-bad", sys.executable, str(wheelhouse), ["missing.whl"])
     assert [p.name for p in envs_dir.iterdir()] == [env.name]
+    # The former single venv, installed the way roles/pdstack did (pip by name from the
+    # wheelhouse, then pdctl's wheel again by path), holds the same content: a unit moves to
+    # the new environment without a restart.
+    legacy = tmp_path / "venv"
+    pip = [str(legacy / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index"]
+    subprocess.run([sys.executable, "-m", "venv", str(legacy)], check=True)
+    subprocess.run([*pip, "--find-links", str(wheelhouse), "pdenvtest"], check=True)
+    subprocess.run([*pip, "--force-reinstall", "--no-deps", str(wheelhouse / wheel)], check=True)
+    assert envs.same_content(legacy, env)
 
 
 def test_units_name_environments_by_slot_and_the_roles_fill_them_in() -> None:
