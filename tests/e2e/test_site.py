@@ -172,14 +172,16 @@ def test_pdctl_runs_by_name_on_the_host(site: Site) -> None:
 
 def test_each_unit_runs_from_an_environment_named_by_its_content(site: Site) -> None:
     """docs/environments.md: the engines from sglang-<pin>-<hash>, smg from its own, pdctl's
-    users from pdctl's; each complete (its manifest), and no single shared venv."""
+    users (recovery, finish, the gateway's registration and lease) from pdctl's; each complete
+    (its manifest), and no single shared venv. (This host runs no pd-exporter: the module
+    converges with pdstack_monitoring=false.)"""
     units = site.host.ssh(
-        f"cd {names.UNIT_DIR} && grep -ho '{names.ENVS_DIR}/[^/]*/bin/[a-z]*' "
-        "pdstack-*.service pd-exporter.service | sort -u",
+        f"cd {names.UNIT_DIR} && grep -ho '{names.ENVS_DIR}/[^/]*/bin/[a-z]*' pdstack-*.service"
+        " | sort -u",
         check=True,
     ).stdout.split()
     runs = {(envs.label_of(Path(u).parent.parent.name), Path(u).name) for u in units}
-    assert runs == {("sglang", "python"), ("smg", "smg"), ("pdctl", "pdctl"), ("pdctl", "python")}
+    assert runs == {("sglang", "python"), ("smg", "smg"), ("pdctl", "pdctl")}
     pin = load_deployment(site.host.inventory, site.profile).profile.versions.sglang
     assert any(f"/sglang-{pin}-" in u for u in units), units
     made = {str(Path(u).parent.parent) for u in units}
