@@ -120,3 +120,63 @@ def header_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[bytes
     raw = json.dumps(doc, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw, offset
+
+
+# SGLang's SAFE_WEIGHTS_INDEX_NAME (load_format auto).
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class WeightsError(Exception):
+    """What SGLang raises at weight loading, as `ExceptionType: message`."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    files: tuple[Header, ...]
+
+    @property
+    def tensors(self) -> int:
+        return sum(len(h.tensors) for h in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(h.size for h in self.files)
+
+
+def _indexed(files: list[Path], folder: Path) -> list[Path]:
+    """SGLang's filter_duplicate_safetensors_files (srt/model_loader/weight_utils.py): with an
+    index, every shard it names must exist, and only those are loaded."""
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        return files
+    weight_map = json.loads(index.read_text())["weight_map"]
+    named = {folder / f for f in weight_map.values()}
+    missing = sorted(p.name for p in named if not p.is_file())
+    if missing:
+        raise WeightsError(
+            f"RuntimeError: {INDEX_FILE} references {len(missing)} shard file(s) missing "
+            f"from {folder} (incomplete download?): {missing}"
+        )
+    return [f for f in files if f in named]
+
+
+def load(model_path: str) -> Weights | None:
+    """The headers of the safetensors files SGLang's DefaultModelLoader._prepare_weights
+    (srt/model_loader/loader.py) picks from model_path, each checked as safe_open checks it.
+    None where SGLang would download from the hub (model_path is no directory) or would find no
+    weights (a directory with no *.safetensors): the sim runs without weights there."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    headers = []
+    for path in _indexed(files, folder):
+        try:
+            headers.append(read_header(path))
+        except SafetensorError as e:
+            raise WeightsError(f"safetensors_rust.SafetensorError: {e}") from None
+        except OSError as e:
+            raise WeightsError(f"{type(e).__name__}: {e}") from None
+    return Weights(tuple(headers))
