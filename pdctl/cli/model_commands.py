@@ -54,10 +54,16 @@ def verify(directory: Path, mark: bool) -> None:
 @model.command("space")
 @click.argument("directory", type=existing_dir)
 @click.option("--margin-gib", type=click.FloatRange(min=0), default=10.0, show_default=True)
-def space(directory: Path, margin_gib: float) -> None:
-    """Is there room for the rest of the copy into DIRECTORY (its manifest already there),
-    leaving --margin-gib free? Exit 1 with one line when there is not."""
-    room = manifest.space(directory, int(margin_gib * GIB))
+@click.option(
+    "--manifest",
+    "manifest_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The source's manifest (default: DIRECTORY's own); DIRECTORY may not exist yet.",
+)
+def space(directory: Path, margin_gib: float, manifest_file: Path | None) -> None:
+    """Is there room for the rest of the copy into DIRECTORY, leaving --margin-gib free?
+    Exit 2 with one line when there is not."""
+    room = manifest.space(directory, int(margin_gib * GIB), manifest_file)
     line = (
         f"{directory}: {room.missing_bytes / GIB:.2f} GiB to copy, "
         f"{room.free_bytes / GIB:.2f} GiB free, margin {margin_gib:g} GiB"

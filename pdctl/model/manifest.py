@@ -90,16 +90,19 @@ def write(root: Path) -> Manifest:
 
 
 def read(root: Path) -> Manifest:
-    path = root / MANIFEST
     if not root.is_dir():
         raise ManifestError(f"{root}: no such directory")
+    return read_file(root / MANIFEST)
+
+
+def read_file(path: Path) -> Manifest:
     try:
         doc = json.loads(path.read_text())
         files = doc["files"].items()
         return Manifest({k: Entry(int(v["size"]), str(v["sha256"])) for k, v in files})
     except FileNotFoundError:
         raise ManifestError(
-            f"{root}: no {MANIFEST}: make it once on the source (pdctl model manifest DIR)"
+            f"{path.parent}: no {path.name}: make it once on the source (pdctl model manifest DIR)"
         ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ManifestError(f"{path}: not a pdstack manifest ({e})") from None
@@ -170,15 +173,17 @@ class Space:
         return self.free_bytes - self.missing_bytes >= self.margin_bytes
 
 
-def space(root: Path, margin_bytes: int) -> Space:
-    """Room for the rest of the copy into root (its manifest copied first): files present count
+def space(root: Path, margin_bytes: int, manifest_file: Path | None = None) -> Space:
+    """Room for the rest of the copy into root: by its own manifest, or by manifest_file (the
+    source's, fetched before anything else, root perhaps not made yet). Files present count
     for what they hold already, as rsync --append-verify resumes them in place."""
-    manifest = read(root)
+    manifest = read_file(manifest_file) if manifest_file else read(root)
     held = 0
     for rel, entry in manifest.files.items():
         try:
             held += min((root / rel).stat().st_size, entry.size)
         except FileNotFoundError:
             pass
-    free = shutil.disk_usage(root).free
+    existing = next(p for p in (root, *root.parents) if p.is_dir())
+    free = shutil.disk_usage(existing).free
     return Space(manifest.total_bytes - held, free, margin_bytes)

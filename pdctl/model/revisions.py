@@ -39,9 +39,14 @@ def staged_revisions(root: Path) -> list[Staged]:
         return []
     return [
         Staged(model.name, rev.name, str(rev), manifest.is_verified(rev))
-        for model in sorted(p for p in root.iterdir() if p.is_dir())
-        for rev in sorted(p for p in model.iterdir() if p.is_dir())
+        for model in _dirs(root)
+        for rev in _dirs(model)
     ]
+
+
+def _dirs(parent: Path) -> list[Path]:
+    """Its directories, dot directories (staging's own: .incoming) left out."""
+    return sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def model_path_arg(argv: list[str]) -> str | None:
