@@ -9,6 +9,7 @@ the weights again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -180,10 +181,8 @@ def space(root: Path, margin_bytes: int, manifest_file: Path | None = None) -> S
     manifest = read_file(manifest_file) if manifest_file else read(root)
     held = 0
     for rel, entry in manifest.files.items():
-        try:
+        with contextlib.suppress(FileNotFoundError):
             held += min((root / rel).stat().st_size, entry.size)
-        except FileNotFoundError:
-            pass
     existing = next(p for p in (root, *root.parents) if p.is_dir())
     free = shutil.disk_usage(existing).free
     return Space(manifest.total_bytes - held, free, margin_bytes)

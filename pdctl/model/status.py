@@ -121,7 +121,9 @@ def table(rows: list[HostModels]) -> list[str]:
         for s in h.staged:
             state = "verified" if s.verified else "partial"
             run_by = ", ".join(h.runners(s.path)) or "-"
-            lines.append(f"{h.host:<16} {s.served_name + '/' + s.revision:<36} {state:<10} {run_by}")
+            lines.append(
+                f"{h.host:<16} {s.served_name + '/' + s.revision:<36} {state:<10} {run_by}"
+            )
         for e in h.engines:
             if e.revision is None:
                 state = "unstaged" if e.model_path else "stopped"

@@ -250,8 +250,11 @@ class SimServer:
             self.log.info("No safetensors weights in %s: running without weights", path)
             return
         self.log.info(
-            "Loading safetensors checkpoint shards: 100%% Completed | %d/%d (%d tensors, "
-            "%.2f GB)", len(found.files), len(found.files), found.tensors, found.bytes / 1e9
+            "Loading safetensors checkpoint shards: 100%% Completed | %d/%d (%d tensors, %.2f GB)",
+            len(found.files),
+            len(found.files),
+            found.tensors,
+            found.bytes / 1e9,
         )
 
     def crash(self, error: str, frame: str = CONN_FRAME) -> NoReturn:

@@ -24,7 +24,8 @@ CHUNK_BYTES = 8 << 20
 
 def _shard_tensors(shard: int, rows: int) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensors of at most ROWS_PER_TENSOR rows, `rows` in all."""
-    out, n = {}, 0
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    n = 0
     while rows > 0:
         take = min(rows, ROWS_PER_TENSOR)
         out[f"model.layers.{shard}.mlp.w{n:03d}.weight"] = ("BF16", (take, COLUMNS))

@@ -107,7 +107,8 @@ def test_bad_input_is_one_line(tmp_path: Path, argv: list[str], words: str) -> N
     (tmp_path / "sized").mkdir()
     (tmp_path / "sized" / manifest.MANIFEST).write_text('{"files": {}}')
     made = sorted(p.name for p in tmp_path.rglob("*"))
-    result = run_pdctl(*(a.format(**{p.name: p for p in tmp_path.iterdir()}, missing=tmp_path / "missing") for a in argv))
+    paths = {p.name: p for p in tmp_path.iterdir()}
+    result = run_pdctl(*(a.format(**paths, missing=tmp_path / "missing") for a in argv))
     assert result.exit_code == 2
     assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""

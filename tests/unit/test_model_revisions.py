@@ -53,8 +53,18 @@ def test_a_source_makes_engines_read_the_staged_revision(
     args = render.launch_args(dep.instances[0], dep)
     assert args[args.index("--model-path") + 1] == "/data/models/sim/r2"
     # The same path given explicitly is the same profile.
-    assert load(_with_model(shipped, path="/data/models/sim/r2", source=SOURCE, revision="r2",
-                            staging={"root": "/data/models"})).profile.model.path == model.path
+    assert (
+        load(
+            _with_model(
+                shipped,
+                path="/data/models/sim/r2",
+                source=SOURCE,
+                revision="r2",
+                staging={"root": "/data/models"},
+            )
+        ).profile.model.path
+        == model.path
+    )
 
 
 @pytest.mark.parametrize(
@@ -133,7 +143,9 @@ def test_host_models_pairs_each_revision_with_the_engines_that_run_it(tmp_path: 
     units = ["p.service", "d.service", "gone.service"]
     h = model_status.host_models("node-a", str(tmp_path), units, systemd)  # type: ignore[arg-type]
     assert [(e.unit, e.revision) for e in h.engines] == [
-        ("p.service", "r1"), ("d.service", None), ("gone.service", None)
+        ("p.service", "r1"),
+        ("d.service", None),
+        ("gone.service", None),
     ]
     assert h.runners(str(r1)) == ["p.service"]
     lines = model_status.table([h])
@@ -155,7 +167,8 @@ def test_the_fleet_lists_every_host_even_one_that_cannot_answer(tmp_path: Path) 
 
     hosts = {"node-b": ("10.0.0.2", ["u2"]), "node-a": ("10.0.0.1", ["u1"])}
     rows = model_status.fleet_models(hosts, "/r", ask)
-    assert [(r.host, r.error) for r in rows] == [("node-a", None), ("node-b", "node-b: unreachable")]
+    errors = [(r.host, r.error) for r in rows]
+    assert errors == [("node-a", None), ("node-b", "node-b: unreachable")]
     assert sorted(asked) == [("node-a", "10.0.0.1", ["u1"]), ("node-b", "10.0.0.2", ["u2"])]
     assert any("node-b" in ln and "unreachable" in ln for ln in model_status.table(rows))
 
@@ -186,4 +199,3 @@ def test_rsync_resumes_and_runs_where_the_source_is(kind: str, path: str, where:
     assert ("-e" in argv) == (kind != "shared")
     one = staging.rsync_argv(kind, path, "/r/in.json", "10.0.0.5", None, manifest.MANIFEST)
     assert one[-2].endswith(f"/r2/{manifest.MANIFEST}")
-
