@@ -33,10 +33,11 @@ def rsync_argv(
     dest. The controller pushes its own directory to the host at `address` over ssh (-F
     ssh_config: Ansible's way to the host); a host pulls from a staging host over its own ssh,
     or copies from the path it shares (NFS) to its local disk."""
-    ssh = ["ssh", "-o", "BatchMode=yes", *(["-F", ssh_config] if ssh_config else [])]
+    ssh = ["ssh", "-o", "BatchMode=yes"]
     argv = ["rsync", *RSYNC_FLAGS]
     if kind == CONTROLLER:
+        ssh += ["-F", ssh_config] if ssh_config else []
         return [*argv, "-e", " ".join(ssh), _src(path, only), f"root@{address}:{dest}"]
     if kind == STAGING:
-        argv += ["-e", " ".join(ssh)]
+        argv += ["-e", " ".join(ssh)]  # the host's own ssh settings
     return [*argv, _src(path, only), dest]

@@ -117,10 +117,20 @@ def staged(tmp_path_factory: pytest.TempPathFactory, source: Path) -> dict[str, 
 
 
 def test_a_revision_is_copied_verified_and_marked(staged: dict[str, Any]) -> None:
-    assert staged["result"]["good"] is None
     [held] = staged_revisions(staged["roots"]["good"])
     assert (held.served_name, held.revision, held.verified) == ("sim", "r1", True)
     assert manifest.verify(Path(held.path)) == []
+
+
+def test_a_host_that_cannot_stage_stops_the_others_after_their_try(
+    staged: dict[str, Any],
+) -> None:
+    """The good host staged its copy (above), then stopped with the fleet: nothing after
+    staging (the engines' files, the roll) runs anywhere."""
+    line = staged["result"]["good"]
+    named, _, rest = line.partition(" could not stage ")
+    assert sorted(named.split(", ")) == ["corrupt", "full", "missing"]
+    assert rest.endswith("no engine was restarted") and "\n" not in line
 
 
 def test_a_copy_cut_off_resumes_and_verifies(staged: dict[str, Any]) -> None:

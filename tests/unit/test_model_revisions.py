@@ -197,5 +197,7 @@ def test_rsync_resumes_and_runs_where_the_source_is(kind: str, path: str, where:
     assert argv[0] == "rsync" and {"--partial", "--append-verify"} <= set(argv)
     assert argv[-2:] == where
     assert ("-e" in argv) == (kind != "shared")
+    # Only the controller reaches the host with Ansible's ssh settings (the -F file).
+    assert ("-F" in " ".join(argv)) == (kind == "controller")
     one = staging.rsync_argv(kind, path, "/r/in.json", "10.0.0.5", None, manifest.MANIFEST)
     assert one[-2].endswith(f"/r2/{manifest.MANIFEST}")
