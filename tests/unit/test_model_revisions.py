@@ -21,7 +21,7 @@ from pdctl.model.revisions import (
 )
 from pdctl.ops.systemd import HostError, UnitStatus
 from pdctl.spec import Deployment
-from tests.conftest import run_pdctl
+from tests.conftest import filter_plugin, run_pdctl
 
 SOURCE = {"kind": "controller", "path": "/srv/models/sim/r2"}
 
@@ -201,3 +201,19 @@ def test_rsync_resumes_and_runs_where_the_source_is(kind: str, path: str, where:
     assert ("-F" in " ".join(argv)) == (kind == "controller")
     one = staging.rsync_argv(kind, path, "/r/in.json", "10.0.0.5", None, manifest.MANIFEST)
     assert one[-2].endswith(f"/r2/{manifest.MANIFEST}")
+
+
+def test_the_roles_get_the_revision_to_stage_from_the_deployment(
+    shipped: Callable[[str], dict[str, Any]], write_deployment: Callable[..., Path]
+) -> None:
+    """filter_plugins/pdstack.py: stage.yml's facts, and the rsync argv it templates."""
+    filters = filter_plugin()
+    plain = write_deployment(shipped("sim"))
+    assert filters.pdstack_deployment(str(plain), "profile.yml")["model"] == {"staged": False}
+    staged = write_deployment(_with_model(shipped, source=SOURCE, revision="r2"))
+    model = filters.pdstack_deployment(str(staged), "profile.yml")["model"]
+    assert model["dir"] == "/var/lib/pdstack/models/sim/r2"
+    assert model["incoming"] == "/var/lib/pdstack/models/.incoming/sim-r2.json"
+    assert (model["margin_gib"], model["concurrency"]) == (10.0, 4)
+    argv = filters.pdstack_stage_rsync(model, model["dir"] + "/", "10.0.0.5", "/c/ssh")
+    assert argv[-2:] == ["/srv/models/sim/r2/", "root@10.0.0.5:/var/lib/pdstack/models/sim/r2/"]
