@@ -178,6 +178,44 @@ def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
     }
 
 
+def _model(dep: Deployment) -> dict[str, Any]:
+    """The revision to stage (roles/pdstack_engine/tasks/stage.yml); staged false: model.path
+    alone, already on every host."""
+    from pdctl.model import manifest
+
+    m = dep.profile.model
+    if m.source is None:
+        return {"staged": False}
+    return {
+        "staged": True,
+        "kind": m.source.kind.value,
+        "source": m.source.path,
+        "revision": m.revision,
+        "dir": m.path,
+        "root": m.staging.root,
+        # The source's manifest lands here first: the disk check reads it before any weight
+        # is copied (a dot directory: never listed as a model).
+        "incoming": f"{m.staging.root}/.incoming/{m.served_name}-{m.revision}.json",
+        "manifest": manifest.MANIFEST,
+        "verified": manifest.VERIFIED,
+        "margin_gib": m.staging.free_margin_gib,
+        "concurrency": m.staging.concurrency,
+    }
+
+
+def pdstack_stage_rsync(
+    model: dict[str, Any],
+    dest: str,
+    address: str | None = None,
+    ssh_config: str | None = None,
+    only: str | None = None,
+) -> list[str]:
+    """pdctl.model.staging.rsync_argv for the deployment's `model` fact."""
+    from pdctl.model.staging import rsync_argv
+
+    return rsync_argv(model["kind"], model["source"], dest, address, ssh_config, only)
+
+
 def _etcd(dep: Deployment) -> dict[str, Any]:
     """The store's members and files (roles/pdstack_etcd); `members` is empty when the inventory
     has no [etcd] hosts, which `pdctl validate` refuses in preflight."""
@@ -248,6 +286,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "profile": str(dep.profile_path),
         "engine_kind": dep.profile.engine.kind.value,
         "model_path": dep.profile.model.path,
+        "model": _model(dep),
         "packages": packages,
         "wheelhouse_args": _wheelhouse_args(packages),
         "hosts": {h.name: _host(h.name, dep) for h in dep.hosts},
@@ -416,4 +455,5 @@ class FilterModule:
             "pdstack_stale_pairs": pdstack_stale_pairs,
             "pdstack_envs": pdstack_envs,
             "pdstack_fill_envs": pdstack_fill_envs,
+            "pdstack_stage_rsync": pdstack_stage_rsync,
         }

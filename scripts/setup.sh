@@ -12,7 +12,8 @@ exec 7>"$CACHE/.setup.lock"
 flock -w 1800 7 || { echo "setup: timed out waiting for $CACHE/.setup.lock" >&2; exit 1; }
 
 APT_PACKAGES=(python3-venv debootstrap systemd-container iproute2 openssh-client
-              prometheus prometheus-node-exporter make nftables shellcheck etcd-server etcd-client)
+              prometheus prometheus-node-exporter make nftables shellcheck etcd-server etcd-client
+              rsync)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

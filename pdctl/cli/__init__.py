@@ -27,6 +27,7 @@ COMMANDS = {
     "lock": ("pdctl.cli.lock_commands:lock", "Show or break the fleet restart lock"),
     "gateway": ("pdctl.cli.ops_commands:gateway", "Register groups with the gateways"),
     "etcd": ("pdctl.cli.etcd_commands:etcd", "The coordination store's members and PKI"),
+    "model": ("pdctl.cli.model_commands:model", "Model revisions: manifest, verify, status"),
     "validate": ("pdctl.cli.spec_commands:validate", "Lint the deployment for PD pitfalls"),
     "plan": ("pdctl.cli.spec_commands:plan", "Per-GPU memory budget: will KV and graphs fit?"),
     "render": ("pdctl.cli.spec_commands:render", "Exact launch lines, environments and units"),

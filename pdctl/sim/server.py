@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 import aiohttp
 from aiohttp import web
 
+from pdctl.model import weights
+
 from .args import GIB, SimConfig
 from .bootstrap import BootstrapServer
 from .conn import HttpKVReceiver, HttpKVSender, KVReceiver, KVSender
@@ -43,6 +45,10 @@ from .scheduler_prefill import PrefillScheduler
 from .serving_chat import OpenAIServingChat
 from .serving_completions import OpenAIServingCompletion
 from .tokenizer_manager import TokenizerManager
+
+# Where the scheduler's exceptions are raised, for the traceback line SGLang logs.
+CONN_FRAME = '"sglang/srt/disaggregation/common/conn.py", in try_ensure_parallel_info'
+LOADER_FRAME = '"sglang/srt/model_loader/loader.py", in _prepare_weights'
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -168,6 +174,7 @@ class SimServer:
         cfg, k, clock = self.cfg, self.cfg.knobs, self.engine.clock
         avail = k.gpu_mem_gib - 0.5
         self.log.info("Load weight begin. avail mem=%.2f GB", avail)
+        await asyncio.to_thread(self._read_weights)
         await clock.sleep(0.6 * k.startup_delay_s)
         avail -= k.weights_gib
         self.log.info(
@@ -229,12 +236,33 @@ class SimServer:
         async with self.http.put(url, json=payload) as resp:
             resp.raise_for_status()
 
-    def crash(self, error: str) -> NoReturn:
-        """An exception out of the scheduler's event loop (`error`: its type and message):
-        run_scheduler_process logs it and sends SIGQUIT to the HTTP server."""
+    def _read_weights(self) -> None:
+        """The model directory's safetensors headers (pdctl.model.weights.load, as SGLang's
+        DefaultModelLoader._prepare_weights and safe_open check them); a missing shard or a
+        corrupt file fails the start-up where SGLang's scheduler would. No directory or no
+        *.safetensors in it: no weights, as the sim always ran (docs/sim.md)."""
+        path = self.cfg.args.model_path
+        try:
+            found = weights.load(path)
+        except weights.WeightsError as e:
+            self.crash(str(e), LOADER_FRAME)
+        if found is None:
+            self.log.info("No safetensors weights in %s: running without weights", path)
+            return
+        self.log.info(
+            "Loading safetensors checkpoint shards: 100%% Completed | %d/%d (%d tensors, %.2f GB)",
+            len(found.files),
+            len(found.files),
+            found.tensors,
+            found.bytes / 1e9,
+        )
+
+    def crash(self, error: str, frame: str = CONN_FRAME) -> NoReturn:
+        """An exception out of the scheduler (`error`: its type and message; `frame`: where
+        it was raised): run_scheduler_process logs it and sends SIGQUIT to the HTTP server."""
         self.log.error(
-            "Scheduler hit an exception: Traceback (most recent call last):\n"
-            '  File "sglang/srt/disaggregation/common/conn.py", in try_ensure_parallel_info\n%s',
+            "Scheduler hit an exception: Traceback (most recent call last):\n  File %s\n%s",
+            frame,
             error,
         )
         self.sigquit()

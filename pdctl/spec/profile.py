@@ -6,12 +6,14 @@ unknown keys so a typo is an error, not a silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pdctl.model.revisions import revision_dir
 from pdctl.roles import Role as Role  # pdctl.spec exports it
 from pdctl.spec.text import arg_problem, env_key_problem, host_problem, value_problem
 
@@ -86,9 +88,53 @@ class EngineKind(StrEnum):
     SIM = "sim"
 
 
+# A revision and a staged model's served name become directory names on every host.
+DIR_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+DirName = Annotated[str, Field(pattern=DIR_NAME_PATTERN)]
+
+
+class SourceKind(StrEnum):
+    CONTROLLER = "controller"  # a directory on the machine running ansible-playbook
+    STAGING = "staging"  # HOST:/path on a staging host the GPU hosts reach over ssh
+    SHARED = "shared"  # a path every GPU host already sees (NFS): copied to local disk
+
+
+class ModelSource(Strict):
+    """Where site.yml copies a revision from (docs/models.md)."""
+
+    kind: SourceKind
+    path: Value = Field(description="The revision's directory; staging: HOST:/absolute/path.")
+
+    @model_validator(mode="after")
+    def _path_fits_kind(self) -> ModelSource:
+        host, colon, path = self.path.partition(":")
+        if self.kind is SourceKind.STAGING:
+            if not (colon and host and path.startswith("/")):
+                raise ValueError(f"path {self.path!r}: a staging source is HOST:/absolute/path")
+        elif not self.path.startswith("/"):
+            raise ValueError(f"path {self.path!r}: a {self.kind.value} source is an absolute path")
+        return self
+
+
+class Staging(Strict):
+    """How site.yml stages a revision on the GPU hosts (docs/models.md)."""
+
+    root: Value = Field(
+        default="/var/lib/pdstack/models", pattern=r"^/", description="Revision directories."
+    )
+    free_margin_gib: float = Field(default=10.0, ge=0, description="Disk left free after copy.")
+    concurrency: int = Field(default=4, ge=1, description="Hosts copying at once, fleet-wide.")
+
+
 class Model(Strict):
-    path: Value = Field(description="Model directory on every GPU host (or a hub id).")
+    path: Value = Field(
+        description="Model directory on every GPU host (or a hub id); with a source, the "
+        "staged revision's directory, which is its default."
+    )
     served_name: Value
+    source: ModelSource | None = None
+    revision: DirName | None = Field(default=None, description="The source's revision name.")
+    staging: Staging = Staging()
     family: str | None = Field(
         default=None, description="Known model family for pitfall hints, e.g. deepseek-v4."
     )
@@ -99,6 +145,35 @@ class Model(Strict):
         gt=0, description="Weights resident on each GPU at the TP size."
     )
     kv_bytes_per_token: int = Field(gt=0, description="KV cache bytes per token on one GPU.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_of_the_staged_revision(cls, data: object) -> object:
+        """With a source, engines read the staged revision: model.path is its directory
+        (pdctl.model.revisions.revision_dir), given or not."""
+        if not isinstance(data, dict) or data.get("source") is None:
+            return data
+        name, revision = data.get("served_name"), data.get("revision")
+        if not isinstance(revision, str):
+            raise ValueError("source needs a revision: the name its directory takes on hosts")
+        if not isinstance(name, str) or not re.fullmatch(DIR_NAME_PATTERN, name):
+            raise ValueError(
+                f"served_name {name!r}: with a source it names a directory on every host "
+                "(letters, digits, . _ -)"
+            )
+        staging = data.get("staging") or {}
+        root = staging.root if isinstance(staging, Staging) else staging.get("root")
+        staged = revision_dir(root or Staging().root, name, revision)
+        if data.get("path", staged) != staged:
+            raise ValueError(
+                f"path {data['path']!r}: with a source, engines read the staged revision "
+                f"{staged}; leave path out"
+            )
+        return {**data, "path": staged}
+
+    @property
+    def staged(self) -> bool:
+        return self.source is not None
 
 
 class Versions(Strict):
