@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 
-from pdctl import exits
+from pdctl import exits, names
 from pdctl.coord.kv import KV
 from pdctl.errors import PdctlError
 from pdctl.ops import gate, lock, release, restart, roll
@@ -100,6 +100,34 @@ def check_staged(ops: Ops, chosen: list[Pair], target: Release) -> None:
         )
 
 
+def check_units_read_release(ops: Ops, chosen: list[Pair]) -> None:
+    """Every engine unit of `chosen` reads its release drop-in (`${PDSTACK_ENV}` in its unit
+    file); else PdctlError naming them, before anything changes. The units site.yml writes
+    name their environment in ExecStart= itself (docs/environments.md), so a drop-in would
+    change nothing and every gate would compare a release with itself."""
+    members = [i for p in chosen for i in p.instances]
+
+    def deaf(host: str) -> list[str]:
+        sd = ops.systemd(host)
+        texts = {
+            i.unit: sd.read_file(f"{names.UNIT_DIR}/{i.unit}") for i in members if i.host == host
+        }
+        return [
+            f"{host}:{u}"
+            for u, text in texts.items()
+            if text is not None and f"${{{release.ENV_VAR}}}" not in text
+        ]
+
+    hosts = list(dict.fromkeys(i.host for i in members))
+    found = [u for us in concurrently({h: partial(deaf, h) for h in hosts}).values() for u in us]
+    if found:
+        raise PdctlError(
+            f"{', '.join(found)} name their environment in ExecStart= (site.yml) and do not read "
+            f"the release drop-in ({release.DROPIN}): pdctl rollout cannot switch them yet; "
+            "nothing was changed"
+        )
+
+
 def refuse_live(rec: Record | None) -> None:
     if rec is not None and rec.state in LIVE:
         raise NothingToDo(
@@ -163,6 +191,7 @@ def start(
         records = Records(store)
         refuse_live(records.read())
         check_staged(ops, chosen, req.target)
+        check_units_read_release(ops, chosen)
         rec = new_record(ops, chosen, req)
         query = query_for(req.prometheus)
         window = rec.thresholds.soak_s

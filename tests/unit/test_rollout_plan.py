@@ -87,6 +87,23 @@ def test_a_group_whose_members_start_different_releases_is_refused() -> None:
         release.of_group(ops, pair)
 
 
+def test_units_that_name_their_environment_in_exec_start_are_refused() -> None:
+    """The units site.yml writes (docs/environments.md) ignore a release drop-in: a rollout of
+    them would restart groups onto what they ran and gate a release against itself."""
+    hosts, ops = _fleet()
+    pairs = ops.source.pairs()[:2]
+    reads = "ExecStart=/usr/bin/numactl ${PDSTACK_ENV}/bin/python -m sglang.launch_server\n"
+    for inst in (i for p in pairs for i in p.instances):
+        hosts[inst.host].files[f"/etc/systemd/system/{inst.unit}"] = reads
+    ro.check_units_read_release(ops, pairs)  # every unit reads it: nothing to say
+    deaf = pairs[0].decodes[0]
+    path = f"/etc/systemd/system/{deaf.unit}"
+    hosts[deaf.host].files[path] = "ExecStart=/opt/pdstack/envs/sglang-0.5.23-1a2b/bin/python\n"
+    with pytest.raises(PdctlError, match=rf"^{deaf.host}:{deaf.unit} name their environment"):
+        ro.check_units_read_release(ops, pairs)
+    assert all(not f.endswith("release.conf") for h in hosts.values() for f in h.files)
+
+
 def test_local_write_file_makes_its_folder_and_replaces_the_file(tmp_path: Path) -> None:
     path = tmp_path / "unit.service.d" / "release.conf"
     sd = Systemctl("here")
