@@ -14,7 +14,7 @@ Same host (both processes here, the KV args over a pipe):
 Across hosts (the fleet rehearsal, docs/testhost.md): each side runs on its host through a
 command prefix (ssh), with the hosts' pdctl venv; the KV args travel through this process.
 
-    .venv/bin/python benchmarks/nixl_transfer.py --python /opt/pdstack/envs/sglang-*/bin/python \
+    .venv/bin/python benchmarks/nixl_transfer.py --python /opt/pdstack/venv/bin/python \
         --prefill-via "ssh -F deploy/testhost/state/pdfleet/ssh_config pdfleet1" \
         --decode-via "ssh -F deploy/testhost/state/pdfleet/ssh_config pdfleet2"
 """

@@ -354,7 +354,7 @@ def paused_holder_once(fleet: Fleet) -> None:
     Then its pair, left out of the gateways, is restarted back."""
     host1, host2 = fleet.hosts[:2]
     paused_pair, other_pair = f"{host1}/pd1", f"{host2}/pd1"
-    cmd = f"{names.PDCTL_LINK} restart --both --pair {paused_pair} --yes"
+    cmd = f"{names.VENV}/bin/pdctl restart --both --pair {paused_pair} --yes"
     argv = fleet.ssh_argv(host1, cmd)
     paused = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     held = wait(lambda: fleet.holder(lambda h: h.host == host1), 60, "host 1's restart's lock")

@@ -13,9 +13,7 @@ parses the deployment: once per host and run (roles/pdstack/tasks/deployment.yml
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -67,14 +65,11 @@ def _requirements(path: Path) -> list[str]:
     return [line for line in lines if line]
 
 
-def _packages(dep: Deployment) -> dict[str, dict[str, Any]]:
-    """The environment of each kind (names.ENV_KINDS): its `label` and `version` (its name's
-    start), pip requirements `deps` installed with theirs and `no_deps` without.
+def _packages(dep: Deployment) -> dict[str, dict[str, list[str]]]:
+    """pip requirements per role: `deps` installed with theirs, `no_deps` without.
 
-    `pdctl` comes from the wheelhouse (built from this checkout). The engine's environment is
-    named for the SGLang the profile pins, also when the engine is the sim (which mirrors it).
+    `pdctl` comes from the wheelhouse (built from this checkout).
     """
-    from pdctl import __version__
     from pdctl.spec import EngineKind
 
     v = dep.profile.versions
@@ -84,75 +79,19 @@ def _packages(dep: Deployment) -> dict[str, dict[str, Any]]:
         engine = [f"sglang=={v.sglang}", f"{v.nixl_package}=={v.nixl}", *engine]
     elif dep.profile.engine.transfer_backend == "nixl":
         no_deps = _requirements(SIM_NIXL_REQUIREMENTS)
+    # pdctl on a gateway host registers the pairs after each gateway start (ExecStartPost=).
+    gateway = [f"{v.gateway_package}=={v.gateway}", "pdctl"]
     return {
-        "engine": {"label": "sglang", "version": v.sglang, "deps": engine, "no_deps": no_deps},
-        "gateway": {
-            "label": v.gateway_package,
-            "version": v.gateway,
-            "deps": [f"{v.gateway_package}=={v.gateway}"],
-            "no_deps": [],
-        },
-        # pdctl's own (the ops commands, the exporter, the gateway's registration and lease).
-        "pdctl": {"label": "pdctl", "version": __version__, "deps": ["pdctl"], "no_deps": []},
+        "engine": {"deps": engine, "no_deps": no_deps},
+        "gateway": {"deps": gateway, "no_deps": []},
     }
 
 
-def _wheelhouse_args(packages: dict[str, dict[str, Any]]) -> list[str]:
+def _wheelhouse_args(packages: dict[str, dict[str, list[str]]]) -> list[str]:
     """deploy/wheelhouse.sh's arguments: one wheelhouse for every role's packages."""
     deps = [p for r in packages.values() for p in r["deps"] if p != "pdctl"]
     no_deps = [p for r in packages.values() for p in r["no_deps"]]
     return [*dict.fromkeys(deps), *(["--no-deps", *dict.fromkeys(no_deps)] if no_deps else [])]
-
-
-def _pip_runs(spec: dict[str, Any]) -> list[list[str]]:
-    """The pip runs of an environment: with dependencies, then those without, which come
-    second so the first cannot pull what they leave out."""
-    runs = [list(spec["deps"])]
-    if spec["no_deps"]:
-        runs.append(["--no-deps", *spec["no_deps"]])
-    return runs
-
-
-@functools.cache
-def _env(label: str, version: str, runs_json: str, wheelhouse: str) -> tuple[str, tuple[str, ...]]:
-    """The environment's name and wheels for a wheelhouse: resolved once per wheelhouse (a
-    directory named by its content) and package lists, then read from a file beside its wheels."""
-    from pdctl import envs
-
-    key = hashlib.sha1(f"{label} {version} {runs_json}".encode()).hexdigest()
-    cache = Path(wheelhouse) / ".envs" / f"{key}.json"
-    if cache.is_file():
-        known = json.loads(cache.read_text())
-        return known["name"], tuple(known["wheels"])
-    runs = json.loads(runs_json)
-    wheels = envs.resolve(sys.executable, wheelhouse, runs)
-    name = envs.env_name(label, version, wheels, runs)
-    files = tuple(sorted({w for w, _ in wheels}))
-    try:
-        cache.parent.mkdir(exist_ok=True)
-        cache.write_text(json.dumps({"name": name, "wheels": files}))
-    except OSError:  # a wheelhouse the controller may only read: resolve again next run
-        pass
-    return name, files
-
-
-def pdstack_envs(packages: dict[str, dict[str, Any]], wheelhouse: str) -> dict[str, dict[str, Any]]:
-    """Per kind of `packages` (the deployment's): the environment's `name`, `path` and the
-    `wheels` it installs, for this wheelhouse (pdctl.envs.env_name: its wheels and package
-    lists)."""
-    out = {}
-    for kind, spec in packages.items():
-        name, wheels = _env(spec["label"], spec["version"], json.dumps(_pip_runs(spec)), wheelhouse)
-        out[kind] = {"name": name, "path": f"{names.ENVS_DIR}/{name}", "wheels": list(wheels)}
-    return out
-
-
-def pdstack_fill_envs(value: Any, envs: dict[str, str]) -> Any:
-    """A rendered line, or list of lines, with each environment slot filled in with the path of
-    that kind's environment (`pdctl.names.fill_envs`)."""
-    if isinstance(value, str):
-        return names.fill_envs(value, envs)
-    return [names.fill_envs(v, envs) for v in value]
 
 
 def _host(host_name: str, dep: Deployment) -> dict[str, Any]:
@@ -331,9 +270,7 @@ def _load(inventory_file: str, profile: str, _stamp: tuple[float, ...]) -> dict[
         "topology": topology.dump(topology.from_deployment(dep)),
         "layout": {
             "install_dir": names.INSTALL_DIR,
-            "envs_dir": names.ENVS_DIR,
-            "legacy_venv": names.LEGACY_VENV,
-            "env_tool": names.ENV_TOOL,
+            "venv": names.VENV,
             "pdctl_link": names.PDCTL_LINK,
             "config_dir": names.CONFIG_DIR,
             "state_dir": names.STATE_DIR,
@@ -453,7 +390,5 @@ class FilterModule:
             **escape.FILTERS,
             **converge.FILTERS,
             "pdstack_stale_pairs": pdstack_stale_pairs,
-            "pdstack_envs": pdstack_envs,
-            "pdstack_fill_envs": pdstack_fill_envs,
             "pdstack_stage_rsync": pdstack_stage_rsync,
         }

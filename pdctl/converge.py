@@ -53,22 +53,25 @@ def changed_pairs(
     envs: Results,
     units: Results,
     targets: Results,
+    venv_changed: bool,
     pending: Sequence[str],
     restart: bool,
 ) -> list[dict[str, Any]]:
     """The host's pairs to restart, in host order: {pair, target, id (HOST/PAIR, or a group
     across hosts' name), reasons}.
 
-    A pair changes when one of its files changed (a new environment's content changes its
-    units' ExecStart: docs/environments.md), or, with `restart`, when an earlier run left its
-    "restart pending" marker (`pending`: the marker paths found): its files no longer change,
-    so nothing else would restart it. Without `restart` a marker is old news, not a reason.
+    A pair changes when one of its files changed, when the venv changed (new packages change
+    every pair), or, with `restart`, when an earlier run left its "restart pending" marker
+    (`pending`: the marker paths found): its files no longer change, so nothing else would
+    restart it. Without `restart` a marker is old news, not a reason.
     """
     files = changed_files(envs, units, targets, layout["unit_dir"])
     out = []
     for p in pairs:
         marker = f"{layout['restart_pending_dir']}/{p['pair']}.json"
         reasons = [f for target, f in files if target == p["target"]]
+        if venv_changed:
+            reasons.append(f"the engine venv ({layout['venv']})")
         if restart and marker in pending:
             reasons.append(f"restart pending ({marker})")
         if reasons:
@@ -268,6 +271,22 @@ def known_hosts(addresses: Sequence[str], keys: Sequence[str]) -> str:
     return "".join(f"{a} ssh-ed25519 {k}\n" for a, k in zip(addresses, keys, strict=True))
 
 
+def started_at(show_stdout: str) -> float:
+    """`systemctl show -P ActiveEnterTimestamp --timestamp=unix` ("@SECONDS", or "" when the
+    unit never started) as seconds; 0 when not running."""
+    try:
+        return float(show_stdout.strip().removeprefix("@"))
+    except ValueError:
+        return 0.0
+
+
+def runs_old_code(show_stdout: str, mtimes: Iterable[float]) -> bool:
+    """A unit started before its venv's packages last changed runs old code. Not running (no
+    start time), or no venv yet (--check on a fresh host): nothing to restart."""
+    since = started_at(show_stdout)
+    return since > 0 and max(mtimes, default=0.0) > since
+
+
 def registered_changed(register_stdout: str) -> bool:
     """Whether `pdctl gateway register --format json` added or removed a worker at any
     gateway (its output: a list of {gateway, workers: {url: what happened}})."""
@@ -313,6 +332,7 @@ FILTERS = {
     "pdstack_firewall_given": firewall_given,
     "pdstack_firewall_names": firewall_names,
     "pdstack_firewall_sources": firewall_sources,
+    "pdstack_runs_old_code": runs_old_code,
     "pdstack_registered_changed": registered_changed,
     "pdstack_listen_ports": listen_ports,
     "pdstack_port_clashes": port_clashes,

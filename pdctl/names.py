@@ -14,27 +14,18 @@ PREFIX = "pdstack"
 ROLES = ("prefill", "decode")  # the values of pdctl.spec.Role, in pair order
 
 INSTALL_DIR = f"/opt/{PREFIX}"
-# Side-by-side environments (pdctl/envs.py, docs/environments.md): each engine, gateway and
-# pdctl runs from a venv named by its content under ENVS_DIR. The rendered units name an
-# environment by its slot (env_slot); the roles fill in the one they built.
-ENVS_DIR = f"{INSTALL_DIR}/envs"
-ENV_KINDS = ("engine", "gateway", "pdctl")
-# The one venv every role installed into before; removed once nothing runs from it.
-LEGACY_VENV = f"{INSTALL_DIR}/venv"
-# pdctl/envs.py on each host, run by the system Python (it builds the first pdctl environment).
-ENV_TOOL = f"{INSTALL_DIR}/lib/pdstack_envs.py"
+VENV = f"{INSTALL_DIR}/venv"
 CONFIG_DIR = f"/etc/{PREFIX}"
 STATE_DIR = f"/var/lib/{PREFIX}"
 UNIT_DIR = "/etc/systemd/system"
 SERVICE_USER = PREFIX
-# pdctl by name on every host the roles install it on: a link to the pdctl environment's, on the
-# default PATH.
+# pdctl by name on every host the roles install it on: a link to the venv's, on the default PATH.
 PDCTL_LINK = "/usr/local/bin/pdctl"
 
 TOPOLOGY_FILE = f"{CONFIG_DIR}/topology.yaml"
 GATEWAY_UNIT = f"{PREFIX}-gateway.service"
 GATEWAY_ENV_FILE = f"{CONFIG_DIR}/gateway.env"  # the gateway's secrets (root, 0600)
-GATEWAY_BIN = f"{ENVS_DIR}/@gateway@/bin/smg"  # env_slot("gateway")
+GATEWAY_BIN = f"{VENV}/bin/smg"
 GATEWAY_KEY_VAR = "PDSTACK_GATEWAY_API_KEY"  # its name in GATEWAY_ENV_FILE
 # Installed under INSTALL_DIR for the units' Documentation= (paths as in the checkout).
 DOCS = ("README.md", "docs/runbook.md")
@@ -86,19 +77,6 @@ _PAIR_UNIT = re.compile(
     rf"^{PREFIX}-(?P<pair>.+?)"
     rf"(?:-(?P<role>{'|'.join(ROLES)})(?P<member>[0-9]*)\.service|\.target)$"
 )
-
-
-def env_slot(kind: str) -> str:
-    """Where a rendered unit names the environment of `kind` (ENV_KINDS): `@kind@` in place of
-    its name, which the roles fill in (`fill_envs`) and `pdctl render` prints as is."""
-    return f"{ENVS_DIR}/@{kind}@"
-
-
-def fill_envs(text: str, envs: dict[str, str]) -> str:
-    """`text` with each environment slot replaced by the path of that kind's environment."""
-    for kind, path in envs.items():
-        text = text.replace(env_slot(kind), path)
-    return text
 
 
 def documentation() -> str:

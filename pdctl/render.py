@@ -21,10 +21,6 @@ from pdctl.spec.profile import Router
 STOP_TIMEOUT_S = 120
 MANAGED = "Managed by pdstack (pdctl render / site.yml); local edits are overwritten."
 
-# Where the units name the environments (pdctl.names.env_slot): the roles fill in the paths.
-ENGINE_ENV = names.env_slot("engine")
-PDCTL_BIN = f"{names.env_slot('pdctl')}/bin/pdctl"
-
 ENGINE_MODULE = {EngineKind.SGLANG: "sglang.launch_server", EngineKind.SIM: "pdctl.sim"}
 
 
@@ -81,7 +77,7 @@ def _numa_and_engine(inst: Instance, dep: Deployment, venv: str) -> tuple[list[s
     return numa, engine
 
 
-def command(inst: Instance, dep: Deployment, venv: str = ENGINE_ENV) -> list[str]:
+def command(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """The full ExecStart: pinned to the instance's NUMA node, then the engine."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return numa + engine + launch_args(inst, dep)
@@ -100,7 +96,7 @@ def flag_lines(heads: list[list[str]], args: list[str]) -> list[str]:
     return lines
 
 
-def command_lines(inst: Instance, dep: Deployment, venv: str = ENGINE_ENV) -> list[str]:
+def command_lines(inst: Instance, dep: Deployment, venv: str = names.VENV) -> list[str]:
     """`command` split by `flag_lines`."""
     numa, engine = _numa_and_engine(inst, dep, venv)
     return flag_lines([numa, engine], launch_args(inst, dep))
@@ -185,14 +181,14 @@ def register_command(gateway_host: str) -> list[str]:
     """The gateway unit's ExecStartPost=: register every pair with this host's gateway, bound
     by pairing protocol. It reads the key from the unit's environment, like smg."""
     return [
-        PDCTL_BIN, "gateway", "register",
+        f"{names.VENV}/bin/pdctl", "gateway", "register",
         "--gateway", gateway_host, "--timeout", str(REGISTER_TIMEOUT_S),
     ]  # fmt: skip
 
 
 def lease_command(gateway_host: str) -> list[str]:
     """The gateway lease unit's ExecStart: this host's gateway liveness key in etcd."""
-    return [PDCTL_BIN, "gateway", "heartbeat", "--gateway", gateway_host]
+    return [f"{names.VENV}/bin/pdctl", "gateway", "heartbeat", "--gateway", gateway_host]
 
 
 ETCD_BIN = "/usr/bin/etcd"  # Debian's etcd-server

@@ -40,12 +40,9 @@ echo "provisioning only: no Grafana package is reachable here); the first run bu
 echo "the wheelhouse the host installs from (cached in /var/cache/pdstack/wheelhouse)"
 demo_converge "$INVENTORY" "$PROFILE"
 
-# pdctl on the host reads the topology file site.yml wrote; no inventory needed there. Its
-# Python is the pdctl environment's, the one /usr/local/bin/pdctl runs from (docs/environments.md).
+# pdctl on the host reads the topology file site.yml wrote; no inventory needed there.
 read_topology() {
-  # shellcheck disable=SC2016  # expanded on the host
-  on_host sh -c 'exec "$(dirname "$(readlink -f /usr/local/bin/pdctl)")/python" "$@"' sh \
-    -c "from pdctl import topology; t = topology.read(); $1"
+  on_host /opt/pdstack/venv/bin/python -c "from pdctl import topology; t = topology.read(); $1"
 }
 # One host: one gateway.
 GATEWAY=$(read_topology 'print(t.gateways[0].url)')

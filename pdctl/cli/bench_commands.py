@@ -177,7 +177,7 @@ def sweep(
       pdctl bench sweep --output-file before.jsonl --plot before.png
       pdctl bench sweep --url http://127.0.0.1:8000 --concurrency 1,8,32 --num-prompts 32
       pdctl bench sweep --rate 2,4,8 --input-len 1024 --output-len 256
-      pdctl bench sweep --driver sglang --sglang-python /opt/pdstack/envs/sglang-*/bin/python \\
+      pdctl bench sweep --driver sglang --sglang-python /opt/pdstack/venv/bin/python \\
           --concurrency 64 --output-len 128
     """
     # aiohttp and numpy load here, not at `pdctl` start-up: other commands need neither.

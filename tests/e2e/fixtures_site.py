@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM_PROFILE = ROOT / "deploy" / "profiles" / "sim.yml"
 API_KEY = "e2e-test-key"
 CONVERGE_TIMEOUT = 600
-PDCTL = names.PDCTL_LINK  # on a test host: the pdctl environment's
+PDCTL = f"{names.VENV}/bin/pdctl"  # on a test host
 CLIENTS = 4  # constant_load's streaming clients: at most this many requests in flight
 # Tokens per load request: each stream is in flight for about 0.7 s (32 decode steps), so a
 # drain, a stop or a kill still meets requests mid-stream, at half the CPU of 8-token requests

@@ -446,13 +446,6 @@ XHOST_PORTS = {"prefill": 31000, "decode": 31001}
 XHOST_BOOTSTRAP = 31002
 
 
-# The engines' own environment (it holds NIXL), as their units name it.
-ENGINE_PYTHON = (
-    f"$(grep -ho '{names.ENVS_DIR}/sglang-[^/]*/bin/python' {names.UNIT_DIR}/pdstack-*.service"
-    " | head -1)"
-)
-
-
 def _xhost_unit(role: str) -> str:
     return f"pdstack-xhost-{role}.service"
 
@@ -469,7 +462,7 @@ def test_a_pair_across_two_hosts_moves_kv_through_nixl(fleet: TestFleet) -> None
     try:
         for role, host in legs.items():
             argv = [
-                f"{ENGINE_PYTHON}", "-m", "pdctl.sim",
+                f"{names.VENV}/bin/python", "-m", "pdctl.sim",
                 "--model-path", "/opt/pdstack/models/sim", "--served-model-name", "sim-model",
                 "--host", "0.0.0.0", "--port", str(XHOST_PORTS[role]),
                 "--disaggregation-mode", role,

@@ -19,7 +19,7 @@ import requests
 import yaml
 from fixtures_site import API_KEY, SIM_PROFILE, Run, Site, site_fixture, wait_ready  # noqa: F401
 
-from pdctl import envs, names, topology
+from pdctl import names, topology
 from pdctl.render import render_instance
 from pdctl.spec import load_deployment
 
@@ -120,14 +120,11 @@ def test_every_unit_active_and_verified(site: Site) -> None:
 
 
 def test_installed_units_are_what_pdctl_renders(site: Site) -> None:
-    """One renderer: the unit site.yml installed is `pdctl render`'s, header aside, with the
-    engine environment's slot filled in with the one the role built (docs/environments.md)."""
+    """One renderer: the unit site.yml installed is `pdctl render`'s, header aside."""
     dep = load_deployment(site.host.inventory, site.profile)
     for inst in dep.instances:
         installed = site.host.ssh(f"cat /etc/systemd/system/{inst.unit}", check=True).stdout
-        env = re.search(rf"{names.ENVS_DIR}/sglang-[^/]+(?=/bin/python )", installed)
-        assert env, installed
-        rendered = names.fill_envs(render_instance(inst, dep).unit, {"engine": env[0]})
+        rendered = render_instance(inst, dep).unit
 
         def body(text: str) -> str:
             return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
@@ -152,7 +149,7 @@ def test_topology_file_reads_back_on_the_host(site: Site) -> None:
     assert topology.Topology.model_validate(yaml.safe_load(text)) == topology.from_deployment(dep)
     # pdctl installed on the host reads it without an inventory.
     read = site.host.ssh(
-        f"$(dirname $(readlink -f {names.PDCTL_LINK}))/python -c "
+        "/opt/pdstack/venv/bin/python -c "
         "'from pdctl import topology; t = topology.read(); print(t.gateways[0].url, len(t.pairs))'",
         check=True,
     )
@@ -161,36 +158,13 @@ def test_topology_file_reads_back_on_the_host(site: Site) -> None:
 
 def test_pdctl_runs_by_name_on_the_host(site: Site) -> None:
     """The README's host commands are plain `pdctl`: a login shell finds the role's link to
-    the pdctl environment's pdctl."""
+    the venv's pdctl."""
     run = site.host.ssh("bash -lc 'command -v pdctl && pdctl --help'")
     assert run.returncode == 0, run.stderr
     path, usage = run.stdout.splitlines()[:2]
     assert path == names.PDCTL_LINK and usage.startswith("Usage: pdctl "), run.stdout
     link = site.host.ssh(f"readlink {names.PDCTL_LINK}", check=True).stdout.strip()
-    assert re.fullmatch(rf"{names.ENVS_DIR}/pdctl-[0-9.]+-[0-9a-f]{{12}}/bin/pdctl", link), link
-
-
-def test_each_unit_runs_from_an_environment_named_by_its_content(site: Site) -> None:
-    """docs/environments.md: the engines from sglang-<pin>-<hash>, smg from its own, pdctl's
-    users (recovery, finish, the gateway's registration and lease) from pdctl's; each complete
-    (its manifest), and no single shared venv. (This host runs no pd-exporter: the module
-    converges with pdstack_monitoring=false.)"""
-    units = site.host.ssh(
-        f"cd {names.UNIT_DIR} && grep -ho '{names.ENVS_DIR}/[^/]*/bin/[a-z]*' pdstack-*.service"
-        " | sort -u",
-        check=True,
-    ).stdout.split()
-    runs = {(envs.label_of(Path(u).parent.parent.name), Path(u).name) for u in units}
-    assert runs == {("sglang", "python"), ("smg", "smg"), ("pdctl", "pdctl")}
-    pin = load_deployment(site.host.inventory, site.profile).profile.versions.sglang
-    assert any(f"/sglang-{pin}-" in u for u in units), units
-    made = {str(Path(u).parent.parent) for u in units}
-    manifests = " ".join(f"{e}/{envs.MANIFEST}" for e in sorted(made))
-    listing = site.host.ssh(
-        f"ls -A {names.ENVS_DIR} && ls {manifests} >/dev/null && test ! -e {names.LEGACY_VENV}",
-        check=True,
-    ).stdout.split()
-    assert sorted(listing) == sorted(Path(e).name for e in made)
+    assert link == f"{names.VENV}/bin/pdctl"
 
 
 ETCDCTL = (

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import __version__
 from pdctl.lint import Severity, lint
 from pdctl.render import render_instance, router_args
 from pdctl.spec import load_deployment
@@ -54,14 +53,13 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     assert gateway["url"] == "http://10.0.0.11:8000"
     assert gateway["urls"] == {"gpu-node-1": "http://10.0.0.11:8000"}
     lines = gateway["command_lines"]
-    # The gateway's environment by its slot, which the role fills in with the one it built.
-    assert lines[0] == "/opt/pdstack/envs/@gateway@/bin/smg launch"
+    assert lines[0] == "/opt/pdstack/venv/bin/smg launch"
     assert lines.count("--pd-disaggregation") == 1
     # No worker on smg's command line (it could not carry a pairing protocol): the unit's
     # ExecStartPost= registers both pairs, bound.
     assert [line for line in lines if line.startswith(("--prefill", "--decode"))] == []
     assert gateway["register"] == {
-        "gpu-node-1": "/opt/pdstack/envs/@pdctl@/bin/pdctl gateway register --gateway gpu-node-1 "
+        "gpu-node-1": "/opt/pdstack/venv/bin/pdctl gateway register --gateway gpu-node-1 "
         "--timeout 60"
     }
     # The same tokens `pdctl render` prints: one source of gateway flags.
@@ -74,9 +72,7 @@ def test_two_hosts_one_gateway_over_all_pairs() -> None:
     assert gateway["lease"] == {
         "unit": "pdstack-gateway-lease.service",
         "command": {
-            "gpu-node-1": (
-                "/opt/pdstack/envs/@pdctl@/bin/pdctl gateway heartbeat --gateway gpu-node-1"
-            )
+            "gpu-node-1": "/opt/pdstack/venv/bin/pdctl gateway heartbeat --gateway gpu-node-1"
         },
     }
 
@@ -107,28 +103,15 @@ def test_unit_context_is_the_renderers() -> None:
         assert ctx["env_file"] == rendered.env_file
 
 
-def test_packages_per_environment() -> None:
+def test_packages_per_engine_kind() -> None:
     ref = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(REFERENCE))["packages"]
     assert ref == {
-        "engine": {
-            "label": "sglang",
-            "version": "0.5.23",
-            "deps": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"],
-            "no_deps": [],
-        },
-        # smg alone: the gateway's registration and lease run from pdctl's own environment.
-        "gateway": {"label": "smg", "version": "1.13.0", "deps": ["smg==1.13.0"], "no_deps": []},
-        "pdctl": {"label": "pdctl", "version": __version__, "deps": ["pdctl"], "no_deps": []},
+        "engine": {"deps": ["sglang==0.5.23", "nixl-cu12==1.5.1", "pdctl"], "no_deps": []},
+        "gateway": {"deps": ["smg==1.13.0", "pdctl"], "no_deps": []},
     }
     sim = filters.pdstack_deployment(str(ROOT / "inventory.ini"), "deploy/profiles/sim.yml")
     # The sim's NIXL: the controller venv's pin (requirements/nixl-sim.txt), without torch/CUDA.
-    # Its environment carries the SGLang version the sim mirrors.
-    assert sim["packages"]["engine"] == {
-        "label": "sglang",
-        "version": "0.5.23",
-        "deps": ["pdctl"],
-        "no_deps": ["nixl-cu12==1.5.1"],
-    }
+    assert sim["packages"]["engine"] == {"deps": ["pdctl"], "no_deps": ["nixl-cu12==1.5.1"]}
     assert sim["wheelhouse_args"] == ["smg==1.13.0", "--no-deps", "nixl-cu12==1.5.1"]
     assert filters.SIM_NIXL_REQUIREMENTS.read_text().count("nixl-cu12==1.5.1") == 1
 
@@ -138,10 +121,7 @@ def test_sim_without_nixl_backend_installs_no_nixl(tmp_path: Path) -> None:
     sim = (ROOT / "deploy/profiles/sim.yml").read_text()
     profile.write_text(sim.replace("transfer_backend: nixl", "transfer_backend: fake"))
     data = filters.pdstack_deployment(str(ROOT / "inventory.ini"), str(profile))
-    assert (data["packages"]["engine"]["deps"], data["packages"]["engine"]["no_deps"]) == (
-        ["pdctl"],
-        [],
-    )
+    assert data["packages"]["engine"] == {"deps": ["pdctl"], "no_deps": []}
     assert data["wheelhouse_args"] == ["smg==1.13.0"]
 
 

@@ -15,7 +15,7 @@ from pdctl import converge, names
 from tests.conftest import ROOT, filter_plugin, role_expression, two_gateways_inventory
 
 UNITS = names.UNIT_DIR
-LAYOUT = {"unit_dir": UNITS, "restart_pending_dir": names.RESTART_PENDING_DIR}
+LAYOUT = {"unit_dir": UNITS, "venv": names.VENV, "restart_pending_dir": names.RESTART_PENDING_DIR}
 PAIRS = ["pd0", "pd1", "pd2"]
 REFERENCE = ROOT / "deploy" / "profiles" / "reference.yml"
 
@@ -47,6 +47,7 @@ def _registered(changed: set[str]) -> dict[str, list[dict[str, Any]]]:
 def _plan(
     changed: set[str] | None = None,
     *,
+    venv_changed: bool = False,
     pending: list[str] | None = None,
     restart: bool = True,
 ) -> list[dict[str, Any]]:
@@ -54,6 +55,7 @@ def _plan(
         [{"pair": p, "target": names.pair_target(p), "units": []} for p in PAIRS],
         host="h1",
         layout=LAYOUT,
+        venv_changed=venv_changed,
         pending=pending or [],
         restart=restart,
         **_registered(changed or set()),
@@ -84,6 +86,14 @@ def test_changed_files_name_their_pair_in_task_order() -> None:
     ]
 
 
+def test_a_new_venv_changes_every_pair_after_its_files() -> None:
+    changed = _plan({"pd1-prefill.env"}, venv_changed=True)
+    assert [c["pair"] for c in changed] == PAIRS
+    venv = f"the engine venv ({names.VENV})"
+    assert changed[1]["reasons"] == ["/etc/pdstack/pd1-prefill.env", venv]
+    assert converge.restart_plan(changed, restart=False)[0] == f"restart pending h1/pd0: {venv}"
+
+
 @pytest.mark.parametrize("restart", [True, False])
 def test_a_pending_marker_is_a_reason_only_when_restarts_are_on(restart: bool) -> None:
     marker = names.restart_pending("pd1")
@@ -109,7 +119,7 @@ def test_nothing_changed_restarts_nothing() -> None:
 
 
 def test_only_running_pairs_restart() -> None:
-    changed = _plan({names.pair_target(p) for p in PAIRS})
+    changed = _plan(venv_changed=True)
     # systemctl is-active prints a line per target, in the order given.
     running = converge.running_pairs(changed, ["active", "inactive", "activating"])
     assert [c["id"] for c in running] == ["h1/pd0"]
@@ -137,6 +147,22 @@ def test_firewall_sources_from_addresses_names_and_allowed_networks() -> None:
         "10.0.0.11", "10.0.0.2", "127.0.0.1", "192.0.2.0/24", "2001:db8::/32", "::1",
     ]  # fmt: skip
     assert converge.firewall_sources(["10.0.0.1"], []) == ["10.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("started", "mtimes", "old"),
+    [
+        ("@1764557940", [1_764_558_000.0], True),  # pdctl reinstalled after it started
+        ("@1764558060\n", [1_764_558_000.0], False),  # restarted since (a second run)
+        ("", [1_764_558_000.0], False),  # not running: nothing to restart
+        ("@1764558000", [], False),  # no venv yet (--check on a fresh host)
+        ("n/a", [1.0], False),
+    ],
+)
+def test_a_unit_started_before_its_venv_changed_runs_old_code(
+    started: str, mtimes: list[float], old: bool
+) -> None:
+    assert converge.runs_old_code(started, mtimes) is old
 
 
 def test_register_changed_when_a_worker_was_added_or_removed() -> None:

@@ -37,7 +37,7 @@ def test_one_handler_rolls_the_changed_groups_through_one_pdctl_roll() -> None:
     # One handler for the roll: the role's tasks/roll.yml, on every file change.
     (rolls,) = [h for h in _handlers() if "listen" in h]
     assert rolls["ansible.builtin.include_tasks"] == "roll.yml"
-    assert rolls["listen"] == ["pdstack engine files changed"]
+    assert set(rolls["listen"]) == {"pdstack engine files changed", "pdstack venv changed"}
     for t in _handlers() + _roll_tasks():
         sd = t.get("ansible.builtin.systemd_service", {})
         # the engine firewall is the one unit a handler may reload; no engine or pair unit
@@ -78,17 +78,12 @@ def test_every_file_task_notifies_the_restart_path() -> None:
         "__pdstack_engine_targets",
         "__pdstack_engine_units",
         "__pdstack_engine_finish_units",
-        "__pdstack_engine_repointed",
     }
     for t in writes:
-        # The finisher's unit and timer restart no pair: a reload takes them in. Nor does a
-        # unit switched to a new path of the same environment content (docs/environments.md).
-        reload_only = t["register"] in (
-            "__pdstack_engine_finish_units",
-            "__pdstack_engine_repointed",
-        )
-        assert ("pdstack engine files changed" in t["notify"]) is not reload_only
-    assert "pdstack engine files changed" in listens
+        # The finisher's unit and timer restart no pair: a reload takes them in.
+        finisher = t["register"] == "__pdstack_engine_finish_units"
+        assert ("pdstack engine files changed" in t["notify"]) is not finisher
+    assert {"pdstack engine files changed", "pdstack venv changed"} <= listens
 
 
 def _results(items: list[tuple[bool, dict[str, Any]]]) -> dict[str, Any]:
@@ -114,6 +109,7 @@ def _evaluate(tmp_path: Path, changed: set[str], active: list[str], **extra: Any
         },
         "_pdstack_engine_layout": {
             "unit_dir": UNITS,
+            "venv": names.VENV,
             "restart_pending_dir": names.RESTART_PENDING_DIR,
         },
         "__pdstack_engine_envs": _results([(base(i["env_file"]) in changed, i) for i in insts]),
@@ -122,6 +118,8 @@ def _evaluate(tmp_path: Path, changed: set[str], active: list[str], **extra: Any
             [(names.pair_target(p) in changed, {"target": names.pair_target(p)}) for p in pairs]
         ),
         "__pdstack_engine_active": {"stdout_lines": active},
+        "__pdstack_pip": {"changed": False},
+        "__pdstack_pdctl": {"changed": False},
         "pdstack_engine_restart_on_change": True,
         **extra,
     }
@@ -148,16 +146,16 @@ def test_changed_files_name_their_pair_and_only_running_pairs_restart(tmp_path: 
     assert [p["id"] for p in got["running"]] == ["localhost/pd0"]
 
 
-def test_changed_units_with_restarts_off_are_said_pending(tmp_path: Path) -> None:
-    # A new engine environment changes every unit's ExecStart (tasks/configure.yml).
+def test_a_new_venv_changes_every_pair_and_pending_is_said(tmp_path: Path) -> None:
     got = _evaluate(
         tmp_path,
-        {names.engine_unit(p, "decode") for p in ("pd0", "pd1", "pd2")},
+        set(),
         ["active", "active", "active"],
+        __pdstack_pip={"changed": True},
         pdstack_engine_restart_on_change="false",  # as -e passes it
     )
     assert [p["pair"] for p in got["running"]] == ["pd0", "pd1", "pd2"]
-    assert got["plan"][0] == f"restart pending localhost/pd0: {UNITS}/pdstack-pd0-decode.service"
+    assert got["plan"][0] == f"restart pending localhost/pd0: the engine venv ({names.VENV})"
 
 
 @pytest.mark.parametrize("on_change", [True, False])

@@ -1,50 +1,59 @@
-"""roles/pdstack_exporter: pd-exporter runs from the pdctl environment site.yml built this run;
-a new environment's content changes its unit (and restarts it), a new path of the same content
-is switched in place first (and restarts nothing). The role's expressions are evaluated by real
-Ansible on localhost."""
+"""roles/pdstack_exporter: a venv changed in an earlier play (site.yml installs pdctl with the
+engines first) restarts pd-exporter too. The role's expression is evaluated by real Ansible on
+localhost against registered results as its tasks produce them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from pdctl import names
 from tests.conftest import ROOT, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_exporter"
-PDCTL_ENV = f"{names.ENVS_DIR}/pdctl-0.1.0-0123456789ab"
+INSTALLED = 1_764_558_000.0  # mtime of the venv's site-packages
 
 
-def _configure() -> list[dict[str, Any]]:
-    return yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
-
-
-def test_pd_exporter_runs_from_the_pdctl_environment_built_this_run(tmp_path: Path) -> None:
-    facts = {"__pdstack_envs": {"pdctl": {"path": PDCTL_ENV}, "engine": {"path": "/e"}}}
-    env = role_expression(tmp_path, ROLE / "vars" / "main.yml", facts, "_pdstack_exporter_env")
-    assert env == PDCTL_ENV
-    unit = (ROLE / "templates" / "pd-exporter.service.j2").read_text()
-    assert "ExecStart={{ _pdstack_exporter_env }}/bin/python -m pdctl.exporter" in unit
-
-
-def test_same_content_is_switched_before_the_unit_is_written_and_only_reloads() -> None:
-    switch, write = _configure()
-    argv = switch["ansible.builtin.command"]["argv"]
-    assert "_pdstack_envs_repoint" in argv and "'python=' ~ _pdstack_exporter_env" in argv
-    assert switch["notify"] == "Reload systemd"  # no restart for a path alone
-    assert write["ansible.builtin.template"]["src"] == "pd-exporter.service.j2"
-    assert write["notify"] == "Restart pd-exporter"  # new content: a new ExecStart
-    handlers = {h["name"]: h for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())}
-    assert handlers["Reload systemd"]["ansible.builtin.systemd_service"] == {"daemon_reload": True}
-    assert (
-        handlers["Restart pd-exporter"]["ansible.builtin.systemd_service"]["state"] == "restarted"
+def _stale(tmp_path: Path, started: str, site_packages: list[float]) -> bool:
+    """_pdstack_exporter_stale for `systemctl show` output `started` and directory mtimes."""
+    facts: dict[str, Any] = {
+        "__pdstack_exporter_started": {"stdout": started},
+        "__pdstack_exporter_site_packages": {"files": [{"mtime": m} for m in site_packages]},
+    }
+    stale: bool = role_expression(
+        tmp_path, ROLE / "vars" / "main.yml", facts, "_pdstack_exporter_stale | bool"
     )
+    return stale
 
 
-def test_the_role_builds_only_the_pdctl_environment_and_prunes_after_its_start() -> None:
-    (install, _user) = yaml.safe_load((ROLE / "tasks" / "install.yml").read_text())
-    assert install["vars"] == {"pdstack_envs": ["pdctl"]}
-    *_, prune = yaml.safe_load((ROLE / "tasks" / "run.yml").read_text())
-    assert prune["ansible.builtin.import_role"] == {"name": "pdstack", "tasks_from": "prune.yml"}
+@pytest.mark.parametrize(
+    ("started", "site_packages", "stale"),
+    [
+        (f"@{INSTALLED - 60:.0f}", [INSTALLED], True),  # pdctl reinstalled after it started
+        (f"@{INSTALLED + 60:.0f}", [INSTALLED], False),  # restarted since (second run: ok)
+        ("", [INSTALLED], False),  # not running: nothing to restart
+        (f"@{INSTALLED:.0f}", [], False),  # no venv yet (--check on a fresh host)
+    ],
+)
+def test_pd_exporter_older_than_the_venv_is_stale(
+    tmp_path: Path, started: str, site_packages: list[float], stale: bool
+) -> None:
+    assert _stale(tmp_path, started, site_packages) is stale
+
+
+def test_a_stale_pd_exporter_is_restarted_by_its_handler() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "run.yml").read_text())
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+    (restart,) = [t for t in tasks if t.get("notify") == "Restart pd-exporter"]
+    assert restart["when"] == "_pdstack_exporter_stale | bool"
+    (handler,) = [h for h in handlers if h["name"] == "Restart pd-exporter"]
+    assert handler["listen"] == "pdstack venv changed"  # a change in the same play, too
+    reads = {t["register"]: t for t in tasks if "register" in t}
+    started = reads["__pdstack_exporter_started"]["ansible.builtin.command"]["argv"]
+    assert "--timestamp=unix" in started and started[-1] == "{{ _pdstack_exporter_unit }}"
+    assert reads["__pdstack_exporter_started"]["check_mode"] is False
+    find = reads["__pdstack_exporter_site_packages"]["ansible.builtin.find"]
+    assert find["paths"] == "{{ _pdstack_exporter_layout.venv }}/lib"
+    assert find["patterns"] == "site-packages"

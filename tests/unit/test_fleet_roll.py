@@ -20,7 +20,6 @@ from pdctl.ops.report import Report
 from tests.conftest import ROOT, require_path, role_expression
 
 ROLE = ROOT / "roles" / "pdstack_engine"
-PDCTL_ENV = f"{names.ENVS_DIR}/pdctl-0.1.0-0123456789ab"
 
 
 def _mine(host: str, *pairs: str) -> list[dict[str, str]]:
@@ -171,7 +170,7 @@ def test_the_role_runs_the_controllers_pdctl_with_the_inventorys_ssh(tmp_path: P
         "__pdstack_engine_roll_mine": _mine("localhost", "pd0", "pd1"),
         "__pdstack_deployment": {
             "profile": "/srv/profile.yml",
-            "layout": {},
+            "layout": {"venv": names.VENV},
             "hosts": {"localhost": {"address": "127.0.0.1"}},
         },
         "pdstack_engine_restart_lock_wait": 600,
@@ -227,8 +226,7 @@ def test_on_the_groups_own_host_the_plan_has_no_ssh_settings(tmp_path: Path) -> 
     """All on host gpu-1 (handed in by it): the roll runs there, with the host's pdctl."""
     facts = {
         "__pdstack_engine_roll_mine": _mine("gpu-1", "pd0"),
-        "__pdstack_deployment": {"profile": "/p.yml", "layout": {}},
-        "__pdstack_envs": {"pdctl": {"path": PDCTL_ENV}, "engine": {"path": "/e"}},
+        "__pdstack_deployment": {"profile": "/p.yml", "layout": {"venv": names.VENV}},
         "pdstack_engine_restart_lock_wait": 0,
         "pdstack_engine_roll_max_unavailable": "1",
     }
@@ -239,8 +237,7 @@ def test_on_the_groups_own_host_the_plan_has_no_ssh_settings(tmp_path: Path) -> 
         "{'on': _pdstack_engine_roll_on, 'pdctl': _pdstack_engine_roll_pdctl, "
         "'plan': _pdstack_engine_roll_plan}",
     )
-    # On the host: the pdctl environment's, as site.yml built it this run.
-    assert (got["on"], got["pdctl"]) == ("gpu-1", f"{PDCTL_ENV}/bin/pdctl")
+    assert (got["on"], got["pdctl"]) == ("gpu-1", f"{names.VENV}/bin/pdctl")
     assert got["plan"] == {
         "groups": ["gpu-1/pd0"],
         "max_unavailable": "1",

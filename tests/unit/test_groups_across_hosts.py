@@ -227,9 +227,8 @@ def test_the_roll_restarts_a_group_across_hosts_once() -> None:
     changed = converge.changed_pairs(
         [{"pair": "g1", "target": "pdstack-g1.target", "id": "g1"}],
         host="node-2",
-        layout={"unit_dir": "/etc/systemd/system", "restart_pending_dir": "/x"},
-        envs=[], units=[], targets=[{"changed": True, "item": {"target": "pdstack-g1.target"}}],
-        pending=[], restart=True,
+        layout={"unit_dir": "/etc/systemd/system", "restart_pending_dir": "/x", "venv": "/v"},
+        envs=[], units=[], targets=[], venv_changed=True, pending=[], restart=True,
     )  # fmt: skip
     assert [c["id"] for c in changed] == ["g1"]
 

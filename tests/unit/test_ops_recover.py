@@ -17,8 +17,6 @@ from pdctl.ops.recover import RateLimit, RateLimited, RecoveryLog
 from pdctl.spec import Deployment
 from tests.conftest import ROOT
 
-PDCTL_ENV = f"{names.ENVS_DIR}/pdctl-0.1.0-0123456789ab"  # as roles/pdstack builds one
-
 
 def test_rate_limit_window(tmp_path: Path) -> None:
     now = [1000.0]
@@ -55,12 +53,12 @@ def test_engine_units_start_the_pairs_recovery_on_failure(
         .get_template("recover@.service.j2")
         .render(
             ansible_managed=render.MANAGED,
-            venv=PDCTL_ENV,
+            venv=names.VENV,
             host="node-a",
             pending_dir=names.RESTART_PENDING_DIR,
         )
     )
-    assert f"\nExecStart={PDCTL_ENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
+    assert f"\nExecStart={names.VENV}/bin/pdctl recover --pair node-a/%i\n" in recover_unit
     # ProtectSystem=strict: the recovery removes the pair's restart-pending marker there.
     assert f"\nReadWritePaths=-{names.RESTART_PENDING_DIR}\n" in recover_unit
     assert "\nType=oneshot\n" in recover_unit

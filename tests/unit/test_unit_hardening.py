@@ -20,7 +20,6 @@ from tests.conftest import ROOT, require_tool
 
 ROLES = ROOT / "roles"
 DEP_HOST = load_deployment(ROOT / "inventory.ini").hosts[0].name
-PDCTL_ENV = f"{names.ENVS_DIR}/pdctl-0.1.0-0123456789ab"  # as the role builds one
 # Highest exposure allowed per unit (systemd-analyze's 0-10 scale; 7.8 was the old default).
 LIMITS = {
     "engine": 4.0,
@@ -64,7 +63,7 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         documentation=names.documentation(),
     )
     engine = render.jinja_env(ROLES / "pdstack_engine" / "templates")
-    ops_unit = {"venv": PDCTL_ENV, "host": dep.hosts[0].name}
+    ops_unit = {"venv": names.VENV, "host": dep.hosts[0].name}
     ops_unit["pending_dir"] = names.RESTART_PENDING_DIR
     files[names.RECOVER_UNIT] = engine.get_template("recover@.service.j2").render(
         **common, **ops_unit
@@ -107,8 +106,7 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **common,
         _pdstack_exporter_user="pdstack-exporter",
         _pdstack_exporter_groups=[names.SERVICE_USER, "systemd-journal"],
-        _pdstack_exporter_layout={"topology_file": names.TOPOLOGY_FILE},
-        _pdstack_exporter_env=PDCTL_ENV,
+        _pdstack_exporter_layout={"venv": names.VENV, "topology_file": names.TOPOLOGY_FILE},
         inventory_hostname=dep.hosts[0].name,
         **yaml.safe_load((ROLES / "pdstack_exporter" / "defaults" / "main.yml").read_text()),
     )
@@ -183,7 +181,7 @@ def test_the_finisher_runs_for_its_host_as_its_timer_says(units: dict[str, Path]
     recovery's sandbox (it runs the same coordinated restart)."""
     service = units[names.FINISH_SERVICE].read_text().splitlines()
     recover = units[names.RECOVER_UNIT].read_text().splitlines()
-    assert f"ExecStart={PDCTL_ENV}/bin/pdctl finish --host {DEP_HOST}" in service
+    assert f"ExecStart={names.VENV}/bin/pdctl finish --host {DEP_HOST}" in service
     sandbox = [line for line in recover if "=" in line and not line.startswith("#")]
     own = (
         "Description=",
