@@ -14,7 +14,7 @@ drop-in runs its defaults. Switching a group is: write its units' drop-ins on th
 is the same with the release before (no drop-in: the file is removed). Nothing is installed
 or copied: the environment and the model revision are on the host already (staged).
 
-The units site.yml writes name their environment in ExecStart= instead (docs/environments.md);
+The units site.yml writes name their environment in ExecStart= instead (the host's venv);
 pdctl.ops.rollout refuses them (check_units_read_release) until the roles write units that
 read the drop-in.
 """

@@ -103,7 +103,7 @@ def check_staged(ops: Ops, chosen: list[Pair], target: Release) -> None:
 def check_units_read_release(ops: Ops, chosen: list[Pair]) -> None:
     """Every engine unit of `chosen` reads its release drop-in (`${PDSTACK_ENV}` in its unit
     file); else PdctlError naming them, before anything changes. The units site.yml writes
-    name their environment in ExecStart= itself (docs/environments.md), so a drop-in would
+    name their environment in ExecStart= itself (the host's venv), so a drop-in would
     change nothing and every gate would compare a release with itself."""
     members = [i for p in chosen for i in p.instances]
 

@@ -88,8 +88,9 @@ def test_a_group_whose_members_start_different_releases_is_refused() -> None:
 
 
 def test_units_that_name_their_environment_in_exec_start_are_refused() -> None:
-    """The units site.yml writes (docs/environments.md) ignore a release drop-in: a rollout of
-    them would restart groups onto what they ran and gate a release against itself."""
+    """The units site.yml writes (the host's venv in ExecStart=) ignore a release drop-in: a
+    rollout of them would restart groups onto what they ran and gate a release against
+    itself."""
     hosts, ops = _fleet()
     pairs = ops.source.pairs()[:2]
     reads = "ExecStart=/usr/bin/numactl ${PDSTACK_ENV}/bin/python -m sglang.launch_server\n"
