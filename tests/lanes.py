@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -294,14 +295,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, 0 if unit == lanes.critical else LANE_NICE)
 
 
+def cpu_seconds() -> float:
+    """This process's CPU and that of its children it has waited for (Ansible, ssh, local
+    engines), user and system."""
+    usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
 class LaneLog:
-    """Every test phase's lane, start, stop and the nice its lane ran it at (as the kernel
-    has it: a lane that could not go back to 0 says so), one JSON line each (a few hundred
-    bytes per test), for DURATIONS and benchmarks/suite_lanes.py; emptied when a run starts."""
+    """Every test phase's lane, start, stop, the nice its lane ran it at (as the kernel
+    has it: a lane that could not go back to 0 says so) and the CPU seconds the lane spent
+    since its last phase (the phase's own, and its children's once reaped: the test hosts'
+    are not in it), one JSON line each (a few hundred bytes per test), for DURATIONS and
+    benchmarks/suite_lanes.py; emptied when a run starts."""
 
     def __init__(self, path: Path, worker: str | None) -> None:
         self.path = path
         self.worker = worker
+        self.cpu = cpu_seconds()
 
     def pytest_sessionstart(self) -> None:
         if self.worker is None:
@@ -309,6 +320,7 @@ class LaneLog:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if worker := self.worker:
+            cpu = cpu_seconds()
             line = {
                 "worker": worker,
                 "nodeid": report.nodeid,
@@ -317,7 +329,9 @@ class LaneLog:
                 "stop": report.stop,
                 "outcome": report.outcome,
                 "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                "cpu": round(cpu - self.cpu, 3),
             }
+            self.cpu = cpu
             with self.path.open("a") as log:
                 log.write(json.dumps(line) + "\n")
 

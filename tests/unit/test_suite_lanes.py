@@ -41,19 +41,19 @@ def test_a_modules_phases_merge_into_one_span_per_lane_in_start_order() -> None:
     lines = [
         _line("gw1", "tests/b.py::test_x", "setup", 105.0, 110.0),
         _line("gw1", "tests/b.py::test_x", "call", 110.0, 130.0),
-        _line("gw0", "tests/a.py::test_one", "setup", 100.0, 101.0),
-        _line("gw0", "tests/a.py::test_one", "call", 101.0, 140.0),
+        {**_line("gw0", "tests/a.py::test_one", "setup", 100.0, 101.0), "cpu": 0.5},
+        {**_line("gw0", "tests/a.py::test_one", "call", 101.0, 140.0), "cpu": 12.5},
         _line("gw0", "tests/c.py::test_z[1]", "call", 150.0, 155.0),
         _line("gw1", "tests/b.py::test_y", "teardown", 131.0, 170.0),
         _line("gw10", "tests/d.py::test_w", "call", 100.0, 102.0),
     ]
     lanes = benchmark("suite_lanes").lanes(lines)
     assert list(lanes) == ["gw0", "gw1", "gw10"]  # by worker number, not as strings
-    assert lanes["gw0"] == [
-        {"module": "tests/a.py", "start": 0.0, "end": 40.0},
-        {"module": "tests/c.py", "start": 50.0, "end": 55.0},
+    assert lanes["gw0"] == [  # a row without "cpu" (an older log) counts 0
+        {"module": "tests/a.py", "start": 0.0, "end": 40.0, "cpu": 13.0},
+        {"module": "tests/c.py", "start": 50.0, "end": 55.0, "cpu": 0.0},
     ]
-    assert lanes["gw1"] == [{"module": "tests/b.py", "start": 5.0, "end": 70.0}]
+    assert lanes["gw1"] == [{"module": "tests/b.py", "start": 5.0, "end": 70.0, "cpu": 0.0}]
     assert spans(lines) == {"tests/a.py": 40.0, "tests/b.py": 65.0, "tests/c.py": 5.0,
                             "tests/d.py": 2.0}  # fmt: skip
 
@@ -246,7 +246,7 @@ def test_in_lanes_the_plan_reaches_xdists_scheduler_and_the_run_records_its_dura
         test_host_a="def test_a(testhost): pass\ndef test_a2(testhost): pass",
         test_host_b="def test_b(testhost): pass",
         test_long="def test_c(): pass",
-        test_short="def test_d(): pass\ndef test_e(): pass",
+        test_short="def test_d(): sum(range(3_000_000))\ndef test_e(): pass",
     )
     record = {"test_long.py": 50.0, "test_host_a.py": 10.0, "test_host_b.py": 10.0}
     (pytester.path / "tests").mkdir()
@@ -268,6 +268,9 @@ def test_in_lanes_the_plan_reaches_xdists_scheduler_and_the_run_records_its_dura
     seen = {(r["nodeid"].split(".py")[0], r["nice"]) for r in logged if r["when"] == "call"}
     assert seen == {(m, nice) for m in lanes for _, nice in lanes[m]}
     assert recorded["nice"] == {f"{m}.py": 0 if m == "test_long" else LANE_NICE for m in lanes}
+    # ... and the CPU its lane spent on it: test_d's sum is work, test_e's pass is next to none.
+    cpu = {r["nodeid"]: r["cpu"] for r in logged if r["when"] == "call"}
+    assert cpu["test_short.py::test_d"] > 0.05 > cpu["test_short.py::test_e"] >= 0
 
 
 def test_every_test_module_has_a_basename_of_its_own() -> None:
